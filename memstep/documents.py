@@ -1,0 +1,181 @@
+"""Read uploaded documents (txt, md, pdf, html) into normalized text, and tokenize them.
+
+Every problem a user can cause (missing file, wrong format, binary or empty file, a PDF
+without text, a file over the size limit) raises MemstepError with a one-line fix.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import sys
+import unicodedata
+from pathlib import Path
+from typing import BinaryIO
+
+from memstep.errors import MemstepError
+
+SUPPORTED_EXTENSIONS = (".txt", ".md", ".pdf", ".html", ".htm")
+DEFAULT_MAX_BYTES = 20 * 1024 * 1024
+_TEXT_EXTENSIONS = (".txt", ".md")
+_HTML_EXTENSIONS = (".html", ".htm")
+# Block-level HTML elements end a line; inline ones (b, a, span...) do not.
+_HTML_BLOCKS = ("p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre",
+                "blockquote", "section", "article", "header", "footer", "title", "dt", "dd")
+_HTML_PARAGRAPHS = ("p", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "blockquote", "title")
+
+
+def read_document(path_or_dash: str | Path, *, stdin: BinaryIO | None = None,
+                  max_bytes: int = DEFAULT_MAX_BYTES) -> str:
+    """Text of a .txt/.md/.pdf/.html/.htm file, or of standard input for "-" (read as text).
+
+    `stdin` replaces sys.stdin (a binary or text stream), for tests and embedding."""
+    if str(path_or_dash) == "-":
+        stream = stdin if stdin is not None else sys.stdin
+        stream = getattr(stream, "buffer", stream)  # sys.stdin is text; read its bytes
+        data = stream.read(max_bytes + 1)  # one byte more is enough to detect "too big"
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        return read_document_bytes(data, "stdin.txt", max_bytes=max_bytes)
+
+    path = Path(path_or_dash)
+    if not path.exists():
+        raise MemstepError(f"File not found: {path}. Check the path and try again.")
+    if not path.is_file():
+        raise MemstepError(f"{path} is not a file. Pass a document file, or '-' for stdin.")
+    _check_extension(path.name)
+    size = path.stat().st_size  # check before reading, so a huge file is never loaded
+    if size > max_bytes:
+        raise MemstepError(_too_big(path.name, size, max_bytes))
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise MemstepError(f"Cannot read {path}: {err.strerror}. Check its permissions.")
+    return read_document_bytes(data, path.name, max_bytes=max_bytes)
+
+
+def read_document_bytes(data: bytes, filename: str, *,
+                        max_bytes: int = DEFAULT_MAX_BYTES) -> str:
+    """Text of an uploaded file's bytes; the format comes from the file name's extension."""
+    ext = _check_extension(filename)
+    if len(data) > max_bytes:
+        raise MemstepError(_too_big(filename, len(data), max_bytes))
+    if ext == ".pdf":
+        text = _pdf_text(data, filename)
+    elif ext in _HTML_EXTENSIONS:
+        text = _html_text(_decode_text(data, filename))
+    else:
+        text = _decode_text(data, filename)
+    text = normalize_text(text)
+    if not text.strip():
+        raise MemstepError(f"{filename} contains no text. Pick a document with some text in it.")
+    return text
+
+
+def normalize_text(text: str) -> str:
+    """NFKC (ligatures such as "ﬁ" become "fi"), "\\n" newlines, no trailing spaces,
+    at most two blank lines in a row, no blank lines at the start or end."""
+    text = unicodedata.normalize("NFKC", text).replace("\ufeff", "")
+    lines = [line.rstrip() for line in text.splitlines()]  # splitlines knows \r\n, \r, \f...
+    text = "\n".join(lines).strip("\n")
+    return re.sub(r"\n{4,}", "\n\n\n", text)
+
+
+def tokenize_document(text: str, tokenizer, max_tokens: int | None) -> tuple[list[int], str | None]:
+    """Token ids (no special tokens) cut to `max_tokens`, and a notice when it cut."""
+    if max_tokens is not None and max_tokens < 1:
+        raise MemstepError(f"max_tokens must be at least 1 (got {max_tokens}).")
+    # verbose=False: no warning about exceeding the model's length; the caller decides that.
+    ids = list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+    if not ids:
+        raise MemstepError("The document has no tokens. Pick a document with some text in it.")
+    if max_tokens is None or len(ids) <= max_tokens:
+        return ids, None
+    notice = f"Document truncated from {len(ids):,} to {max_tokens:,} tokens (--max-tokens)."
+    return ids[:max_tokens], notice
+
+
+def _check_extension(filename: str) -> str:
+    ext = Path(filename).suffix.lower()
+    if ext not in SUPPORTED_EXTENSIONS:
+        raise MemstepError(f"Unsupported file type {ext or '(none)'!r} for {filename}. "
+                           f"Use one of: {', '.join(SUPPORTED_EXTENSIONS)}.")
+    return ext
+
+
+def _too_big(filename: str, size: int, max_bytes: int) -> str:
+    return (f"{filename} is {size / 1e6:.1f} MB, over the {max_bytes / 1e6:.1f} MB limit. "
+            "Use a shorter excerpt of it.")
+
+
+def _decode_text(data: bytes, filename: str) -> str:
+    """Decode text bytes: UTF-8 first (the common case), else charset-normalizer's guess."""
+    binary = MemstepError(f"{filename} looks like a binary file, not text. "
+                          f"Upload a text document ({', '.join(SUPPORTED_EXTENSIONS)}).")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        if b"\x00" in data and not data.startswith((b"\xff\xfe", b"\xfe\xff")):
+            raise binary from None  # NUL bytes without a UTF-16/32 byte order mark
+        import charset_normalizer
+
+        matches = charset_normalizer.from_bytes(data)
+        best = matches.best()
+        if best is None:
+            raise binary from None
+        # Western text often ties between cp1250, cp1252 and others; cp1252 (a superset of
+        # latin-1 for text) is by far the most common legacy encoding, so it wins ties.
+        tied = [m.encoding for m in matches
+                if (m.chaos, m.coherence) == (best.chaos, best.coherence)]
+        text = data.decode("cp1252") if "cp1252" in tied else str(best)
+    # A decodable file can still be binary: NUL bytes or mostly control characters.
+    control = sum(1 for ch in text if not ch.isprintable() and ch not in "\n\r\t\f\v")
+    if "\x00" in text or control > 0.05 * max(len(text), 1):
+        raise binary
+    return text
+
+
+def _pdf_text(data: bytes, filename: str) -> str:
+    import pypdf
+
+    if not data.lstrip()[:5] == b"%PDF-":
+        raise MemstepError(f"{filename} is not a PDF file (no %PDF header). "
+                           "Check the file, or rename it to its real type.")
+    pypdf_log = logging.getLogger("pypdf")
+    level = pypdf_log.level
+    pypdf_log.setLevel(logging.ERROR)  # we report problems ourselves; keep stderr clean
+    try:
+        reader = pypdf.PdfReader(io.BytesIO(data))
+        if reader.is_encrypted and not reader.decrypt(""):
+            raise MemstepError(f"{filename} is password-protected. Remove the password first.")
+        pages = [page.extract_text() or "" for page in reader.pages]
+    except MemstepError:
+        raise
+    except Exception as err:  # pypdf raises many types (PdfReadError, KeyError...) on bad files
+        raise MemstepError(f"Cannot read the PDF {filename}: it may be corrupt ({err}). "
+                           "Re-export it or convert it to .txt.") from None
+    finally:
+        pypdf_log.setLevel(level)
+    text = "\n\n".join(pages)
+    if not text.strip():
+        raise MemstepError(f"{filename} has no extractable text; it may be a scanned image. "
+                           "Run OCR on it or upload a .txt version.")
+    return text
+
+
+def _html_text(html: str) -> str:
+    """Visible text of an HTML page: scripts and styles dropped, paragraphs on their own lines."""
+    from bs4 import BeautifulSoup, NavigableString
+
+    soup = BeautifulSoup(html, "html.parser")
+    for tag in soup(["script", "style", "noscript", "template"]):
+        tag.decompose()
+    # Source newlines inside a paragraph are not line breaks in HTML: collapse them.
+    # (Exact type check: comments and doctypes are NavigableString subclasses to leave alone.)
+    for string in soup.find_all(string=True):
+        if type(string) is NavigableString and string.find_parent("pre") is None:
+            string.replace_with(re.sub(r"\s+", " ", str(string)))
+    for tag in soup.find_all(_HTML_BLOCKS):
+        tag.insert_after("\n\n" if tag.name in _HTML_PARAGRAPHS else "\n")
+    return "\n".join(line.strip() for line in soup.get_text().splitlines())
