@@ -1,0 +1,5 @@
+import sys
+
+from memstep.cli import main
+
+sys.exit(main())

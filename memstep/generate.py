@@ -1,0 +1,94 @@
+"""After the prefill: answer a question from the compressed memory, or score a held-out
+continuation given it.
+
+The prompt is split around the document by the model's chat template: the template's
+head (system + user turn opening) is prefilled with the document under the schedule; the
+question and the assistant opening are appended after the compressed memory, never
+compressed. Positions keep counting from the true end of the document.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from memstep.engine import ChunkedPrefill
+
+_MARK = "\u2063DOCUMENT\u2063"  # an invisible separator no real document contains
+
+
+@dataclass(frozen=True)
+class PromptParts:
+    head: list[int]  # tokens before the document (prefilled, may be compressed)
+    tail: list[int]  # tokens after the document up to the question
+
+
+def prompt_parts(tokenizer, question: str | None = None) -> PromptParts:
+    """Token ids around the document: chat template where the model has one, else a plain
+    "Document ... Question: ... Answer:" frame."""
+    body = f"{_MARK}\n\nQuestion: {question}" if question else _MARK
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": body}], tokenize=False,
+                                             add_generation_prompt=True)
+    else:
+        text = f"{body}\nAnswer:" if question else body
+    head, tail = text.split(_MARK)
+    encode = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"] if s else []  # noqa: E731
+    return PromptParts(encode(head), encode(tail))
+
+
+def _extend(engine: ChunkedPrefill, ids: list[int], logits_to_keep: int | None = None) -> torch.Tensor:
+    """Append tokens after the memory (no eviction) and return their logits."""
+    model, position = engine.model, engine.tokens_seen
+    device = engine.device
+    positions = torch.arange(position, position + len(ids), device=device)[None]
+    with torch.inference_mode():
+        hidden = engine.decoder(input_ids=torch.tensor([ids], device=device), position_ids=positions,
+                                use_cache=True, **{engine._cache_kw: engine.cache}).last_hidden_state
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        logits = model.get_output_embeddings()(hidden)[0].float()
+    engine.tokens_seen += len(ids)
+    return logits
+
+
+def answer(engine: ChunkedPrefill, tokenizer, question: str, max_new_tokens: int = 32) -> str:
+    """Greedy answer to ``question`` from the engine's compressed memory.
+
+    The memory must have been prefilled from ``prompt_parts(tokenizer).head`` + document."""
+    tail = prompt_parts(tokenizer, question).tail
+    eos = set(_as_list(getattr(engine.model.generation_config, "eos_token_id", None)))
+    eos |= set(_as_list(tokenizer.eos_token_id))
+    out: list[int] = []
+    logits = _extend(engine, tail, logits_to_keep=1)
+    for _ in range(max_new_tokens):
+        token = int(logits[-1].argmax())
+        if token in eos:
+            break
+        out.append(token)
+        logits = _extend(engine, [token], logits_to_keep=1)
+    return tokenizer.decode(out, skip_special_tokens=True).strip()
+
+
+def continuation_nll(engine: ChunkedPrefill, held_out: list[int]) -> float:
+    """Mean negative log-likelihood (nats/token) of ``held_out`` following the memory."""
+    with torch.inference_mode():
+        first = engine.model.get_output_embeddings()(engine.last_hidden).float()
+    rest = _extend(engine, held_out[:-1]) if len(held_out) > 1 else first[:0]
+    logits = torch.cat([first, rest])
+    target = torch.tensor(held_out, device=logits.device)
+    return float(torch.nn.functional.cross_entropy(logits, target))
+
+
+def crop_memory(engine: ChunkedPrefill, entries: int, tokens_seen: int) -> None:
+    """Drop everything appended after the prefill (a scored continuation, an answer)."""
+    for layer in engine.cache.layers:
+        layer.keys, layer.values = layer.keys[:, :, :entries], layer.values[:, :, :entries]
+    engine.tokens_seen = tokens_seen
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]

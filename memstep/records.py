@@ -1,0 +1,116 @@
+"""Plain data the engine yields: one StepRecord per chunk, one RunResult per run.
+
+The CLI, the UI figures, the planner checks and the benchmarks all read these; nobody
+re-derives what the engine knows. Arrays are numpy (no torch) so records can cross
+process boundaries (ZeroGPU workers) and be turned into JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class StepRecord:
+    """What happened in one prefill step (one chunk)."""
+
+    step: int
+    steps: int  # total steps in the schedule
+    chunk_start: int  # document position of the chunk's first token
+    chunk_size: int
+    memory_before: int  # cache entries per layer before the step (sinks included)
+    memory_budget: int  # the schedule's budget after the step (sinks not included)
+    memory_after: int  # cache entries per layer after the step: min(budget + sinks, seen)
+    seconds: float
+    bytes_measured: int | None  # device peak during the step (CUDA/MPS); None on CPU
+    bytes_modeled: int  # modeled peak during the step (memory.step_bytes)
+    bytes_modeled_parts: dict[str, int]  # the modeled peak by component
+    kv_bytes_actual: int  # largest total size of the real cache tensors during the step
+    kept_positions: np.ndarray  # (layers, kv_heads, memory_after) document positions, sorted
+    evicted: bool  # whether any entry was dropped in this step
+
+    @property
+    def tokens_seen(self) -> int:
+        return self.chunk_start + self.chunk_size
+
+    def kept_fraction(self) -> np.ndarray:
+        """Per position seen so far: the fraction of (layer, KV head) slots that keep it."""
+        layers, heads, _ = self.kept_positions.shape
+        counts = np.bincount(self.kept_positions.reshape(-1), minlength=self.tokens_seen)
+        return counts[: self.tokens_seen] / float(layers * heads)
+
+    def to_dict(self, with_positions: bool = False) -> dict:
+        out = {
+            "step": self.step,
+            "chunk_start": self.chunk_start,
+            "chunk_size": self.chunk_size,
+            "memory_before": self.memory_before,
+            "memory_budget": self.memory_budget,
+            "memory_after": self.memory_after,
+            "seconds": round(self.seconds, 6),
+            "bytes_measured": self.bytes_measured,
+            "bytes_modeled": self.bytes_modeled,
+            "bytes_modeled_parts": dict(self.bytes_modeled_parts),
+            "kv_bytes_actual": self.kv_bytes_actual,
+            "evicted": self.evicted,
+        }
+        if with_positions:
+            out["kept_positions"] = self.kept_positions.tolist()
+        return out
+
+
+@dataclass
+class RunResult:
+    """A whole run: settings, the step records and what was asked afterwards."""
+
+    model: str
+    tokens: int  # tokens prefilled (prompt head + document)
+    prefix_tokens: int  # chat-template tokens before the document (positions < this are not document)
+    schedule: dict
+    scorer: str
+    sinks: int
+    device: str
+    dtype: str
+    steps: list[StepRecord] = field(default_factory=list)
+    seconds: float = 0.0
+    answer: str | None = None
+    question: str | None = None
+    continuation_nll: float | None = None
+    continuation_tokens: int = 0
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def peak_bytes_measured(self) -> int | None:
+        values = [s.bytes_measured for s in self.steps if s.bytes_measured is not None]
+        return max(values) if values else None
+
+    @property
+    def peak_bytes_modeled(self) -> int:
+        return max((s.bytes_modeled for s in self.steps), default=0)
+
+    def kept_fraction(self) -> np.ndarray:
+        return self.steps[-1].kept_fraction() if self.steps else np.zeros(0)
+
+    def to_dict(self, with_positions: bool = False) -> dict:
+        return {
+            "model": self.model,
+            "tokens": self.tokens,
+            "prefix_tokens": self.prefix_tokens,
+            "schedule": self.schedule,
+            "scorer": self.scorer,
+            "sinks": self.sinks,
+            "device": self.device,
+            "dtype": self.dtype,
+            "steps": [s.to_dict(with_positions) for s in self.steps],
+            "kept_fraction": [round(float(x), 4) for x in self.kept_fraction()],
+            "question": self.question,
+            "answer": self.answer,
+            "continuation_tokens": self.continuation_tokens,
+            "continuation_nll": self.continuation_nll,
+            "seconds": round(self.seconds, 6),
+            "peak_bytes_measured": self.peak_bytes_measured,
+            "peak_bytes_modeled": self.peak_bytes_modeled,
+            "notices": list(self.notices),
+        }

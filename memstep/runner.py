@@ -1,0 +1,89 @@
+"""One document run: prompt framing, schedule, engine, then question and continuation.
+
+The CLI, the app and the evaluation all go through ``DocumentRun`` so they agree on how a
+document is framed and what a run reports.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from memstep.engine import ChunkedPrefill
+from memstep.errors import MemstepError
+from memstep.generate import answer, continuation_nll, crop_memory, prompt_parts
+from memstep.models import LoadedModel
+from memstep.records import RunResult, StepRecord
+from memstep.schedules import make_schedule
+from memstep.scorers import make_scorer
+
+
+class DocumentRun:
+    """Prefill ``document_ids`` under a schedule; iterate to get one StepRecord per step.
+    Settings are checked on construction, so bad ones fail before any model work."""
+
+    def __init__(self, lm: LoadedModel, document_ids: list[int], *, schedule: str = "imdc",
+                 chunk: int = 512, memory: int = 512, growth: str = "linear",
+                 scorer: str = "chunk-attention", sinks: int = 4, seed: int = 0, window: int = 32,
+                 question: str | None = None, max_new_tokens: int = 32, continuation_tokens: int = 0,
+                 notices: list[str] | None = None, attention: str = "sdpa"):
+        if sinks < 0:
+            raise MemstepError(f"sinks must be 0 or more (got {sinks})")
+        if max_new_tokens < 1:
+            raise MemstepError(f"max new tokens must be at least 1 (got {max_new_tokens})")
+        if continuation_tokens < 0 or continuation_tokens >= len(document_ids):
+            raise MemstepError(f"continuation tokens must be between 0 and {len(document_ids) - 1} "
+                               f"for this {len(document_ids)}-token document (got {continuation_tokens})")
+        self.lm = lm
+        self.question = question.strip() if question and question.strip() else None
+        self.max_new_tokens = max_new_tokens
+        self.head = prompt_parts(lm.tokenizer).head
+        kept = document_ids[: len(document_ids) - continuation_tokens]
+        self.held_out = document_ids[len(kept):]
+        self.input_ids = self.head + kept
+        tokens = len(self.input_ids)
+        if schedule != "full":
+            if chunk > tokens:
+                raise MemstepError(f"chunk size {chunk} is larger than the document ({tokens} tokens with "
+                                   f"the prompt): use a chunk of at most {tokens}, or schedule 'full'")
+            if memory < sinks:
+                raise MemstepError(f"memory size {memory} is smaller than the {sinks} sink tokens: "
+                                   f"use a memory of at least {sinks}")
+        self.schedule = make_schedule(schedule, tokens, chunk, memory, growth)
+        self.engine = ChunkedPrefill(lm.model, make_scorer(scorer, seed, window), sinks, attention)
+        self.result = RunResult(
+            model=lm.name, tokens=tokens, prefix_tokens=len(self.head), schedule=self.schedule.to_dict(),
+            scorer=scorer, sinks=sinks, device=lm.device, dtype=lm.dtype, question=self.question,
+            continuation_tokens=continuation_tokens, notices=list(notices or []))
+
+    def __iter__(self) -> Iterator[StepRecord]:
+        began = time.perf_counter()
+        for record in self.engine.run(self.input_ids, self.schedule):
+            self.result.steps.append(record)
+            yield record
+        self.result.seconds = time.perf_counter() - began
+        self._memory_entries, self._memory_tokens = self.engine.cache.get_seq_length(), self.engine.tokens_seen
+        if self.held_out:
+            self.result.continuation_nll = continuation_nll(self.engine, self.held_out)
+            self._restore()
+        if self.question:
+            self.result.answer = self.ask(self.question)
+
+    def run(self) -> RunResult:
+        for _ in self:
+            pass
+        return self.result
+
+    def ask(self, question: str, max_new_tokens: int | None = None) -> str:
+        """Answer from the compressed memory; the memory is left as the prefill made it."""
+        if not self.result.steps or len(self.result.steps) < self.schedule.steps:
+            raise MemstepError("run the prefill before asking a question")
+        if not question or not question.strip():
+            raise MemstepError("the question is empty: type a question about the document")
+        try:
+            return answer(self.engine, self.lm.tokenizer, question.strip(), max_new_tokens or self.max_new_tokens)
+        finally:
+            self._restore()
+
+    def _restore(self) -> None:
+        crop_memory(self.engine, self._memory_entries, self._memory_tokens)

@@ -1,0 +1,235 @@
+"""Memory schedules: how big each chunk is and how much memory is kept after each step.
+
+Pure integer math, no torch, so the UI can preview a schedule instantly and the planner
+can reason about 1M-token contexts.
+
+The formulas follow the reference code of "Memorize Step by Step" (EMNLP 2024), rounding
+included. With L tokens, chunk size c and memory M there are n = ceil(L / c) steps:
+
+- ``fm``   (fixed memory): chunks of c (the last takes the remainder), budget M after every step.
+- ``im``   (incremental memory): chunks of c, the budget grows to M along a growth curve
+  (step i = 0..n-1; the last step always ends at M):
+    linear           m_i = floor(M / n) * (i + 1)
+    square           m_i = floor(M * ((i + 1) / n) ** 2)
+    sqrt             m_i = floor(M * sqrt((i + 1) / n))
+    inverse-convex   m_i = floor(M / (n - i))
+    inverse-concave  m_i = floor(M + floor(M / n) - M / (i + 1))
+- ``imdc`` (incremental memory, decremental chunk): budgets as ``im``; chunks
+    c_0 = floor(L / n),  c_i = floor(L / n) + floor(mean(m_0 .. m_{n-2})) - m_{i-1},
+  the last chunk takes the remainder, so m_{i-1} + c_i stays constant.
+- ``full``: one pass over the whole document, nothing evicted.
+- ``custom``: explicit chunk sizes and budgets.
+
+Budgets count tokens besides the always-kept sink tokens: after step i each layer's cache
+holds min(m_i + sinks, tokens seen) entries.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from memstep.errors import MemstepError
+
+SCHEDULES = ("full", "fm", "im", "imdc", "custom")
+GROWTHS = ("linear", "sqrt", "square", "inverse-convex", "inverse-concave")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Chunk sizes and the memory budget after each step (both in tokens)."""
+
+    name: str
+    chunk_sizes: tuple[int, ...]
+    memory_sizes: tuple[int, ...]
+    growth: str | None = None
+    settings: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def steps(self) -> int:
+        return len(self.chunk_sizes)
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.chunk_sizes)
+
+    @property
+    def chunk_starts(self) -> tuple[int, ...]:
+        starts, pos = [], 0
+        for c in self.chunk_sizes:
+            starts.append(pos)
+            pos += c
+        return tuple(starts)
+
+    def cache_lengths(self, sinks: int) -> list[tuple[int, int]]:
+        """(memory before, memory after) of each step in cache entries, sinks included."""
+        out, before, seen = [], 0, 0
+        for chunk, budget in zip(self.chunk_sizes, self.memory_sizes):
+            seen += chunk
+            after = min(budget + sinks, seen)
+            out.append((before, after))
+            before = after
+        return out
+
+    def to_dict(self) -> dict:
+        return {
+            "schedule": self.name,
+            "growth": self.growth,
+            "tokens": self.tokens,
+            "steps": self.steps,
+            "chunk_sizes": list(self.chunk_sizes),
+            "memory_sizes": list(self.memory_sizes),
+            **{k: v for k, v in self.settings.items() if k not in ("tokens",)},
+        }
+
+
+def growth_budgets(memory: int, steps: int, growth: str = "linear") -> list[int]:
+    """The IM budget after each of ``steps`` steps, growing to ``memory``."""
+    M, n = memory, steps
+    if growth == "linear":
+        sizes = [(M // n) * (i + 1) for i in range(n)]
+    elif growth == "square":
+        sizes = [math.floor(M * ((i + 1) / n) ** 2) for i in range(n)]
+    elif growth == "sqrt":
+        sizes = [math.floor(M * math.sqrt((i + 1) / n)) for i in range(n)]
+    elif growth == "inverse-convex":
+        sizes = [math.floor(M / (n - i)) for i in range(n)]
+    elif growth == "inverse-concave":
+        sizes = [math.floor(M + M // n - M / (i + 1)) for i in range(n)]
+    else:
+        raise MemstepError(f"unknown growth '{growth}': choose one of {', '.join(GROWTHS)}")
+    sizes[-1] = M  # every curve ends at the full budget
+    return sizes
+
+
+def _check_sizes(tokens: int, chunk: int, memory: int) -> None:
+    if tokens < 1:
+        raise MemstepError(f"the document has {tokens} tokens: it needs at least 1")
+    if chunk < 1:
+        raise MemstepError(f"chunk size must be at least 1 token (got {chunk})")
+    if memory < 0:
+        raise MemstepError(f"memory size must be 0 or more tokens (got {memory})")
+
+
+def _fixed_chunks(tokens: int, chunk: int) -> list[int]:
+    n = math.ceil(tokens / chunk)
+    return [chunk] * (n - 1) + [tokens - chunk * (n - 1)]
+
+
+def _imdc_chunks(tokens: int, budgets: list[int]) -> list[int]:
+    n = len(budgets)
+    if n == 1:
+        return [tokens]
+    base = tokens // n
+    mean_memory = math.floor(sum(budgets[:-1]) / (n - 1))
+    chunks = [base] + [base + mean_memory - budgets[i - 1] for i in range(1, n - 1)]
+    chunks.append(tokens - sum(chunks))
+    return chunks
+
+
+def _first_empty_chunk(chunks: list[int]) -> int | None:
+    return next((i for i, c in enumerate(chunks) if c < 1), None)
+
+
+def _imdc_max_memory(tokens: int, chunk: int, growth: str, memory: int) -> int | None:
+    """Largest memory <= ``memory`` whose IMDC schedule has no empty chunk (None if none).
+    Binary search on the (nearly monotone) failure boundary, then checked downwards."""
+    n = math.ceil(tokens / chunk)
+
+    def ok(m: int) -> bool:
+        return _first_empty_chunk(_imdc_chunks(tokens, growth_budgets(m, n, growth))) is None
+
+    lo, hi = 0, memory
+    if not ok(lo):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    while lo > 0 and not ok(lo):
+        lo -= 1
+    return lo
+
+
+def make_schedule(
+    name: str,
+    tokens: int,
+    chunk: int | None = None,
+    memory: int | None = None,
+    growth: str = "linear",
+    chunk_sizes: list[int] | None = None,
+    memory_sizes: list[int] | None = None,
+) -> Schedule:
+    """Build a schedule by name; raises MemstepError with a fix for bad settings."""
+    name = name.lower()
+    if name not in SCHEDULES:
+        raise MemstepError(f"unknown schedule '{name}': choose one of {', '.join(SCHEDULES)}")
+    if name == "full":
+        _check_sizes(tokens, 1, 0)
+        return Schedule("full", (tokens,), (tokens,), settings={"tokens": tokens})
+    if name == "custom":
+        return custom_schedule(tokens, chunk_sizes or [], memory_sizes or [])
+
+    if chunk is None or memory is None:
+        raise MemstepError(f"schedule '{name}' needs a chunk size and a memory size")
+    _check_sizes(tokens, chunk, memory)
+    if growth not in GROWTHS:
+        raise MemstepError(f"unknown growth '{growth}': choose one of {', '.join(GROWTHS)}")
+    settings = {"chunk": chunk, "memory": memory}
+    n = math.ceil(tokens / chunk)
+    if name == "fm":
+        return Schedule("fm", tuple(_fixed_chunks(tokens, chunk)), (memory,) * n, None, settings)
+
+    budgets = growth_budgets(memory, n, growth)
+    if name == "im":
+        return Schedule("im", tuple(_fixed_chunks(tokens, chunk)), tuple(budgets), growth, settings)
+
+    chunks = _imdc_chunks(tokens, budgets)
+    bad = _first_empty_chunk(chunks)
+    if bad is not None:
+        best = _imdc_max_memory(tokens, chunk, growth, memory)
+        fix = (
+            f"use a memory of at most {best} tokens at chunk {chunk}, a larger chunk, "
+            f"or schedule 'im'" if best is not None else "use a larger chunk or schedule 'im'"
+        )
+        raise MemstepError(
+            f"IMDC with {tokens} tokens, chunk {chunk}, memory {memory}, {growth} growth would give "
+            f"step {bad} a chunk of {chunks[bad]} tokens: {fix}"
+        )
+    return Schedule("imdc", tuple(chunks), tuple(budgets), growth, settings)
+
+
+def custom_schedule(tokens: int, chunk_sizes: list[int], memory_sizes: list[int]) -> Schedule:
+    """Explicit chunk sizes and budgets; the chunks must cover the document exactly."""
+    if not chunk_sizes or len(chunk_sizes) != len(memory_sizes):
+        raise MemstepError(
+            "a custom schedule needs as many memory sizes as chunk sizes "
+            f"(got {len(chunk_sizes)} chunks and {len(memory_sizes)} memory sizes)"
+        )
+    if any(c < 1 for c in chunk_sizes):
+        raise MemstepError("every chunk of a custom schedule must hold at least 1 token")
+    if any(m < 0 for m in memory_sizes):
+        raise MemstepError("memory sizes of a custom schedule must be 0 or more")
+    if sum(chunk_sizes) != tokens:
+        raise MemstepError(
+            f"custom chunk sizes add up to {sum(chunk_sizes)} tokens but the document has {tokens}"
+        )
+    return Schedule("custom", tuple(chunk_sizes), tuple(memory_sizes), settings={"tokens": tokens})
+
+
+def format_table(schedule: Schedule, sinks: int = 4) -> str:
+    """A readable per-step table of a schedule (used by `memstep schedule`)."""
+    rows = [f"{'step':>4}  {'start':>7}  {'chunk':>6}  {'budget':>6}  {'cache+chunk':>11}"]
+    for i, ((before, _), start, c, m) in enumerate(
+        zip(schedule.cache_lengths(sinks), schedule.chunk_starts, schedule.chunk_sizes, schedule.memory_sizes)
+    ):
+        rows.append(f"{i:>4}  {start:>7}  {c:>6}  {m:>6}  {before + c:>11}")
+    peak = max(b + c for (b, _), c in zip(schedule.cache_lengths(sinks), schedule.chunk_sizes))
+    growth = f" ({schedule.growth} growth)" if schedule.growth else ""
+    rows.append(
+        f"{schedule.name}{growth}: {schedule.tokens} tokens in {schedule.steps} steps, "
+        f"peak memory + chunk {peak} tokens (with {sinks} sinks)"
+    )
+    return "\n".join(rows)

@@ -1,0 +1,195 @@
+"""Token-importance scorers: which cache entries a layer keeps when it is cut to budget.
+
+Each scorer is a small dataclass with one ``score(layer)`` method returning a
+(kv_heads, keys) float tensor, higher = keep. Selection (sinks protected, top-k per KV
+head, document order) lives once, in ``select_kept``. Scorers that need attention
+compute the query-key products of the one layer they score, in blocks of query rows,
+so SDPA can run the model and no more than one layer's scores exist at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from memstep.errors import MemstepError
+from memstep.memory import QUERY_BLOCK
+
+
+@dataclass
+class LayerState:
+    """One layer's cache right after its attention ran on the current chunk.
+
+    queries: (heads, chunk, head_dim) after RoPE; keys, values: (kv_heads, keys, head_dim)
+    (memory entries first, then the chunk); positions: (kv_heads, keys) document positions.
+    """
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+    positions: torch.Tensor
+    scaling: float
+    layer: int = 0
+    _memo: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def chunk_size(self) -> int:
+        return self.queries.shape[1]
+
+    @property
+    def memory_size(self) -> int:
+        return self.keys.shape[1] - self.chunk_size
+
+    def attention_sum(self, first_row: int = 0) -> torch.Tensor:
+        """Attention each key receives, summed over the chunk's query rows from ``first_row``
+        on and over the query heads of its GQA group: (kv_heads, keys), float32."""
+        if first_row in self._memo:
+            return self._memo[first_row]
+        kv_heads, n_keys, dim = self.keys.shape
+        heads, rows, _ = self.queries.shape
+        q = self.queries.float().view(kv_heads, heads // kv_heads, rows, dim)
+        k = self.keys.float().unsqueeze(1).transpose(-1, -2)  # (kv_heads, 1, dim, keys)
+        key_index = torch.arange(n_keys, device=self.keys.device)
+        total = torch.zeros(kv_heads, n_keys, dtype=torch.float32, device=self.keys.device)
+        for start in range(first_row, rows, QUERY_BLOCK):
+            stop = min(start + QUERY_BLOCK, rows)
+            logits = torch.matmul(q[:, :, start:stop], k) * self.scaling
+            # causal: chunk row j sees the memory and chunk keys up to itself
+            visible = key_index[None, :] <= (self.memory_size + torch.arange(start, stop, device=key_index.device))[:, None]
+            logits.masked_fill_(~visible, float("-inf"))
+            total += torch.softmax(logits, dim=-1).sum(dim=(1, 2))
+            del logits
+        self._memo[first_row] = total
+        return total
+
+    def visible_queries(self, first_row: int = 0) -> torch.Tensor:
+        """How many query rows (from ``first_row`` on) see each key: (keys,)."""
+        rows = self.chunk_size
+        idx = torch.arange(self.keys.shape[1], device=self.keys.device)
+        seen_from = (idx - self.memory_size).clamp(min=first_row)
+        return (rows - seen_from).clamp(min=0).float()
+
+
+@dataclass
+class Scorer:
+    """Base: subclasses set ``name`` and implement ``score``."""
+
+    name: ClassVar[str] = ""
+    needs_queries: ClassVar[bool] = True
+
+    def reset(self) -> None:
+        """Called at the start of every run (seeded scorers restart their stream)."""
+
+    def score(self, layer: LayerState) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@dataclass
+class ChunkAttention(Scorer):
+    """The paper's score ("Memorize Step by Step", EMNLP 2024): attention a key receives
+    summed over the chunk's queries, divided by how many of those queries can see it."""
+
+    name: ClassVar[str] = "chunk-attention"
+
+    def score(self, layer: LayerState) -> torch.Tensor:
+        return layer.attention_sum() / layer.visible_queries().clamp(min=1)
+
+
+@dataclass
+class SnapKV(Scorer):
+    """SnapKV (Li et al., 2024): attention from the chunk's last ``window`` queries,
+    average-pooled over neighbouring keys (``kernel``); the window itself is kept."""
+
+    name: ClassVar[str] = "snapkv"
+    window: int = 32
+    kernel: int = 5
+
+    def score(self, layer: LayerState) -> torch.Tensor:
+        window = min(self.window, layer.chunk_size)
+        first = layer.chunk_size - window
+        scores = layer.attention_sum(first) / window
+        if self.kernel > 1:
+            scores = F.avg_pool1d(scores[:, None], self.kernel, stride=1, padding=self.kernel // 2,
+                                  count_include_pad=False)[:, 0]
+        scores[:, scores.shape[1] - window:] = float("inf")
+        return scores
+
+
+@dataclass
+class VATP(Scorer):
+    """Value-aware token pruning (Guo et al., 2024): the chunk-attention score times the
+    L1 norm of the token's value vector, per KV head."""
+
+    name: ClassVar[str] = "vatp"
+
+    def score(self, layer: LayerState) -> torch.Tensor:
+        attention = layer.attention_sum() / layer.visible_queries().clamp(min=1)
+        return attention * layer.values.float().abs().sum(dim=-1)
+
+
+@dataclass
+class KeyNorm(Scorer):
+    """Knorm (Devoto et al., 2024): keys with a low L2 norm draw attention; keep those."""
+
+    name: ClassVar[str] = "knorm"
+    needs_queries: ClassVar[bool] = False
+
+    def score(self, layer: LayerState) -> torch.Tensor:
+        return -layer.keys.float().norm(dim=-1)
+
+
+@dataclass
+class Recency(Scorer):
+    """StreamingLLM (Xiao et al., 2024): the sinks plus the most recent tokens."""
+
+    name: ClassVar[str] = "recency"
+    needs_queries: ClassVar[bool] = False
+
+    def score(self, layer: LayerState) -> torch.Tensor:
+        return layer.positions.float()
+
+
+@dataclass
+class RandomScorer(Scorer):
+    """Uniformly random scores from a seeded stream: the floor any scorer must beat."""
+
+    name: ClassVar[str] = "random"
+    needs_queries: ClassVar[bool] = False
+    seed: int = 0
+    _generator: torch.Generator | None = field(default=None, repr=False)
+
+    def reset(self) -> None:
+        self._generator = torch.Generator().manual_seed(self.seed)
+
+    def score(self, layer: LayerState) -> torch.Tensor:
+        if self._generator is None:
+            self.reset()
+        return torch.rand(layer.positions.shape, generator=self._generator).to(layer.keys.device)
+
+
+SCORERS: dict[str, type[Scorer]] = {
+    cls.name: cls for cls in (ChunkAttention, SnapKV, VATP, KeyNorm, Recency, RandomScorer)
+}
+
+
+def make_scorer(name: str, seed: int = 0, window: int = 32) -> Scorer:
+    if name not in SCORERS:
+        raise MemstepError(f"unknown scorer '{name}': choose one of {', '.join(SCORERS)}")
+    if name == "random":
+        return RandomScorer(seed=seed)
+    if name == "snapkv":
+        if window < 1:
+            raise MemstepError(f"the SnapKV window must be at least 1 token (got {window})")
+        return SnapKV(window=window)
+    return SCORERS[name]()
+
+
+def select_kept(scores: torch.Tensor, positions: torch.Tensor, keep: int, sinks: int) -> torch.Tensor:
+    """Indices (kv_heads, keep) of the entries to keep per KV head: the sink positions
+    always, then the highest scores; returned in document order."""
+    scores = scores.float().masked_fill(positions < sinks, float("inf"))
+    kept = torch.topk(scores, keep, dim=-1, sorted=False).indices
+    return kept.sort(dim=-1).values
