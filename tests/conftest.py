@@ -1,0 +1,50 @@
+"""Shared fixtures: a tiny random-init Llama for fast tests, the embedded model where real
+behaviour matters (session-scoped: loaded once, a few seconds after the first conversion)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+ASSETS = ROOT / "assets"
+ARTIFACTS = ROOT / "test-artifacts"
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def make_tiny_model(model_type: str = "llama", layers: int = 2, seed: int = 0, **overrides):
+    """A random-init causal LM of the given family: 4 query heads, 2 KV heads (GQA)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    settings = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    max_position_embeddings=4096, tie_word_embeddings=False)
+    settings.update(overrides)
+    config = AutoConfig.for_model(model_type, **settings)
+    config._attn_implementation = "sdpa"
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    return make_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded SmolLM2-135M-Instruct as a LoadedModel (memstep.models.load_model)."""
+    from memstep.models import load_model
+
+    return load_model("embedded", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def artifacts_dir():
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS
