@@ -129,7 +129,9 @@ class ChunkedPrefill:
             raise MemstepError(f"the schedule covers {schedule.tokens} tokens but the input has {ids.numel()}")
         self.reset()
         self.scorer.reset()
-        self.cache = DynamicCache(config=self.model.config)
+        # Plain full-attention layers: a config-built cache gives sliding-window models (Mistral)
+        # layers that size the mask by tokens seen, which breaks once entries are evicted.
+        self.cache = DynamicCache()
         kv_heads = self.shape.kv_heads
         self.positions = [torch.zeros(kv_heads, 0, dtype=torch.long, device=self.device)
                           for _ in self.decoder.layers]

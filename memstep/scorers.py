@@ -114,7 +114,10 @@ class SnapKV(Scorer):
         if self.kernel > 1:
             scores = F.avg_pool1d(scores[:, None], self.kernel, stride=1, padding=self.kernel // 2,
                                   count_include_pad=False)[:, 0]
-        scores[:, scores.shape[1] - window:] = float("inf")
+        # the window outranks every other key, its most recent entries first: finite scores, so
+        # select_kept can still put the sinks above it when the window exceeds the budget
+        ramp = torch.arange(1, window + 1, dtype=scores.dtype, device=scores.device)
+        scores[:, scores.shape[1] - window:] = scores.max() + ramp
         return scores
 
 
@@ -190,6 +193,8 @@ def make_scorer(name: str, seed: int = 0, window: int = 32) -> Scorer:
 def select_kept(scores: torch.Tensor, positions: torch.Tensor, keep: int, sinks: int) -> torch.Tensor:
     """Indices (kv_heads, keep) of the entries to keep per KV head: the sink positions
     always, then the highest scores; returned in document order."""
-    scores = scores.float().masked_fill(positions < sinks, float("inf"))
+    # +inf from a scorer must not tie with the sinks (topk breaks ties arbitrarily)
+    scores = scores.float().nan_to_num(nan=0.0, posinf=torch.finfo(torch.float32).max)
+    scores = scores.masked_fill(positions < sinks, float("inf"))
     kept = torch.topk(scores, keep, dim=-1, sorted=False).indices
     return kept.sort(dim=-1).values

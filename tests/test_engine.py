@@ -1,0 +1,302 @@
+"""The chunked prefill engine against plain transformers forwards.
+
+- budget >= document: chunked == one full prefill (hidden states and next-token logits);
+- after eviction the next chunk sees exactly the kept entries, RoPE'd at their true positions;
+- cache sizes, kept positions and the KV bytes of every step;
+- scoring runs on SDPA, one layer at a time, and its attention equals the real attention.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import pytest
+import torch
+from conftest import ASSETS, make_tiny_model
+
+from memstep.engine import ChunkedPrefill, cache_keyword, decoder_of, model_shape
+from memstep.errors import MemstepError
+from memstep.schedules import make_schedule
+from memstep.scorers import SCORERS, ChunkAttention, make_scorer
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma")
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+def random_ids(tokens: int, seed: int = 0, vocab: int = 128) -> torch.Tensor:
+    return torch.randint(0, vocab, (tokens,), generator=torch.Generator().manual_seed(seed))
+
+
+def full_prefill(model, ids, positions=None):
+    """Hidden states of one plain forward (no memstep code involved)."""
+    with torch.inference_mode():
+        pos = None if positions is None else torch.as_tensor(positions)[None]
+        return model.model(input_ids=torch.as_tensor(ids)[None], position_ids=pos).last_hidden_state[0]
+
+
+def run_engine(model, ids, schedule, scorer="chunk-attention", sinks=4, **kwargs):
+    engine = ChunkedPrefill(model, make_scorer(scorer), sinks=sinks, **kwargs)
+    return engine, list(engine.run(ids, schedule))
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_model(request):
+    return request.param, make_tiny_model(request.param)
+
+
+# ---- no eviction: the chunked prefill is a full prefill ------------------------------------
+def test_budget_covering_the_document_reproduces_full_prefill(family_model):
+    family, model = family_model
+    ids = random_ids(200)
+    reference = full_prefill(model, ids)
+    with torch.inference_mode():
+        logits = model(input_ids=ids[None]).logits[0, -1]
+    for schedule in (make_schedule("fm", 200, 48, 256), make_schedule("im", 200, 64, 1000),
+                     make_schedule("full", 200)):
+        engine, records = run_engine(model, ids, schedule, collect_hidden=True)
+        assert not any(r.evicted for r in records), family
+        torch.testing.assert_close(torch.cat(engine.hidden_chunks), reference, **TOL)
+        with torch.inference_mode():
+            next_logits = model.get_output_embeddings()(engine.last_hidden)[0]
+        torch.testing.assert_close(next_logits, logits, **TOL)
+        assert engine.tokens_seen == 200 and engine.cache.get_seq_length() == 200
+
+
+# ---- eviction: the next chunk sees exactly the kept entries at their true positions -------
+@pytest.mark.parametrize("family", FAMILIES)
+def test_recency_eviction_equals_full_prefill_over_kept_tokens(family):
+    """With one layer, a cache entry's key and value depend only on its token and position, so
+    after eviction a chunk must see exactly what a full prefill over [sinks + kept tokens +
+    chunk] at the original position ids sees. Fails if eviction drops the wrong entries,
+    re-RoPEs kept keys, or masks the compressed cache wrongly."""
+    model = make_tiny_model(family, layers=1, seed=1)
+    ids = random_ids(170, seed=1)
+    sinks, memory = 4, 24
+    schedule = make_schedule("fm", 170, 32, memory)
+    engine, records = run_engine(model, ids, schedule, scorer="recency", sinks=sinks, collect_hidden=True)
+    for step, record in enumerate(records):
+        seen = record.tokens_seen
+        expected = list(range(sinks)) + list(range(seen - memory, seen)) if seen > memory + sinks else list(
+            range(seen))
+        assert (record.kept_positions == np.array(expected)).all(), (family, step)
+        if step == 0:
+            continue
+        kept = records[step - 1].kept_positions[0, 0].tolist()
+        positions = kept + list(range(record.chunk_start, seen))
+        reference = full_prefill(model, ids[positions], positions)[-record.chunk_size:]
+        torch.testing.assert_close(engine.hidden_chunks[step], reference, **TOL)
+    # and not merely because any context gives the same answer: the full context differs
+    assert not torch.allclose(engine.hidden_chunks[-1], full_prefill(model, ids)[-records[-1].chunk_size:],
+                              atol=1e-3)
+
+
+def reference_run(model, ids, records):
+    """Replays the engine's kept positions with plain transformers calls: each chunk runs on a
+    DynamicCache that holds the kept entries, and is evicted after the whole forward."""
+    from transformers import DynamicCache
+
+    cache, positions, hidden = DynamicCache(), None, []
+    for record in records:
+        start, stop = record.chunk_start, record.tokens_seen
+        chunk_pos = torch.arange(start, stop)
+        with torch.inference_mode():
+            out = model.model(input_ids=ids[None, start:stop], position_ids=chunk_pos[None], use_cache=True,
+                              **{cache_keyword(model.model): cache})
+        hidden.append(out.last_hidden_state[0])
+        new_positions = []
+        for layer_idx, layer in enumerate(cache.layers):
+            kv_heads = layer.keys.shape[1]
+            seen = chunk_pos.expand(kv_heads, -1) if positions is None else torch.cat(
+                [positions[layer_idx], chunk_pos.expand(kv_heads, -1)], dim=1)
+            kept = torch.as_tensor(record.kept_positions[layer_idx])
+            index = torch.searchsorted(seen.contiguous(), kept)
+            assert torch.equal(seen.gather(1, index), kept), "kept a position the cache never held"
+            index4 = index[None, :, :, None].expand(1, -1, -1, layer.keys.shape[-1])
+            layer.keys, layer.values = layer.keys.gather(2, index4), layer.values.gather(2, index4)
+            new_positions.append(kept)
+        positions = new_positions
+    return hidden
+
+
+@pytest.mark.parametrize("scorer", ["chunk-attention", "snapkv", "random"])
+def test_per_layer_eviction_matches_a_plain_replay(scorer):
+    """Multi-layer, per-head eviction (different positions per layer and head): the engine's
+    hidden states equal a plain transformers replay of the same kept positions."""
+    model = make_tiny_model("llama", layers=3, seed=2)
+    ids = random_ids(260, seed=2)
+    schedule = make_schedule("imdc", 260, 64, 48)
+    engine, records = run_engine(model, ids, schedule, scorer=scorer, collect_hidden=True)
+    assert sum(r.evicted for r in records) >= 3
+    kept = records[-1].kept_positions
+    assert any(not np.array_equal(kept[0, 0], kept[l, h]) for l in range(3) for h in range(2))
+    for step, (ours, theirs) in enumerate(zip(engine.hidden_chunks, reference_run(model, ids, records))):
+        torch.testing.assert_close(ours, theirs, **TOL, msg=lambda m: f"step {step}: {m}")
+
+
+# ---- sizes, positions and bytes of every step ---------------------------------------------
+@pytest.mark.parametrize("name,growth", [("fm", "linear"), ("im", "sqrt"), ("imdc", "linear"),
+                                         ("imdc", "inverse-convex"), ("full", "linear")])
+def test_cache_sizes_positions_and_kv_bytes_each_step(tiny_model, name, growth):
+    ids = random_ids(300, seed=3)
+    sinks = 4
+    schedule = make_schedule(name, 300, 64, 80, growth)
+    engine = ChunkedPrefill(tiny_model, ChunkAttention(), sinks=sinks)
+    shape = model_shape(tiny_model)
+    expected_lengths = schedule.cache_lengths(sinks)
+    before = 0
+    for step, record in enumerate(engine.run(ids, schedule)):
+        seen = record.tokens_seen
+        budget = schedule.memory_sizes[step]
+        after = min(budget + sinks, seen)
+        assert (record.memory_before, record.memory_after) == (before, after) == expected_lengths[step]
+        assert record.chunk_start == schedule.chunk_starts[step] and record.chunk_size == schedule.chunk_sizes[step]
+        assert record.memory_budget == budget and record.step == step and record.steps == schedule.steps
+        assert record.evicted == (before + record.chunk_size > after)
+        for layer_idx, layer in enumerate(engine.cache.layers):  # the real cache, right now
+            assert layer.keys.shape[2] == layer.values.shape[2] == after
+            assert torch.equal(engine.positions[layer_idx].cpu(), torch.as_tensor(record.kept_positions[layer_idx]))
+        assert record.kept_positions.shape == (shape.layers, shape.kv_heads, after)
+        for row in record.kept_positions.reshape(-1, after):
+            assert (np.diff(row) > 0).all()  # sorted and unique
+            assert row[-1] < seen and row[0] >= 0
+            assert set(range(min(sinks, seen))) <= set(row.tolist())
+        # the modeled KV part is the real cache's peak during the step, to the byte
+        parts = record.bytes_modeled_parts
+        assert record.kv_bytes_actual == parts["kv_memory"] + parts["kv_chunk"]
+        assert record.bytes_modeled == sum(parts.values())
+        assert record.bytes_measured is None  # CPU has no device counter
+        assert engine.cache_bytes() == after * shape.kv_bytes_per_token
+        fraction = record.kept_fraction()
+        assert fraction.shape == (seen,) and fraction[:sinks].tolist() == [1.0] * sinks
+        assert abs(fraction.sum() - after) < 1e-9  # each slot keeps `after` positions
+        before = after
+    assert engine.tokens_seen == 300
+
+
+@pytest.mark.parametrize("scorer", sorted(SCORERS))
+def test_every_scorer_keeps_budget_plus_sinks(tiny_model, scorer):
+    ids = random_ids(150, seed=4)
+    engine, records = run_engine(tiny_model, ids, make_schedule("fm", 150, 40, 20), scorer=scorer)
+    assert [r.memory_after for r in records] == [24, 24, 24, 24]
+    for record in records:
+        parts = record.bytes_modeled_parts
+        assert record.kv_bytes_actual == parts["kv_memory"] + parts["kv_chunk"]
+        rows = record.kept_positions.reshape(-1, 24)
+        assert (np.diff(rows, axis=1) > 0).all() and (rows[:, :4] == np.arange(4)).all()
+    if scorer == "recency":
+        assert (records[-1].kept_positions[..., 4:] == np.arange(130, 150)).all()
+
+
+def test_random_scorer_runs_are_reproducible(tiny_model):
+    ids = random_ids(150, seed=5)
+    schedule = make_schedule("fm", 150, 40, 20)
+
+    def kept(seed):
+        engine = ChunkedPrefill(tiny_model, make_scorer("random", seed=seed))
+        return [r.kept_positions for r in engine.run(ids, schedule)][-1]
+
+    assert np.array_equal(kept(7), kept(7))
+    assert not np.array_equal(kept(7), kept(8))
+
+
+# ---- scoring: SDPA, one layer at a time ---------------------------------------------------
+class SpyScorer(ChunkAttention):
+    """Chunk-attention that records each call and checks the previous layer's state is gone."""
+
+    def __init__(self):
+        self.calls, self.previous = [], None
+
+    def score(self, layer):
+        if self.previous is not None:
+            assert self.previous() is None, "the previous layer's scores are still alive"
+        scores = super().score(layer)
+        self.calls.append(layer.layer)
+        self.previous = weakref.ref(layer._memo[0])  # the (kv_heads, keys) attention sums
+        return scores
+
+
+def test_scoring_runs_on_sdpa_once_per_layer_per_evicting_step():
+    model = make_tiny_model("llama", layers=3, seed=6)
+    assert model.config._attn_implementation == "sdpa"
+    weights = []
+    handles = [layer.self_attn.register_forward_hook(lambda m, a, out: weights.append(out[1]))
+               for layer in model.model.layers]
+    spy = SpyScorer()
+    engine = ChunkedPrefill(model, spy, sinks=4)
+    schedule = make_schedule("fm", 160, 32, 40)  # step 0 fits in 44 entries: no eviction there
+    try:
+        records = list(engine.run(random_ids(160, seed=6), schedule))
+    finally:
+        for handle in handles:
+            handle.remove()
+    evicting = [r.step for r in records if r.evicted]
+    assert evicting == [1, 2, 3, 4]
+    assert spy.calls == [0, 1, 2] * len(evicting)
+    assert all(w is None for w in weights)  # SDPA returned no attention matrix: none was needed
+    assert len(weights) == 3 * schedule.steps
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_scorer_attention_equals_the_model_attention(family):
+    """The queries the scorer rebuilds (q_proj hook, q_norm, RoPE at true positions) give the
+    attention an eager model really computes, on a compressed cache."""
+    model = make_tiny_model(family, layers=2, seed=7)
+    model.config._attn_implementation = "eager"
+    probabilities = {}
+
+    def keep_probabilities(module, args, output):
+        probabilities[module.layer_idx] = output[1][0]  # (heads, chunk, keys)
+
+    sums = []
+
+    class Capture(ChunkAttention):
+        def score(self, layer):
+            sums.append((layer.layer, layer.attention_sum().clone()))
+            return super().score(layer)
+
+    handles = [layer.self_attn.register_forward_hook(keep_probabilities) for layer in model.model.layers]
+    engine = ChunkedPrefill(model, Capture(), sinks=2)
+    checked = 0
+    try:
+        for record in engine.run(random_ids(150, seed=7), make_schedule("fm", 150, 40, 30)):
+            for layer_idx, attention in sums:
+                real = probabilities[layer_idx]
+                kv_heads = engine.shape.kv_heads
+                expected = real.float().reshape(kv_heads, -1, *real.shape[1:]).sum(dim=(1, 2))
+                torch.testing.assert_close(attention, expected, rtol=1e-4, atol=1e-5)
+                checked += 1
+            sums.clear()
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert checked == 2 * 4  # 2 layers x 4 steps, all evicting (40 > 30 + 2 sinks)
+
+
+# ---- errors --------------------------------------------------------------------------------
+def test_engine_rejects_bad_settings(tiny_model):
+    with pytest.raises(MemstepError, match="sinks"):
+        ChunkedPrefill(tiny_model, sinks=-1)
+    engine = ChunkedPrefill(tiny_model)
+    with pytest.raises(MemstepError, match="covers 100 tokens but the input has 99"):
+        list(engine.run(random_ids(99), make_schedule("fm", 100, 10, 10)))
+    with pytest.raises(MemstepError, match="Llama-style"):
+        decoder_of(torch.nn.Linear(2, 2))
+
+
+# ---- the embedded model --------------------------------------------------------------------
+@pytest.mark.slow
+def test_embedded_model_chunked_equals_full_prefill(embedded):
+    text = (ASSETS / "pride_and_prejudice_ch1-12.txt").read_text()[:6000]
+    ids = torch.tensor(embedded.tokenizer(text)["input_ids"][:400])
+    model = embedded.model
+    reference = full_prefill(model, ids)
+    with torch.inference_mode():
+        logits = model(input_ids=ids[None], logits_to_keep=1).logits[0, -1]
+    engine, records = run_engine(model, ids, make_schedule("fm", 400, 96, 512), collect_hidden=True)
+    assert len(records) == 5 and not any(r.evicted for r in records)
+    torch.testing.assert_close(torch.cat(engine.hidden_chunks), reference, **TOL)
+    with torch.inference_mode():
+        next_logits = model.get_output_embeddings()(engine.last_hidden)[0]
+    torch.testing.assert_close(next_logits, logits, **TOL)
+    assert int(next_logits.argmax()) == int(logits.argmax())
