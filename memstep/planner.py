@@ -1,0 +1,615 @@
+"""The planner: peak memory and time of every step of a schedule, for real models and GPUs.
+
+Pure arithmetic (no torch), so a 1M-token context plans in a fraction of a second. The
+memory side is ``memstep.memory.step_bytes`` (the formula the engine reports per step and
+whose KV parts equal the engine's real cache tensors); this module adds FLOPs, bytes moved
+and a roofline time per step, GPU presets, and the comparisons of schedules.
+
+Time of one step: each component (projections + MLP, attention, scorer + eviction) takes
+max(FLOPs / (peak FLOP/s x efficiency), bytes moved / (bandwidth x bandwidth efficiency));
+the step is their sum. Components are
+timed separately because they sit on different sides of the roofline: projections are
+compute-bound at useful chunk sizes, while eager attention streams its score matrices
+through memory. Kernel launches (a fixed cost per layer) only add time when they take
+longer than the GPU work they launch, as for small models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from memstep.errors import MemstepError
+from memstep.memory import ATTENTIONS, DTYPE_BYTES, PARTS, SCORE_BYTES, ModelShape, step_bytes
+from memstep.schedules import GROWTHS, Schedule, make_schedule
+
+PLAN_SCHEDULES = ("fm", "im", "imdc", "full")
+DTYPES = ("bf16", "fp16", "fp32")
+TIME_PARTS = ("linear", "attention", "scorer", "overhead")
+TIME_LABELS = {
+    "linear": "projections + MLP",
+    "attention": "attention",
+    "scorer": "scorer + eviction",
+    "overhead": "kernel launches (beyond GPU work)",
+}
+
+# Fractions of the datasheet peaks that real kernels reach. bf16 GEMMs of prefill-sized
+# matrices run at 55-75% of peak on Ampere/Hopper; streaming kernels reach ~80% of the
+# memory bandwidth. One factor each, stated here and in every plan's JSON.
+DEFAULT_EFFICIENCY = 0.6
+DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
+# Eager PyTorch launches ~20 kernels per decoder layer (norms, projections, RoPE, attention,
+# MLP, residuals) at ~5 us each; the scorer's hook adds as many again when a step evicts.
+LAYER_OVERHEAD_SECONDS = 100e-6
+SCORER_OVERHEAD_SECONDS = 100e-6
+# What the tensors of a run cannot use: the CUDA context, cuBLAS workspaces and allocator
+# fragmentation (total memory as nvidia-smi reports it minus this is what fits).
+RESERVED_BYTES = 1 << 30
+# Elementwise passes over the padded (memory + chunk)^2 maps in the reference code: score
+# write, causal-mask add (read + write), padding-mask add (read + write), softmax (read +
+# write), probabilities read by the value product.
+PADDED_PASSES = 8
+# Eager attention: fp32 scores written, read and written by softmax, read by the value product.
+EAGER_PASSES = 4
+# The scorer's blocks of logits: written, masked in place (read + write), softmax (read +
+# write), summed (read).
+SCORER_PASSES = 6
+# Longest-context search: the peak of a compressed schedule stops growing once its steps
+# reach their steady size, so fitting at this length means there is no limit.
+LONGEST_CAP_TOKENS = 1 << 24
+LONGEST_CAP_STEPS = 1 << 14
+
+# Model presets: the fields of each model's published config.json that memory and time
+# depend on. Parameter counts come from memstep.memory.estimate_params (tested against the
+# published counts).
+MODEL_PRESETS: dict[str, dict] = {
+    "llama-2-7b": dict(  # meta-llama/Llama-2-7b-hf
+        hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=32, head_dim=128, vocab_size=32000, max_position_embeddings=4096,
+        tie_word_embeddings=False),
+    "llama-3.1-8b": dict(  # meta-llama/Llama-3.1-8B
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072,
+        tie_word_embeddings=False),
+    "llama-3.1-70b": dict(  # meta-llama/Llama-3.1-70B
+        hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+        num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072,
+        tie_word_embeddings=False),
+    "mistral-7b": dict(  # mistralai/Mistral-7B-v0.1
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=32000, max_position_embeddings=32768,
+        tie_word_embeddings=False),
+    "qwen2.5-7b": dict(  # Qwen/Qwen2.5-7B (q/k/v biases are left out: 0.01% of the weights)
+        hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+        num_key_value_heads=4, head_dim=128, vocab_size=152064, max_position_embeddings=131072,
+        tie_word_embeddings=False),
+    "smollm2-135m": dict(  # HuggingFaceTB/SmolLM2-135M(-Instruct), the embedded model
+        hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
+        tie_word_embeddings=True),
+}
+MODEL_NAMES = {
+    "llama-2-7b": "Llama-2-7B", "llama-3.1-8b": "Llama-3.1-8B", "llama-3.1-70b": "Llama-3.1-70B",
+    "mistral-7b": "Mistral-7B", "qwen2.5-7b": "Qwen2.5-7B", "smollm2-135m": "SmolLM2-135M",
+}
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU: dense (no sparsity) tensor-core peaks, memory bandwidth and memory size."""
+
+    name: str
+    bf16_tflops: float | None  # None: no bf16 tensor cores
+    fp16_tflops: float
+    fp32_tflops: float
+    bandwidth_gbs: float  # GB/s, 1e9 bytes
+    memory_bytes: int  # total device memory as nvidia-smi reports it
+
+    def peak_flops(self, dtype: str) -> float:
+        if dtype == "fp32":
+            return self.fp32_tflops * 1e12
+        if dtype == "bf16" and self.bf16_tflops:
+            return self.bf16_tflops * 1e12
+        if dtype == "bf16":  # emulated on GPUs without bf16 tensor cores: FP32 speed at best
+            return self.fp32_tflops * 1e12
+        return self.fp16_tflops * 1e12
+
+    @property
+    def usable_bytes(self) -> int:
+        return max(0, self.memory_bytes - RESERVED_BYTES)
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "usable_bytes": self.usable_bytes}
+
+
+# GPU presets from NVIDIA's datasheets (dense tensor-core TFLOP/s; the datasheets print the
+# 2:4-sparse figure next to it, twice as large): T4 (Turing, no bf16: fp16 65, fp32 8.1,
+# 320 GB/s, 16 GB), L4 (bf16 121, fp32 30.3, 300 GB/s, 24 GB), A100 40GB SXM (bf16 312,
+# fp32 19.5, 1555 GB/s), A100 80GB SXM (312, 19.5, 2039 GB/s), H100 SXM 80GB (bf16 989,
+# fp32 67, 3.35 TB/s), H200 SXM 141GB (989, 67, 4.8 TB/s). A10G is AWS's variant of the A10
+# (no public datasheet): 24 GB at 600 GB/s like the A10, tensor peak 70 TFLOP/s (bf16) and
+# fp32 35 TFLOP/s as AWS and Baseten report. Memory sizes are the totals nvidia-smi shows.
+GPU_PRESETS: dict[str, Gpu] = {
+    "t4": Gpu("T4", None, 65.0, 8.1, 320.0, 15360 * MIB),
+    "l4": Gpu("L4", 121.0, 121.0, 30.3, 300.0, 23034 * MIB),
+    "a10g": Gpu("A10G", 70.0, 70.0, 35.0, 600.0, 23028 * MIB),
+    "a100-40gb": Gpu("A100 40GB", 312.0, 312.0, 19.5, 1555.0, 40960 * MIB),
+    "a100-80gb": Gpu("A100 80GB", 312.0, 312.0, 19.5, 2039.0, 81920 * MIB),
+    "h100-80gb": Gpu("H100 80GB", 989.0, 989.0, 67.0, 3350.0, 81559 * MIB),
+    "h200-141gb": Gpu("H200 141GB", 989.0, 989.0, 67.0, 4800.0, 143771 * MIB),
+}
+GPU_ALIASES = {"a100": "a100-80gb", "a100-40": "a100-40gb", "a100-80": "a100-80gb", "h100": "h100-80gb",
+               "h100-80": "h100-80gb", "h200": "h200-141gb", "h200-141": "h200-141gb"}
+
+
+# ---- inputs -----------------------------------------------------------------------------
+def _key(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def dtype_name(dtype: str) -> str:
+    canonical = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+    name = canonical.get(str(dtype).lower(), str(dtype).lower())
+    if name not in DTYPES:
+        raise MemstepError(f"unknown dtype '{dtype}': choose one of {', '.join(DTYPES)}")
+    return name
+
+
+def read_config(path: str | Path) -> dict:
+    """A model's config.json (or the folder that holds one) as a dict."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise MemstepError(f"model config not found: {path} (give a preset: {', '.join(MODEL_PRESETS)}, "
+                           "or the path of a config.json)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise MemstepError(f"{path} is not a valid config.json: {err}") from err
+    if not isinstance(config, dict):
+        raise MemstepError(f"{path} is not a valid config.json: expected a JSON object")
+    return config
+
+
+def resolve_model(model, dtype: str = "bf16") -> ModelShape:
+    """A ModelShape from a preset name, a config.json path (file or folder), a config dict or
+    object, or a ModelShape; its byte sizes follow ``dtype``."""
+    dtype_bytes = DTYPE_BYTES[dtype_name(dtype)]
+    if isinstance(model, ModelShape):
+        return dataclasses.replace(model, dtype_bytes=dtype_bytes)
+    name = None
+    if isinstance(model, (str, Path)):
+        key = _key(str(model))
+        if key in MODEL_PRESETS:
+            model, name = MODEL_PRESETS[key], MODEL_NAMES[key]
+        elif str(model).endswith(".json") or Path(model).exists() or "/" in str(model):
+            name = Path(model).parent.name if str(model).endswith(".json") else Path(model).name
+            model = read_config(model)
+        else:
+            raise MemstepError(f"unknown model '{model}': choose a preset ({', '.join(MODEL_PRESETS)}) "
+                               "or give the path of a config.json")
+    try:
+        return ModelShape.from_config(model, dtype_bytes=dtype_bytes, name=name)
+    except (ValueError, TypeError) as err:
+        raise MemstepError(f"model config is missing sizes: {err}") from err
+
+
+def resolve_gpu(gpu="h100-80gb", tflops: float | None = None, bandwidth_gbs: float | None = None,
+                memory_gib: float | None = None) -> Gpu:
+    """A preset (optionally with some numbers replaced) or, with ``gpu='custom'``, your own."""
+    for label, value in (("TFLOP/s", tflops), ("bandwidth", bandwidth_gbs), ("GPU memory", memory_gib)):
+        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise MemstepError(f"{label} must be a positive number (got {value})")
+    if isinstance(gpu, Gpu):
+        base = gpu
+    elif _key(str(gpu)) == "custom":
+        if tflops is None or bandwidth_gbs is None or memory_gib is None:
+            raise MemstepError("a custom GPU needs its peak TFLOP/s, bandwidth (GB/s) and memory (GiB)")
+        base = Gpu("custom", tflops, tflops, tflops, bandwidth_gbs, int(memory_gib * GIB))
+    else:
+        key = GPU_ALIASES.get(_key(str(gpu)), _key(str(gpu)))
+        if key not in GPU_PRESETS:
+            raise MemstepError(f"unknown GPU '{gpu}': choose one of {', '.join(GPU_PRESETS)} or 'custom'")
+        base = GPU_PRESETS[key]
+    changes = {}
+    if tflops is not None:
+        changes.update(bf16_tflops=tflops, fp16_tflops=tflops)
+    if bandwidth_gbs is not None:
+        changes["bandwidth_gbs"] = bandwidth_gbs
+    if memory_gib is not None:
+        changes["memory_bytes"] = int(memory_gib * GIB)
+    return dataclasses.replace(base, **changes) if changes else base
+
+
+# ---- FLOPs and bytes moved per step ----------------------------------------------------------
+def layer_linear_params(shape: ModelShape) -> int:
+    """Weights of one decoder layer's projections and MLP (what every token multiplies)."""
+    q_out = shape.heads * shape.head_dim
+    kv_out = shape.kv_heads * shape.head_dim
+    return shape.hidden * (2 * q_out + 2 * kv_out) + 3 * shape.hidden * shape.intermediate
+
+
+def attention_pairs(before: int, chunk: int, attention: str) -> int:
+    """Query-key pairs one head computes: fused SDPA kernels skip the masked half of the first
+    chunk (no memory, plain causal); with a memory they run the whole chunk x keys rectangle
+    under an explicit mask, as eager does; the padded reference code squares memory + chunk."""
+    keys = before + chunk
+    if attention == "padded":
+        return keys * keys
+    if attention == "sdpa" and before == 0:
+        return chunk * (chunk + 1) // 2
+    return chunk * keys
+
+
+def _activation_elements(shape: ModelShape) -> int:
+    """Activation elements one token reads and writes in one layer: two RMSNorms, q/k/v in
+    and out, o_proj in and out, two residual adds, gate/up in and out, SiLU x up, down."""
+    q_out = shape.heads * shape.head_dim
+    kv_out = shape.kv_heads * shape.head_dim
+    return 15 * shape.hidden + 2 * q_out + 2 * kv_out + 6 * shape.intermediate
+
+
+def step_work(shape: ModelShape, before: int, chunk: int, after: int, attention: str = "sdpa",
+              scoring: bool = True) -> dict[str, tuple[int, int]]:
+    """(FLOPs, bytes moved) of one step by time component, summed over layers."""
+    if attention not in ATTENTIONS:
+        raise MemstepError(f"unknown attention '{attention}': choose one of {', '.join(ATTENTIONS)}")
+    item, layers, heads, dim = shape.dtype_bytes, shape.layers, shape.heads, shape.head_dim
+    keys = before + chunk
+    entry = shape.kv_bytes_per_entry
+    linear_flops = 2 * chunk * layers * layer_linear_params(shape)
+    linear_bytes = layers * (layer_linear_params(shape) + chunk * _activation_elements(shape)) * item
+
+    pairs = attention_pairs(before, chunk, attention)
+    queries = keys if attention == "padded" else chunk
+    attn_flops = layers * 4 * heads * dim * pairs  # QK^T and probabilities x V
+    cache_copy = (before + keys) * entry  # the cache update concatenates: read memory, write memory + chunk
+    qkv_io = (2 * keys * shape.kv_heads + 2 * queries * heads) * dim * item  # K, V read; Q read, output written
+    if shape.heads != shape.kv_heads and attention != "padded":
+        qkv_io += 2 * 2 * keys * heads * dim * item  # K/V repeated to every query head, written and read
+    if attention == "eager":
+        scores = EAGER_PASSES * heads * pairs * SCORE_BYTES + pairs
+    elif attention == "padded":
+        scores = PADDED_PASSES * heads * pairs * item + 2 * pairs * SCORE_BYTES  # + the fp32 causal mask
+    else:
+        scores = pairs if before else 0  # fused kernel: only the boolean mask is read
+    attn_bytes = layers * (cache_copy + qkv_io + scores)
+
+    evicts = scoring and keys > after
+    if evicts and attention == "padded":  # the reference scorer sums the kept maps' chunk rows
+        score_flops = layers * heads * chunk * keys
+        score_bytes = layers * (heads * chunk * keys * item + (keys + after) * entry)
+    elif evicts:  # chunk-attention scorer: recomputes the chunk's logits in fp32, then gathers
+        score_flops = layers * 2 * heads * dim * chunk * keys
+        score_bytes = layers * (SCORER_PASSES * heads * chunk * keys * SCORE_BYTES
+                                + (heads * chunk + shape.kv_heads * keys) * dim * SCORE_BYTES
+                                + (keys + after) * entry)
+    else:
+        score_flops = score_bytes = 0
+    return {"linear": (linear_flops, linear_bytes), "attention": (attn_flops, attn_bytes),
+            "scorer": (score_flops, score_bytes)}
+
+
+def step_seconds(work: dict[str, tuple[int, int]], gpu: Gpu, dtype: str, layers: int, evicts: bool,
+                 efficiency: float = DEFAULT_EFFICIENCY,
+                 bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY) -> dict[str, float]:
+    """Roofline seconds of one step by component (each the slower of compute and memory)."""
+    flops_per_s = gpu.peak_flops(dtype) * efficiency
+    bytes_per_s = gpu.bandwidth_gbs * 1e9 * bandwidth_efficiency
+    out = {part: max(flops / flops_per_s, moved / bytes_per_s) for part, (flops, moved) in work.items()}
+    # launches are asynchronous: they only cost time when the GPU finishes its work sooner
+    launches = layers * (LAYER_OVERHEAD_SECONDS + (SCORER_OVERHEAD_SECONDS if evicts else 0.0))
+    out["overhead"] = max(0.0, launches - sum(out.values()))
+    return out
+
+
+# ---- plans ----------------------------------------------------------------------------------
+@dataclass
+class StepPlan:
+    """The prediction for one step."""
+
+    step: int
+    chunk_start: int
+    chunk_size: int
+    memory_before: int  # cache entries per layer before the step (sinks included)
+    memory_after: int
+    parts: dict[str, int]  # modeled peak bytes by component (memstep.memory.PARTS)
+    peak_bytes: int
+    flops: int
+    seconds_parts: dict[str, float]
+
+    @property
+    def kv_bytes(self) -> int:
+        """Largest size of the KV cache during the step (memory + chunk)."""
+        return self.parts["kv_memory"] + self.parts["kv_chunk"]
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.seconds_parts.values())
+
+    def to_dict(self) -> dict:
+        return {
+            "step": self.step, "chunk_start": self.chunk_start, "chunk_size": self.chunk_size,
+            "memory_before": self.memory_before, "memory_after": self.memory_after,
+            "kv_bytes": self.kv_bytes, "peak_bytes": self.peak_bytes, "parts": dict(self.parts),
+            "flops": self.flops, "seconds": self.seconds,
+            "seconds_parts": {k: v for k, v in self.seconds_parts.items()},
+        }
+
+
+@dataclass
+class Plan:
+    """A schedule planned for a model on a GPU: every step, and the totals."""
+
+    model: ModelShape
+    gpu: Gpu
+    dtype: str
+    schedule: Schedule
+    attention: str
+    sinks: int
+    evict_per_layer: bool
+    keep_maps: bool
+    efficiency: float
+    bandwidth_efficiency: float
+    steps: list[StepPlan]
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(s.peak_bytes for s in self.steps)
+
+    @property
+    def peak_step(self) -> int:
+        return max(range(len(self.steps)), key=lambda i: self.steps[i].peak_bytes)
+
+    @property
+    def kv_peak_bytes(self) -> int:
+        return max(s.kv_bytes for s in self.steps)
+
+    @property
+    def seconds(self) -> float:
+        return sum(s.seconds for s in self.steps)
+
+    @property
+    def flops(self) -> int:
+        return sum(s.flops for s in self.steps)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.gpu.usable_bytes
+
+    def to_dict(self, with_steps: bool = True) -> dict:
+        s = self.schedule
+        out = {
+            "model": {"name": self.model.name, "layers": self.model.layers, "hidden": self.model.hidden,
+                      "heads": self.model.heads, "kv_heads": self.model.kv_heads,
+                      "head_dim": self.model.head_dim, "intermediate": self.model.intermediate,
+                      "vocab": self.model.vocab, "params": self.model.params,
+                      "max_positions": self.model.max_positions,
+                      "kv_bytes_per_token": self.model.kv_bytes_per_token},
+            "dtype": self.dtype,
+            "gpu": self.gpu.to_dict(),
+            "schedule": {"name": s.name, "growth": s.growth, "tokens": s.tokens, "steps": s.steps,
+                         **{k: v for k, v in s.settings.items() if k in ("chunk", "memory")}},
+            "attention": self.attention, "sinks": self.sinks, "evict_per_layer": self.evict_per_layer,
+            "keep_maps": self.keep_maps, "efficiency": self.efficiency,
+            "bandwidth_efficiency": self.bandwidth_efficiency,
+            "peak_bytes": self.peak_bytes, "peak_step": self.peak_step, "kv_peak_bytes": self.kv_peak_bytes,
+            "seconds": self.seconds, "flops": self.flops, "fits": self.fits,
+            "usable_bytes": self.gpu.usable_bytes, "notices": list(self.notices),
+        }
+        if with_steps:
+            out["steps"] = [step.to_dict() for step in self.steps]
+        return out
+
+
+def _check_settings(tokens: int, chunk: int | None, memory: int | None, sinks: int, schedule: str,
+                    attention: str, growth: str, efficiency: float, bandwidth_efficiency: float) -> None:
+    if schedule not in PLAN_SCHEDULES:
+        raise MemstepError(f"unknown schedule '{schedule}': choose one of {', '.join(PLAN_SCHEDULES)}")
+    if attention not in ATTENTIONS:
+        raise MemstepError(f"unknown attention '{attention}': choose one of {', '.join(ATTENTIONS)}")
+    if growth not in GROWTHS:
+        raise MemstepError(f"unknown growth '{growth}': choose one of {', '.join(GROWTHS)}")
+    if not isinstance(tokens, int) or tokens < 1:
+        raise MemstepError(f"tokens must be a whole number of at least 1 (got {tokens})")
+    if schedule != "full":
+        if chunk is None or chunk < 1:
+            raise MemstepError(f"chunk must be at least 1 token (got {chunk})")
+        if memory is None or memory < 1:
+            raise MemstepError(f"memory must be at least 1 token (got {memory})")
+    if sinks < 0:
+        raise MemstepError(f"sinks must be 0 or more (got {sinks})")
+    for label, value in (("efficiency", efficiency), ("bandwidth efficiency", bandwidth_efficiency)):
+        if not (0 < value <= 1):
+            raise MemstepError(f"{label} must be in (0, 1] (got {value})")
+
+
+def retained_maps_bytes(shape: ModelShape, before: int, chunk: int) -> int:
+    """Attention maps of the other layers that the reference code's forward keeps alive until
+    it returns (its pruner scores all layers afterwards): (layers - 1) x heads x (b + c)^2."""
+    keys = before + chunk
+    return (shape.layers - 1) * shape.heads * keys * keys * shape.dtype_bytes
+
+
+def plan_schedule(shape: ModelShape, gpu: Gpu, schedule: Schedule, *, dtype: str = "bf16",
+                  attention: str = "sdpa", sinks: int = 4, evict_per_layer: bool | None = None,
+                  keep_maps: bool = False, efficiency: float = DEFAULT_EFFICIENCY,
+                  bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY) -> Plan:
+    """Plan an already-built schedule. ``evict_per_layer`` defaults to the engine's per-layer
+    eviction, except for the padded reference code, which evicts after the whole forward."""
+    dtype = dtype_name(dtype)
+    if evict_per_layer is None:
+        evict_per_layer = attention != "padded"
+    scoring = schedule.name != "full"
+    memo: dict[tuple[int, int, int], tuple] = {}  # FM repeats the same step thousands of times
+    steps = []
+    for i, ((before, after), start, chunk) in enumerate(
+            zip(schedule.cache_lengths(sinks), schedule.chunk_starts, schedule.chunk_sizes)):
+        key = (before, chunk, after)
+        if key not in memo:
+            parts = step_bytes(shape, before, chunk, after, attention=attention,
+                               evict_per_layer=evict_per_layer, scoring=scoring)
+            if keep_maps and attention == "padded":
+                parts["attention"] += retained_maps_bytes(shape, before, chunk)
+            total = sum(parts[p] for p in PARTS)
+            work = step_work(shape, before, chunk, after, attention, scoring)
+            seconds = step_seconds(work, gpu, dtype, shape.layers, scoring and before + chunk > after,
+                                   efficiency, bandwidth_efficiency)
+            memo[key] = ({p: parts[p] for p in PARTS}, total, sum(f for f, _ in work.values()), seconds)
+        parts, total, flops, seconds = memo[key]
+        steps.append(StepPlan(i, start, chunk, before, after, dict(parts), total, flops, dict(seconds)))
+    plan = Plan(shape, gpu, dtype, schedule, attention, sinks, evict_per_layer, keep_maps, efficiency,
+                bandwidth_efficiency, steps)
+    plan.notices.extend(_notices(plan))
+    return plan
+
+
+def _notices(plan: Plan) -> list[str]:
+    out = []
+    limit = plan.model.max_positions
+    if limit and plan.schedule.tokens > limit:
+        out.append(f"{plan.schedule.tokens} tokens exceed {plan.model.name}'s {limit} positions: positions "
+                   "beyond it were not trained (RoPE scaling needed); the plan still counts them.")
+    if plan.dtype == "bf16" and plan.gpu.bf16_tflops is None:
+        out.append(f"{plan.gpu.name} has no bf16 tensor cores: bf16 runs at FP32 speed; plan with fp16 instead.")
+    if not plan.fits:
+        out.append(f"{plan.schedule.name.upper()} does not fit: peak {plan.peak_bytes / GIB:.1f} GiB > "
+                   f"{plan.gpu.usable_bytes / GIB:.1f} GiB usable on {plan.gpu.name}.")
+    return out
+
+
+def plan(model="llama-3.1-8b", gpu="h100-80gb", *, schedule: str = "imdc", tokens: int = 32768,
+         chunk: int | None = 1024, memory: int | None = 1024, growth: str = "linear", attention: str = "sdpa",
+         dtype: str = "bf16", sinks: int = 4, evict_per_layer: bool | None = None, keep_maps: bool = False,
+         efficiency: float = DEFAULT_EFFICIENCY,
+         bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY) -> Plan:
+    """Plan one schedule; ``model`` and ``gpu`` take anything resolve_model/resolve_gpu take."""
+    schedule = str(schedule).lower()
+    _check_settings(tokens, chunk, memory, sinks, schedule, attention, growth, efficiency, bandwidth_efficiency)
+    shape = resolve_model(model, dtype)
+    gpu = gpu if isinstance(gpu, Gpu) else resolve_gpu(gpu)
+    built = make_schedule(schedule, tokens, chunk, memory, growth)
+    return plan_schedule(shape, gpu, built, dtype=dtype, attention=attention, sinks=sinks,
+                         evict_per_layer=evict_per_layer, keep_maps=keep_maps, efficiency=efficiency,
+                         bandwidth_efficiency=bandwidth_efficiency)
+
+
+def compare(model="llama-3.1-8b", gpu="h100-80gb", schedules=("fm", "imdc", "full"), **settings) -> dict[str, Plan]:
+    """Plan several schedules with the same settings (model and GPU resolved once)."""
+    if not schedules:
+        raise MemstepError("choose at least one schedule to plan")
+    dtype = settings.get("dtype", "bf16")
+    shape = resolve_model(model, dtype)
+    gpu = gpu if isinstance(gpu, Gpu) else resolve_gpu(gpu)
+    return {name: plan(shape, gpu, schedule=name, **settings) for name in dict.fromkeys(schedules)}
+
+
+def ratios(plans: dict[str, Plan], reference: Plan | None) -> dict[str, dict[str, float]]:
+    """Peak bytes and seconds of each plan divided by the reference plan's (FM or full)."""
+    if reference is None:
+        return {}
+    return {name: {"peak_bytes": p.peak_bytes / reference.peak_bytes, "seconds": p.seconds / reference.seconds}
+            for name, p in plans.items()}
+
+
+def _peak_at(shape: ModelShape, gpu: Gpu, schedule: str, tokens: int, settings: dict) -> int | None:
+    """Peak bytes of a schedule at ``tokens`` (None when the schedule cannot be built there)."""
+    try:
+        built = make_schedule(schedule, tokens, settings.get("chunk"), settings.get("memory"),
+                              settings.get("growth", "linear"))
+    except MemstepError:
+        return None
+    attention = settings.get("attention", "sdpa")
+    evict = settings.get("evict_per_layer")
+    evict = attention != "padded" if evict is None else evict
+    scoring = schedule != "full"
+    peak, seen = 0, set()
+    for (before, after), chunk in zip(built.cache_lengths(settings.get("sinks", 4)), built.chunk_sizes):
+        if (before, chunk, after) in seen:
+            continue
+        seen.add((before, chunk, after))
+        parts = step_bytes(shape, before, chunk, after, attention=attention, evict_per_layer=evict, scoring=scoring)
+        total = parts["total"]
+        if settings.get("keep_maps") and attention == "padded":
+            total += retained_maps_bytes(shape, before, chunk)
+        peak = max(peak, total)
+    return peak
+
+
+@dataclass(frozen=True)
+class Longest:
+    """The longest context that fits: ``tokens`` (0: nothing fits), or no limit up to ``cap``."""
+
+    tokens: int
+    unlimited: bool
+    cap: int
+
+    def label(self) -> str:
+        if self.unlimited:
+            return f"no limit (fits at {self.cap:,} tokens; the peak stops growing)"
+        return f"{self.tokens:,} tokens" if self.tokens else "nothing fits"
+
+    def to_dict(self) -> dict:
+        return {"tokens": None if self.unlimited else self.tokens, "unlimited": self.unlimited, "cap": self.cap}
+
+
+def longest_context(model, gpu, schedule: str = "imdc", **settings) -> Longest:
+    """Largest document length whose peak fits the GPU, by bisection (the peak does not shrink
+    as the document grows). Compressed schedules that fit at the cap have no limit."""
+    dtype = settings.get("dtype", "bf16")
+    shape = resolve_model(model, dtype)
+    gpu = gpu if isinstance(gpu, Gpu) else resolve_gpu(gpu)
+    usable = gpu.usable_bytes
+
+    def fits(tokens: int) -> bool:
+        peak = _peak_at(shape, gpu, schedule, tokens, settings)
+        return peak is not None and peak <= usable
+
+    cap = LONGEST_CAP_TOKENS
+    if schedule != "full":
+        cap = min(cap, max(1, settings.get("chunk") or 1) * LONGEST_CAP_STEPS)
+        if fits(cap):
+            return Longest(cap, True, cap)
+    if not fits(1):
+        return Longest(0, False, cap)
+    lo, hi = 1, cap
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return Longest(lo, False, cap)
+
+
+def summary_rows(plans: dict[str, Plan], longest: dict[str, Longest] | None = None) -> list[dict]:
+    """One row per schedule: peaks, totals, fit, and ratios against FM and full (when planned)."""
+    vs_fm = ratios(plans, plans.get("fm"))
+    vs_full = ratios(plans, plans.get("full"))
+    rows = []
+    for name, p in plans.items():
+        row = {
+            "schedule": name.upper() + (f" ({p.schedule.growth})" if p.schedule.growth else ""),
+            "steps": p.schedule.steps,
+            "peak_gib": p.peak_bytes / GIB,
+            "kv_peak_gib": p.kv_peak_bytes / GIB,
+            "seconds": p.seconds,
+            "tflops": p.flops / 1e12,
+            "fits": p.fits,
+            "peak_vs_fm": vs_fm.get(name, {}).get("peak_bytes"),
+            "seconds_vs_fm": vs_fm.get(name, {}).get("seconds"),
+            "peak_vs_full": vs_full.get(name, {}).get("peak_bytes"),
+            "seconds_vs_full": vs_full.get(name, {}).get("seconds"),
+        }
+        if longest is not None and name in longest:
+            row["longest_context"] = longest[name].label()
+        rows.append(row)
+    return rows
