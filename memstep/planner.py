@@ -48,10 +48,12 @@ SCORER_OVERHEAD_SECONDS = 100e-6
 # What the tensors of a run cannot use: the CUDA context, cuBLAS workspaces and allocator
 # fragmentation (total memory as nvidia-smi reports it minus this is what fits).
 RESERVED_BYTES = 1 << 30
-# Elementwise passes over the padded (memory + chunk)^2 maps in the reference code: score
-# write, causal-mask add (read + write), padding-mask add (read + write), softmax (read +
-# write), probabilities read by the value product.
-PADDED_PASSES = 8
+# Bytes moved per score element by the reference code's eager path over its padded
+# (memory + chunk)^2 maps, with s the model's dtype bytes: QK^T writes s; adding the float32
+# causal mask reads s and writes 4 (type promotion to float32); adding the float32 padding
+# mask reads 4, writes 4; softmax reads 4, writes 4; casting back reads 4, writes s; the
+# value product reads s. Total 4 s + 24.
+PADDED_FLOAT32_BYTES = 24
 # Eager attention: fp32 scores written, read and written by softmax, read by the value product.
 EAGER_PASSES = 4
 # The scorer's blocks of logits: written, masked in place (read + write), softmax (read +
@@ -277,7 +279,7 @@ def step_work(shape: ModelShape, before: int, chunk: int, after: int, attention:
     if attention == "eager":
         scores = EAGER_PASSES * heads * pairs * SCORE_BYTES + pairs
     elif attention == "padded":
-        scores = PADDED_PASSES * heads * pairs * item + 2 * pairs * SCORE_BYTES  # + the fp32 causal mask
+        scores = (4 * item + PADDED_FLOAT32_BYTES) * heads * pairs + pairs * SCORE_BYTES  # + the causal mask
     else:
         scores = pairs if before else 0  # fused kernel: only the boolean mask is read
     attn_bytes = layers * (cache_copy + qkv_io + scores)
