@@ -113,6 +113,11 @@ def check_supported(config) -> None:
                            f"{', '.join(SUPPORTED_TYPES)} causal LMs")
 
 
+def _looks_like_path(spec: str) -> bool:
+    """A hub id is 'name' or 'owner/name'; anything else with a path shape is a local path."""
+    return spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or "\\" in spec or Path(spec).exists()
+
+
 def load_model(spec: str | None = None, device: str = "auto", dtype: str = "auto",
                device_map: str | None = None) -> LoadedModel:
     """Load a causal LM and its tokenizer for the engine (SDPA attention, eval mode)."""
@@ -130,7 +135,11 @@ def load_model(spec: str | None = None, device: str = "auto", dtype: str = "auto
             raise MemstepError(f"GGUF file not found: {spec}")
         source, gguf_file, name = str(path.parent), path.name, path.name
     else:
-        source, name = spec, spec
+        if _looks_like_path(spec) and not Path(spec).expanduser().exists():
+            # otherwise transformers takes it for a hub id and retries the network for ~20 s
+            raise MemstepError(f"model folder not found: {spec} (give a folder with config.json, "
+                               "a .gguf file, a hub id or 'embedded')")
+        source, name = str(Path(spec).expanduser()) if _looks_like_path(spec) else spec, spec
     kwargs = {"trust_remote_code": False}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
