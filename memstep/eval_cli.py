@@ -1,0 +1,125 @@
+"""`memstep eval`: the passkey / continuation suite over a grid of schedules, scorers and
+budgets, with kvpress and the Hugging Face full cache as peers, resumable, writing JSON
+and plots."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from memstep.errors import MemstepError
+
+DEFAULT_OUTPUT = "results/local"
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise MemstepError(f"expected comma-separated whole numbers, got '{text}'") from None
+    if not values:
+        raise MemstepError("expected at least one number")
+    return values
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v.rstrip("%")) / (100 if v.strip().endswith("%") else 1) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise MemstepError(f"expected comma-separated depths such as 0,0.5,1 or 10%,90%, got '{text}'") from None
+    if not values or any(not 0 <= v <= 1 for v in values):
+        raise MemstepError(f"depths must be between 0 and 1 (or 0% and 100%), got '{text}'")
+    return values
+
+
+def _names(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def register(subparsers) -> None:
+    from memstep.evaluation.grid import PRESSES
+    from memstep.scorers import SCORERS
+
+    p = subparsers.add_parser("eval", help="passkey accuracy, NLL gap, seconds and peak memory over a grid, "
+                                           "with kvpress and the HF full cache as peers")
+    p.add_argument("--lengths", default="2048,8192", help="haystack lengths in tokens (default 2048,8192)")
+    p.add_argument("--depths", default="0.1,0.5,0.9", help="needle depths, 0..1 (default 0.1,0.5,0.9)")
+    p.add_argument("--seeds", default="0", help="seeds per cell (default 0), e.g. 0,1,2")
+    p.add_argument("--schedules", default="full,fm,imdc",
+                   help="full, fm, im, imdc, or im-<growth>/imdc-<growth> (default full,fm,imdc)")
+    p.add_argument("--scorers", default="chunk-attention", help=f"any of {', '.join(SCORERS)}")
+    p.add_argument("--budgets", default="512", help="memory budgets M in tokens (default 512)")
+    p.add_argument("--chunk", type=int, default=512, help="chunk size in tokens (default 512)")
+    p.add_argument("--peers", default="", help="kvpress and/or hf (the HF full cache), comma-separated")
+    p.add_argument("--presses", default=",".join(PRESSES), help=f"kvpress presses (default {','.join(PRESSES)})")
+    p.add_argument("--kvpress-python", default=None, help="python of the kvpress virtualenv (default .venv-kvpress)")
+    p.add_argument("--model", default=None, help="'embedded' (default) or another model spec")
+    p.add_argument("--haystack", default=None, help="prose for the haystacks (default: the bundled Austen chapters)")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--continuation-tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2, help="torch threads per worker (default 2)")
+    p.add_argument("--output", default=DEFAULT_OUTPUT, help=f"results folder (default {DEFAULT_OUTPUT})")
+    p.add_argument("--readme", default=None, help="refresh the results block of this README")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_eval)
+
+
+def cmd_eval(args) -> int:
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from memstep.evaluation.grid import make_grid
+    from memstep.evaluation.metrics import summarize
+    from memstep.evaluation.plots import write_plots
+    from memstep.evaluation.report import goals_text, markdown, refresh_readme, results_table
+    from memstep.evaluation.runner import EvalSettings, run_grid
+    from memstep.evaluation.store import ResultStore
+    from memstep.evaluation.suite import DEFAULT_HAYSTACK, make_cases
+    from memstep.models import default_model, embedded_model_folder
+
+    if args.max_new_tokens < 1 or args.continuation_tokens < 0 or args.threads < 1:
+        raise MemstepError("--max-new-tokens and --threads must be at least 1, --continuation-tokens at least 0")
+    configs = make_grid(_names(args.schedules), _names(args.scorers), _ints(args.budgets), args.chunk,
+                        _names(args.peers), _names(args.presses))
+    model = args.model or default_model()
+    haystack = Path(args.haystack) if args.haystack else DEFAULT_HAYSTACK
+    settings = EvalSettings(model=model, haystack=haystack.name, chunk=args.chunk,
+                            max_new_tokens=args.max_new_tokens, continuation_tokens=args.continuation_tokens,
+                            threads=args.threads)
+    # The tokenizer alone (no weights) is enough to build the cases in this process.
+    source = str(embedded_model_folder()) if model in ("embedded", "default") else model
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except Exception as err:
+        raise MemstepError(f"cannot load the tokenizer of '{model}': {str(err).splitlines()[0][:200]}") from err
+    cases = make_cases(tokenizer, _ints(args.lengths), _floats(args.depths), _ints(args.seeds), haystack,
+                       args.continuation_tokens)
+    store = ResultStore(args.output)
+    total = len(configs) * len(cases)
+    with tqdm(total=total, desc="eval", unit="cell", file=sys.stderr, disable=args.quiet) as bar:
+        def on_cell(cell):
+            bar.update(1)
+            bar.set_postfix_str(f"{cell['label']} {cell['length']} {'ok' if cell['correct'] else 'miss'}")
+
+        report = run_grid(configs, cases, settings, store, on_cell, args.kvpress_python)
+        bar.update(report.skipped)
+    summary = summarize(store.cells())
+    summary["run"] = {"ran": report.ran, "skipped": report.skipped, "errors": report.errors,
+                      "settings": settings.__dict__}
+    store.write_summary(summary)
+    written, notices = write_plots(summary, store.folder)
+    if args.readme:
+        prefix = Path(store.folder).resolve().relative_to(Path(args.readme).resolve().parent).as_posix() + "/"
+        refresh_readme(args.readme, markdown(summary, prefix))
+    for line in report.errors + notices:
+        print(f"memstep eval: {line}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(results_table(summary))
+        print()
+        print(goals_text(summary))
+        print(f"\n{report.ran} cells run, {report.skipped} already done; results in {store.folder}/")
+    return 1 if report.errors else 0

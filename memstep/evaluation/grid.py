@@ -1,0 +1,106 @@
+"""The grid: which configurations run, and the key that identifies each finished cell.
+
+A configuration is one way of holding the document: a memstep schedule with a scorer and
+a memory budget, a kvpress press at the same final budget, or the plain Hugging Face full
+cache. A cell is a configuration on one case (length, depth, seed); its key hashes
+everything that could change its result, so a resumed run never recomputes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+from memstep.errors import MemstepError
+from memstep.schedules import GROWTHS
+from memstep.scorers import SCORERS
+
+# kvpress presses run by the peer (peers/kvpress_peer.py), named as kvpress names them.
+PRESSES = ("snapkv", "knorm", "streaming-llm", "observed-attention")
+PEERS = ("kvpress", "hf")
+SCHEDULE_CHOICES = ("full", "fm", "im", "imdc") + tuple(f"im-{g}" for g in GROWTHS) \
+    + tuple(f"imdc-{g}" for g in GROWTHS)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One way to hold the document. ``kind``: memstep | kvpress | hf."""
+
+    kind: str
+    schedule: str = "full"  # memstep schedule (kvpress/hf: "full" = one prefill pass)
+    growth: str | None = None
+    scorer: str | None = None  # memstep scorer or kvpress press
+    budget: int | None = None  # memory budget M in tokens, sinks not counted
+    chunk: int | None = None
+
+    @property
+    def label(self) -> str:
+        if self.kind == "hf":
+            return "hf full cache"
+        if self.kind == "kvpress":
+            return f"kvpress {self.scorer} M={self.budget}"
+        if self.schedule == "full":
+            return "memstep full"
+        name = self.schedule if self.growth in (None, "linear") else f"{self.schedule}-{self.growth}"
+        return f"{name} {self.scorer} M={self.budget}"
+
+    @property
+    def is_peer(self) -> bool:
+        return self.kind != "memstep"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Config:
+        return cls(**{k: data.get(k) for k in ("kind", "schedule", "growth", "scorer", "budget", "chunk")})
+
+
+def cell_key(config: Config, cell: dict, settings: dict) -> str:
+    """Stable id of one cell: configuration, case and suite settings (model, haystack...)."""
+    text = json.dumps({"config": config.to_dict(), "cell": cell, "settings": settings}, sort_keys=True)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _split_schedule(name: str) -> tuple[str, str | None]:
+    if name in ("full", "fm"):
+        return name, None
+    for base in ("imdc", "im"):
+        if name == base:
+            return base, "linear"
+        if name.startswith(base + "-") and name[len(base) + 1:] in GROWTHS:
+            return base, name[len(base) + 1:]
+    raise MemstepError(f"unknown schedule '{name}': choose from {', '.join(SCHEDULE_CHOICES)}")
+
+
+def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES) -> list[Config]:
+    """memstep configurations (schedule x scorer x budget; 'full' once), then the peers:
+    each kvpress press at each budget, and the HF full cache."""
+    for scorer in scorers:
+        if scorer not in SCORERS:
+            raise MemstepError(f"unknown scorer '{scorer}': choose from {', '.join(SCORERS)}")
+    for peer in peers:
+        if peer not in PEERS:
+            raise MemstepError(f"unknown peer '{peer}': choose from {', '.join(PEERS)}")
+    for press in presses:
+        if press not in PRESSES:
+            raise MemstepError(f"unknown kvpress press '{press}': choose from {', '.join(PRESSES)}")
+    for budget in budgets:
+        if budget < 1:
+            raise MemstepError(f"memory budgets must be at least 1 token (got {budget})")
+    if chunk < 1:
+        raise MemstepError(f"the chunk size must be at least 1 token (got {chunk})")
+    configs: list[Config] = []
+    for name in schedules:
+        schedule, growth = _split_schedule(name)
+        if schedule == "full":
+            configs.append(Config("memstep", "full"))
+            continue
+        configs += [Config("memstep", schedule, growth, scorer, budget, chunk)
+                    for budget in budgets for scorer in scorers]
+    if "kvpress" in peers:
+        configs += [Config("kvpress", "full", None, press, budget) for budget in budgets for press in presses]
+    if "hf" in peers:
+        configs.append(Config("hf", "full"))
+    return list(dict.fromkeys(configs))  # drop repeats, keep order

@@ -1,0 +1,129 @@
+"""From finished cells to the numbers users compare: accuracy, NLL gap to the full cache,
+retention of the passkey, seconds and peak memory per (configuration, length); the
+depth x length accuracy grid per configuration; and the goals of the evaluation.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from statistics import mean
+
+REFERENCE = "memstep full"  # the NLL gap is measured against memstep's own full cache
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return mean(values) if values else None
+
+
+def _max(values) -> int | None:
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+def summarize(cells: list[dict]) -> dict:
+    """Rows per (configuration, length) plus per-configuration heatmaps and the goals."""
+    reference = {(c["length"], c["depth"], c["seed"]): c["continuation_nll"]
+                 for c in cells if c["label"] == REFERENCE and c["continuation_nll"] is not None}
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for cell in cells:
+        groups[(cell["label"], cell["length"])].append(cell)
+    rows = []
+    for (label, length), group in sorted(groups.items(), key=lambda item: (item[0][1], _order(item[1][0]), item[0][0])):
+        gaps = [c["continuation_nll"] - reference[(c["length"], c["depth"], c["seed"])] for c in group
+                if c["continuation_nll"] is not None and (c["length"], c["depth"], c["seed"]) in reference]
+        retention = [mean(c["retention"]) for c in group if c.get("retention")]
+        peak, baseline = _max(c["peak_rss_bytes"] for c in group), _max(c["baseline_rss_bytes"] for c in group)
+        rows.append({
+            "label": label, "config": group[0]["config"], "peer": group[0]["peer"], "length": length,
+            "cells": len(group), "accuracy": mean(1.0 if c["correct"] else 0.0 for c in group),
+            "nll": _mean(c["continuation_nll"] for c in group), "nll_gap": _mean(gaps),
+            "retention": _mean(retention),
+            "retained_and_correct": _agreement(group),
+            "prefill_seconds": _mean(c["prefill_seconds"] for c in group),
+            "seconds": _mean(c["seconds"] for c in group),
+            "peak_rss_bytes": peak, "baseline_rss_bytes": baseline,
+            "working_rss_bytes": peak - baseline if peak is not None and baseline is not None else None,
+            "peak_device_bytes": _max(c.get("peak_device_bytes") for c in group),
+            "memory_entries": _max(c["memory_entries"] for c in group),
+        })
+    return {"rows": rows, "heatmaps": heatmaps(cells), "goals": goals(rows), "dominated": dominated(rows)}
+
+
+def _order(cell: dict) -> int:
+    return {"memstep": 0, "kvpress": 1, "hf": 2}.get(cell["config"]["kind"], 3)
+
+
+def _agreement(group: list[dict]) -> float | None:
+    """How often 'the passkey is fully in memory (every layer, every head)' and 'the answer
+    is right' agree: relates retention to accuracy."""
+    pairs = [(min(c["retention"]) >= 1.0, c["correct"]) for c in group if c.get("retention")]
+    return mean(1.0 if kept == correct else 0.0 for kept, correct in pairs) if pairs else None
+
+
+def heatmaps(cells: list[dict]) -> dict:
+    """Per configuration: accuracy over seeds for each (depth, length)."""
+    grid: dict[str, dict] = defaultdict(lambda: defaultdict(list))
+    for cell in cells:
+        grid[cell["label"]][(cell["depth"], cell["length"])].append(1.0 if cell["correct"] else 0.0)
+    out = {}
+    for label, values in grid.items():
+        depths = sorted({d for d, _ in values})
+        lengths = sorted({n for _, n in values})
+        out[label] = {"depths": depths, "lengths": lengths,
+                      "accuracy": [[mean(values[(d, n)]) if (d, n) in values else None for n in lengths]
+                                   for d in depths]}
+    return out
+
+
+def goals(rows: list[dict]) -> dict:
+    """The issue's goals, as measured (never tuned for): IMDC accuracy within 5 points of FM
+    at the same budget, scorer, growth and length; IMDC's peak memory at most half of each
+    kvpress press at the longest length and the same budget, at no more wall time."""
+    memstep = [r for r in rows if r["config"]["kind"] == "memstep"]
+    accuracy = []
+    for imdc in (r for r in memstep if r["config"]["schedule"] == "imdc"):
+        for fm in memstep:
+            c, f = imdc["config"], fm["config"]
+            if f["schedule"] == "fm" and (f["scorer"], f["budget"], f["chunk"]) == (c["scorer"], c["budget"], c["chunk"]) \
+                    and fm["length"] == imdc["length"] and c["growth"] in (None, "linear"):
+                points = 100 * (imdc["accuracy"] - fm["accuracy"])
+                accuracy.append({"imdc": imdc["label"], "fm": fm["label"], "length": imdc["length"],
+                                 "imdc_accuracy": imdc["accuracy"], "fm_accuracy": fm["accuracy"],
+                                 "points": round(points, 1), "met": points >= -5.0})
+    longest = max((r["length"] for r in rows), default=None)
+    memory = []
+    for imdc in (r for r in memstep if r["config"]["schedule"] == "imdc" and r["length"] == longest):
+        for press in (r for r in rows if r["config"]["kind"] == "kvpress" and r["length"] == longest
+                      and r["config"]["budget"] == imdc["config"]["budget"]):
+            peak_ratio = _ratio(imdc["peak_rss_bytes"], press["peak_rss_bytes"])
+            working_ratio = _ratio(imdc["working_rss_bytes"], press["working_rss_bytes"])
+            time_ratio = _ratio(imdc["seconds"], press["seconds"])
+            memory.append({"imdc": imdc["label"], "kvpress": press["label"], "length": longest,
+                           "peak_ratio": peak_ratio, "working_ratio": working_ratio, "seconds_ratio": time_ratio,
+                           "met": None if None in (peak_ratio, time_ratio) else peak_ratio <= 0.5 and time_ratio <= 1.0})
+    return {"imdc_vs_fm_accuracy": accuracy, "imdc_vs_kvpress_memory": memory}
+
+
+def _ratio(a, b) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def dominated(rows: list[dict]) -> list[dict]:
+    """memstep configurations that lose to a peer at the same length on both quality
+    (lower accuracy, or equal accuracy and a higher NLL) and cost (more peak memory and
+    more seconds)."""
+    out = []
+    for row in (r for r in rows if not r["peer"]):
+        for peer in (r for r in rows if r["peer"] and r["length"] == row["length"]):
+            worse_quality = peer["accuracy"] > row["accuracy"] or (
+                peer["accuracy"] == row["accuracy"] and None not in (peer["nll"], row["nll"])
+                and peer["nll"] < row["nll"] - 1e-3)
+            worse_cost = None not in (peer["peak_rss_bytes"], row["peak_rss_bytes"], peer["seconds"], row["seconds"]) \
+                and peer["peak_rss_bytes"] < row["peak_rss_bytes"] and peer["seconds"] < row["seconds"]
+            if worse_quality and worse_cost:
+                out.append({"label": row["label"], "length": row["length"], "beaten_by": peer["label"],
+                            "accuracy": row["accuracy"], "peer_accuracy": peer["accuracy"],
+                            "peak_rss_bytes": row["peak_rss_bytes"], "peer_peak_rss_bytes": peer["peak_rss_bytes"],
+                            "seconds": row["seconds"], "peer_seconds": peer["seconds"]})
+    return out

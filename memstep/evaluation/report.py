@@ -1,0 +1,83 @@
+"""The summary as Markdown: the results table, the goals as measured, and every
+configuration a peer beats on both quality and cost. ``refresh_readme`` replaces the
+block between the evaluation markers of a README, leaving everything else alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from memstep.errors import MemstepError
+
+START = "<!-- eval-results:start -->"
+END = "<!-- eval-results:end -->"
+
+
+def _mib(value) -> str:
+    return "-" if value is None else f"{value / 2**20:,.0f}"
+
+
+def _num(value, digits=2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def results_table(summary: dict) -> str:
+    head = ("| length | configuration | accuracy | NLL | NLL gap | passkey kept | prefill s | total s "
+            "| peak MiB | baseline MiB | peak - baseline MiB |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    lines = [head]
+    for r in summary["rows"]:
+        label = f"**{r['label']}**" if r["peer"] else r["label"]
+        lines.append(f"| {r['length']} | {label} | {100 * r['accuracy']:.0f}% ({r['cells']}) | {_num(r['nll'])} "
+                     f"| {_num(r['nll_gap'], 3)} | {_pct(r['retention'])} "
+                     f"| {_num(r['prefill_seconds'], 1)} | {_num(r['seconds'], 1)} | {_mib(r['peak_rss_bytes'])} "
+                     f"| {_mib(r['baseline_rss_bytes'])} | {_mib(r['working_rss_bytes'])} |")
+    return "\n".join(lines)
+
+
+def goals_text(summary: dict) -> str:
+    goals = summary["goals"]
+    lines = ["Goal 1, IMDC passkey accuracy within 5 points of FM (same scorer, budget, chunk, length):", ""]
+    for g in goals["imdc_vs_fm_accuracy"] or []:
+        lines.append(f"- {g['length']} tokens, {g['imdc']} vs {g['fm']}: {100 * g['imdc_accuracy']:.0f}% vs "
+                     f"{100 * g['fm_accuracy']:.0f}% ({g['points']:+.0f} points): {'met' if g['met'] else 'NOT met'}")
+    if not goals["imdc_vs_fm_accuracy"]:
+        lines.append("- not measured (the grid has no IMDC/FM pair)")
+    lines += ["", "Goal 2, IMDC peak memory at most half of kvpress's at the longest length and the same budget, "
+              "at no more wall time:", ""]
+    for g in goals["imdc_vs_kvpress_memory"] or []:
+        verdict = "not measured" if g["met"] is None else ("met" if g["met"] else "NOT met")
+        lines.append(f"- {g['length']} tokens, {g['imdc']} vs {g['kvpress']}: peak x{_num(g['peak_ratio'])}, "
+                     f"peak above baseline x{_num(g['working_ratio'])}, seconds x{_num(g['seconds_ratio'])}: {verdict}")
+    if not goals["imdc_vs_kvpress_memory"]:
+        lines.append("- not measured (no IMDC and kvpress rows at the same budget and length)")
+    lines += ["", "Configurations a peer beats on both quality and cost (lower accuracy, or equal accuracy and "
+              "higher NLL; and more peak memory and more seconds):", ""]
+    for d in summary["dominated"]:
+        lines.append(f"- {d['length']} tokens: **{d['label']}** ({100 * d['accuracy']:.0f}%, {_mib(d['peak_rss_bytes'])} MiB, "
+                     f"{d['seconds']:.1f} s) loses to {d['beaten_by']} ({100 * d['peer_accuracy']:.0f}%, "
+                     f"{_mib(d['peer_peak_rss_bytes'])} MiB, {d['peer_seconds']:.1f} s)")
+    if not summary["dominated"]:
+        lines.append("- none")
+    return "\n".join(lines)
+
+
+def markdown(summary: dict, plots_prefix: str | None = None) -> str:
+    parts = [results_table(summary), "", goals_text(summary)]
+    if plots_prefix is not None:
+        parts += ["", f"![passkey heatmaps]({plots_prefix}heatmaps.png)", "",
+                  f"![quality vs memory vs seconds]({plots_prefix}tradeoff.png)"]
+    return "\n".join(parts)
+
+
+def refresh_readme(readme: str | Path, block: str) -> None:
+    path = Path(readme)
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    if START not in text or END not in text:
+        raise MemstepError(f"{path} has no {START} ... {END} block to refresh: add the two markers "
+                           "to the README's Evaluation section")
+    before, rest = text.split(START, 1)
+    after = rest.split(END, 1)[1]
+    path.write_text(f"{before}{START}\n{block}\n{END}{after}", encoding="utf-8")

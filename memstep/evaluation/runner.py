@@ -1,0 +1,148 @@
+"""Run the grid: one fresh worker process per (configuration, length), cells appended to
+the store as they finish, finished cells never run again.
+
+memstep configurations run in ``memstep.evaluation.worker`` with this python; kvpress
+presses run in ``peers/kvpress_peer.py`` with the kvpress virtualenv's python; the plain
+Hugging Face full cache runs in the same peer script with this python (no press). All
+workers measure the same way, in the same run, so their seconds and peaks compare.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from memstep.errors import MemstepError
+from memstep.evaluation.grid import Config, cell_key
+from memstep.evaluation.process import parse_line
+from memstep.evaluation.store import ResultStore
+from memstep.evaluation.suite import Case
+from memstep.passkey import answer_contains_passkey
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+PEER_SCRIPT = ROOT / "peers" / "kvpress_peer.py"
+KVPRESS_PYTHON = ROOT / ".venv-kvpress" / "bin" / "python"
+
+
+@dataclass
+class EvalSettings:
+    """Everything besides the configuration and the case that can change a cell's result."""
+
+    model: str = "embedded"
+    haystack: str = "pride_and_prejudice_ch1-12.txt"
+    chunk: int = 512
+    sinks: int = 4
+    window: int = 32  # memstep's SnapKV observation window
+    peer_window: int = 64  # kvpress SnapKVPress's default window
+    max_new_tokens: int = 16
+    continuation_tokens: int = 32
+    device: str = "cpu"
+    dtype: str = "float32"
+    threads: int = 2
+
+    def key_fields(self) -> dict:
+        fields = dict(self.__dict__)
+        fields.pop("threads")  # how fast, not what: resumed cells stay valid
+        return fields
+
+
+@dataclass
+class RunReport:
+    ran: int = 0
+    skipped: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def worker_command(config: Config, job_path: str, kvpress_python: str | Path | None = None) -> list[str]:
+    if config.kind == "memstep":
+        return [sys.executable, "-m", "memstep.evaluation.worker", job_path]
+    if not PEER_SCRIPT.exists():
+        raise MemstepError(f"the peer script {PEER_SCRIPT} is missing: run from a memstep checkout")
+    if config.kind == "hf":
+        return [sys.executable, str(PEER_SCRIPT), job_path]
+    python = Path(kvpress_python or KVPRESS_PYTHON)
+    if not python.exists():
+        raise MemstepError(f"no kvpress virtualenv at {python}: run `make kvpress-venv`, "
+                           "or pass --kvpress-python, or leave out --peers kvpress")
+    return [str(python), str(PEER_SCRIPT), job_path]
+
+
+def _cell_record(config: Config, case: Case, key: str, event: dict, ready: dict) -> dict:
+    answer = event.get("answer") or ""
+    return {
+        "key": key, "config": config.to_dict(), "label": config.label, "peer": config.is_peer,
+        **case.cell, "passkey": case.passkey, "answer": answer,
+        "correct": answer_contains_passkey(answer, case.passkey),
+        "continuation_nll": event.get("continuation_nll"),
+        "prefill_seconds": event.get("prefill_seconds"), "seconds": event.get("seconds"),
+        "peak_rss_bytes": event.get("peak_rss_bytes"), "baseline_rss_bytes": ready.get("baseline_rss_bytes"),
+        "peak_device_bytes": event.get("peak_device_bytes"),
+        "memory_entries": event.get("memory_entries"), "retention": event.get("retention"),
+        "document_tokens": len(case.document_ids), "transformers": ready.get("transformers"),
+    }
+
+
+def run_group(config: Config, cases: list[Case], keys: list[str], settings: EvalSettings,
+              store: ResultStore, report: RunReport, on_cell: Callable[[dict], None] | None = None,
+              kvpress_python=None) -> None:
+    """One worker process for ``cases`` (one length) under ``config``."""
+    job = {"model": settings.model, "device": settings.device, "dtype": settings.dtype,
+           "threads": settings.threads, "config": config.to_dict(), "settings": settings.key_fields(),
+           "cases": [{"key": k, "case": c.to_dict()} for k, c in zip(keys, cases)]}
+    by_key = dict(zip(keys, cases))
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(job, handle)
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(settings.threads),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    ready: dict = {}
+    try:
+        with tempfile.TemporaryFile("w+") as errors:
+            process = subprocess.Popen(worker_command(config, handle.name, kvpress_python), stdout=subprocess.PIPE,
+                                       stderr=errors, text=True, env=env, cwd=ROOT)
+            for line in process.stdout:
+                event = parse_line(line)
+                if event is None:
+                    continue
+                if event["event"] == "ready":
+                    ready = event
+                elif event["event"] == "cell" and event.get("key") in by_key:
+                    record = _cell_record(config, by_key[event["key"]], event["key"], event, ready)
+                    store.add(record)
+                    report.ran += 1
+                    if on_cell:
+                        on_cell(record)
+                elif event["event"] == "error":
+                    report.errors.append(f"{config.label}: {event.get('message')}")
+            code = process.wait()
+            if code != 0:
+                errors.seek(0)
+                tail = errors.read().strip().splitlines()[-3:]
+                report.errors.append(f"{config.label} worker exited with {code}: {' | '.join(tail)}")
+    finally:
+        os.unlink(handle.name)
+
+
+def run_grid(configs: list[Config], cases: list[Case], settings: EvalSettings, store: ResultStore,
+             on_cell: Callable[[dict], None] | None = None, kvpress_python=None) -> RunReport:
+    """Every (configuration, case) cell not yet in the store; shorter lengths first, so an
+    interrupted run has whole lengths rather than whole configurations."""
+    for config in configs:  # a missing peer virtualenv fails before any work, not halfway
+        worker_command(config, "-", kvpress_python)
+    report = RunReport()
+    fields = settings.key_fields()
+    for length in sorted({c.length for c in cases}):
+        group = [c for c in cases if c.length == length]
+        for config in configs:
+            keys = [cell_key(config, c.cell, fields) for c in group]
+            todo = [(k, c) for k, c in zip(keys, group) if k not in store]
+            report.skipped += len(group) - len(todo)
+            if todo:
+                run_group(config, [c for _, c in todo], [k for k, _ in todo], settings, store, report,
+                          on_cell, kvpress_python)
+    return report

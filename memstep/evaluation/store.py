@@ -1,0 +1,67 @@
+"""The resumable result store: one JSON line per finished cell in ``cells.jsonl``.
+
+Appending a line per cell means an interrupted run loses at most the cell in flight, and
+a rerun skips every key already present. ``summary.json`` beside it is rebuilt from the
+cells after each run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from memstep.errors import MemstepError
+
+CELLS = "cells.jsonl"
+SUMMARY = "summary.json"
+
+
+class ResultStore:
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise MemstepError(f"cannot create the output folder {self.folder}: {err.strerror}") from err
+        self.path = self.folder / CELLS
+        self._cells = {cell["key"]: cell for cell in self._read()}
+
+    def _read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        cells = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                cell = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by an interrupted run: that cell simply runs again
+            if isinstance(cell, dict) and "key" in cell:
+                cells.append(cell)
+        return cells
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._cells
+
+    def __len__(self) -> int:
+        return len(self._cells)
+
+    def cells(self) -> list[dict]:
+        return list(self._cells.values())
+
+    def add(self, cell: dict) -> None:
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(cell, sort_keys=True) + "\n")
+        self._cells[cell["key"]] = cell
+
+    def write_summary(self, summary: dict) -> Path:
+        path = self.folder / SUMMARY
+        path.write_text(json.dumps(summary, indent=1), encoding="utf-8")
+        return path
+
+
+def load_summary(folder: str | Path) -> dict | None:
+    """The summary of a results folder, or None when it has none yet."""
+    path = Path(folder) / SUMMARY
+    if not path.exists():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))

@@ -1,0 +1,78 @@
+"""A memstep worker: ``python -m memstep.evaluation.worker JOB.json``.
+
+Runs one configuration on the cases of the job (all of one length) in this fresh
+process and prints one JSON line per finished cell (see ``process``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from memstep.evaluation.process import emit, load_job, peak_resident_bytes, resident_bytes
+
+
+def retention_per_layer(kept_positions: np.ndarray, positions: range) -> list[float]:
+    """Per layer: the fraction of (KV head, passkey token) pairs still in memory."""
+    wanted = np.asarray(list(positions))
+    layers, heads, _ = kept_positions.shape
+    kept = np.isin(kept_positions, wanted).sum(axis=2)  # (layers, heads)
+    return [round(float(x), 4) for x in kept.sum(axis=1) / (heads * len(wanted))]
+
+
+def run_case(lm, config: dict, settings: dict, case: dict) -> dict:
+    from memstep.runner import DocumentRun
+
+    continuation = case["continuation_ids"]
+    run = DocumentRun(
+        lm, case["document_ids"] + continuation, schedule=config["schedule"],
+        chunk=config.get("chunk") or 512, memory=config.get("budget") or 512,
+        growth=config.get("growth") or "linear", scorer=config.get("scorer") or "chunk-attention",
+        sinks=settings["sinks"], seed=case["seed"], window=settings["window"],
+        question=case["question"], max_new_tokens=settings["max_new_tokens"],
+        continuation_tokens=len(continuation))
+    began = time.perf_counter()
+    result = run.run()
+    seconds = time.perf_counter() - began
+    offset = result.prefix_tokens
+    start, end = case["passkey_tokens"]
+    last = result.steps[-1]
+    return {
+        "answer": result.answer,
+        "continuation_nll": result.continuation_nll,
+        "prefill_seconds": result.seconds,
+        "seconds": seconds,
+        "memory_entries": int(last.memory_after),
+        "retention": retention_per_layer(last.kept_positions, range(offset + start, offset + end)),
+        "peak_bytes_modeled": result.peak_bytes_modeled,
+    }
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    job = load_job(argv[0])
+    torch.set_num_threads(job.get("threads", 2))
+    from memstep.models import load_model
+
+    began = time.perf_counter()
+    lm = load_model(job.get("model") or "embedded", device=job.get("device", "cpu"), dtype=job.get("dtype", "float32"))
+    with torch.inference_mode():  # warm-up, so the first cell's seconds are not start-up costs
+        lm.model(torch.tensor([job["cases"][0]["case"]["head_ids"][:8] or [0]], device=lm.model.device))
+    emit("ready", baseline_rss_bytes=resident_bytes(), load_seconds=time.perf_counter() - began,
+         transformers=__import__("transformers").__version__)
+    for item in job["cases"]:
+        try:
+            out = run_case(lm, job["config"], job["settings"], item["case"])
+        except Exception as err:  # report and go on: one bad cell must not lose the others
+            emit("error", key=item["key"], message=f"{type(err).__name__}: {err}")
+            continue
+        emit("cell", key=item["key"], peak_rss_bytes=peak_resident_bytes(),
+             peak_device_bytes=torch.cuda.max_memory_allocated() if lm.device.startswith("cuda") else None, **out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
