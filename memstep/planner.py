@@ -556,7 +556,7 @@ class Longest:
 
     def label(self) -> str:
         if self.unlimited:
-            return f"no limit (fits at {self.cap:,} tokens; the peak stops growing)"
+            return f"no limit (fits {self.cap:,} tokens)"
         return f"{self.tokens:,} tokens" if self.tokens else "nothing fits"
 
     def to_dict(self) -> dict:

@@ -279,3 +279,95 @@ def test_modeled_peak_within_15_percent_of_cuda_max_memory_allocated(artifacts_d
     for run in report["runs"]:
         measured, modeled = run["peak_bytes_measured"], run["peak_bytes_modeled"]
         assert abs(modeled - measured) <= 0.15 * measured, (run["schedule"], modeled, measured)
+
+
+# ---- the Plan tab's figures, table and handler (no browser) -------------------------------------
+def _tab():
+    pytest.importorskip("gradio")
+    from ui import plan_tab
+
+    return plan_tab
+
+
+def test_scale_groups_and_sampled_steps_keep_the_peak():
+    tab = _tab()
+    assert tab.scale_groups([1.0, 1.2, 50.0]) == [0, 0, 2]
+    assert tab.scale_groups([10.0, 1.0, 3.9]) == [0, 1, 1]  # 10 > 4 x 1: its own scale
+    plan = planner.plan("llama-3.1-8b", "h100", schedule="imdc", tokens=1_000_000, chunk=256, memory=384)
+    idx = tab.sampled_steps(plan, max_points=500)
+    assert len(idx) <= 500 and idx == sorted(idx)
+    assert plan.peak_step in idx
+
+
+def test_memory_figure_has_one_stacked_panel_per_schedule():
+    tab = _tab()
+    plans = planner.compare("llama-2-7b", "a100", schedules=("fm", "imdc", "full"), tokens=32768)
+    fig = tab.plan_memory_figure(plans)  # weights left out by default
+    names = {t.name for t in fig.data}
+    assert names == {"KV of memory", "KV of chunk", "attention + scorer working set", "activations"}
+    assert len(fig.data) == 3 * 4 and all(t.type == "bar" for t in fig.data)
+    # stacked values add up to each step's peak above the weights
+    fm_traces = [t for t in fig.data if t.xaxis == "x"]
+    step3 = sum(t.y[3] for t in fm_traces) * (1 << 30)
+    assert step3 == pytest.approx(plans["fm"].steps[3].peak_bytes - plans["fm"].steps[3].parts["weights"])
+    assert "full on its own scale" in fig.layout.title.text
+    with_weights = tab.plan_memory_figure(plans, include_weights=True)
+    assert "weights" in {t.name for t in with_weights.data}
+    assert any("does not fit" in a.text for a in tab.plan_memory_figure(
+        planner.compare("llama-2-7b", "t4", schedules=("full",), tokens=32768, dtype="fp16")).layout.annotations)
+
+
+def test_long_schedules_are_drawn_as_stacked_areas_and_time_adds_up():
+    tab = _tab()
+    plans = planner.compare("qwen2.5-7b", "h200", schedules=("fm", "imdc"), tokens=400_000, chunk=512, memory=512)
+    fig = tab.plan_time_figure(plans)
+    assert all(t.type == "scatter" and t.stackgroup for t in fig.data)
+    first = [t for t in fig.data if t.xaxis == "x"]
+    assert sum(t.y[0] for t in first) == pytest.approx(plans["fm"].steps[0].seconds * 1e3)
+    assert "total" in fig.layout.annotations[0].text
+
+
+def test_summary_table_and_headline():
+    tab = _tab()
+    plans, longest = tab.compute("llama-2-7b", None, "a100-80gb", "bf16", 32768, 1024, 1024, "linear", "padded",
+                                 ["full", "imdc", "fm"], 4, True)
+    assert list(plans) == ["fm", "imdc", "full"]  # the tab's order, whatever the click order
+    rows = tab.summary_table(plans, longest)
+    assert [r[0] for r in rows] == ["FM", "IMDC (linear)", "FULL"] and len(rows[0]) == len(tab.TABLE_HEADERS)
+    assert rows[0][7] == "1.000x" and rows[2][4] == "NO" and rows[2][-1].endswith("tokens")
+    text = tab.headline(plans)
+    assert "**IMDC** vs FM: 0.825x peak memory (17.5% saved)" in text and "4096 positions" in text
+
+
+def test_tab_handler_reads_an_uploaded_config_and_reports_bad_input(tmp_path):
+    tab = _tab()
+    import gradio as gr
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(planner.MODEL_PRESETS["mistral-7b"]))
+    plans, _ = tab.compute("config", str(path), "custom", "fp16", 8192, 512, 512, "sqrt", "eager", ["im"], 4,
+                           False, 100, 1000, 24)
+    assert plans["im"].gpu.memory_bytes == 24 * GIB and plans["im"].model.kv_bytes_per_token == 128 * KIB
+    base = dict(model="config", config_file=str(path), gpu="h100", dtype="bf16", tokens=8192, chunk=512,
+                memory=512, growth="linear", attention="sdpa", schedules=["fm"])
+    for change, message in ((dict(config_file=None), "upload a config.json"), (dict(tokens=None), "tokens is empty"),
+                            (dict(chunk=0), "chunk must be"), (dict(tokens=1.5), "whole number"),
+                            (dict(gpu="custom"), "custom GPU needs")):
+        with pytest.raises(MemstepError, match=message):
+            tab.compute(**{**base, **change})
+    with pytest.raises(MemstepError, match="at least one schedule"):
+        tab.compute("llama-2-7b", None, "h100", "bf16", 8192, 512, 512, "linear", "sdpa", [])
+    with pytest.raises(gr.Error):
+        tab.on_plan("llama-2-7b", None, "h100", "bf16", -1, 512, 512, "linear", "sdpa", ["fm"], 4, False, False,
+                    None, None, None)
+
+
+def test_build_tab_inside_blocks():
+    tab = _tab()
+    import gradio as gr
+
+    with gr.Blocks() as demo:
+        with gr.Tab("Plan"):
+            parts = tab.build_tab()
+    assert {"model", "gpu", "tokens", "schedules", "memory_plot", "time_plot", "table"} <= set(parts)
+    assert parts["memory_plot"].value is not None and demo is not None

@@ -1,0 +1,298 @@
+"""The Plan tab: predicted peak memory and time of schedules for real models and GPUs.
+
+Figures and the table are pure functions of planner.Plan objects (tested without a
+browser); ``build_tab`` wires them into Gradio inside an open ``gr.Tab("Plan")``.
+Planning is arithmetic (memstep.planner), so every change replans at once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gradio as gr
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from memstep import planner
+from memstep.errors import MemstepError
+from memstep.memory import ATTENTIONS, PART_LABELS, PARTS
+from memstep.schedules import GROWTHS
+
+GIB = 1 << 30
+MAX_BARS = 300  # more steps than this are drawn as stacked areas over sampled steps
+MAX_POINTS = 1200  # sampled steps per schedule for long schedules (each bin keeps its peak step)
+SHARED_SCALE_RATIO = 4.0  # side-by-side panels share a y axis unless one peak dwarfs another
+LIMIT_SHOWN_ABOVE = 1.5  # the GPU limit line is drawn when it is at most this far above the bars
+NOTE_Y = -0.24  # notes under the plots, below the x-axis titles
+FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
+PART_COLORS = {"weights": "#cbd5e1", "kv_memory": "#3b82f6", "kv_chunk": "#f59e0b", "attention": "#8b5cf6",
+               "activations": "#14b8a6"}
+TIME_COLORS = {"linear": "#0d9488", "attention": "#8b5cf6", "scorer": "#ec4899", "overhead": "#94a3b8"}
+LIMIT_COLOR = "#dc2626"
+SCHEDULE_LABELS = {"fm": "FM", "im": "IM", "imdc": "IMDC", "full": "full"}
+TABLE_HEADERS = ["schedule", "steps", "peak", "KV peak", "fits", "time", "TFLOP", "peak vs FM", "time vs FM",
+                 "peak vs full", "time vs full", "longest context that fits"]
+TABLE_WIDTHS = ["11%", "5%", "9%", "9%", "5%", "7%", "7%", "7%", "7%", "7%", "7%", "19%"]
+DEFAULTS = dict(model="llama-2-7b", gpu="a100-80gb", dtype="bf16", tokens=32768, chunk=1024, memory=1024,
+                growth="linear", attention="sdpa", sinks=4, schedules=["fm", "imdc", "full"])
+
+
+# ---- pure figure and table builders ----------------------------------------------------------
+def sampled_steps(plan: planner.Plan, max_points: int = MAX_POINTS) -> list[int]:
+    """Indices of the steps to draw: all of them, or per bin the step with the largest peak."""
+    n = len(plan.steps)
+    if n <= max_points:
+        return list(range(n))
+    width = math.ceil(n / max_points)
+    return [max(range(start, min(start + width, n)), key=lambda i: plan.steps[i].peak_bytes)
+            for start in range(0, n, width)]
+
+
+def scale_groups(peaks: list[float], ratio: float = SHARED_SCALE_RATIO) -> list[int]:
+    """For each panel, the index of the panel whose y axis it shares: panels whose peaks lie
+    within ``ratio`` of each other share one scale, so a full prefill with a peak many times
+    larger gets its own instead of flattening the compressed schedules."""
+    order = sorted(range(len(peaks)), key=lambda i: peaks[i])
+    group = [0] * len(peaks)
+    lead = None
+    for i in order:
+        if lead is None or peaks[i] > ratio * max(peaks[lead], 1e-12):
+            lead = i
+        group[i] = lead
+    return group
+
+
+def _panels(plans: dict[str, planner.Plan], peaks: list[float], titles: list[str], ytitle: str, title: str,
+            height: int) -> tuple[go.Figure, list[int]]:
+    groups = scale_groups(peaks)
+    fig = make_subplots(rows=1, cols=len(plans), horizontal_spacing=0.06, subplot_titles=titles)
+    for col, lead in enumerate(groups, start=1):
+        if lead + 1 != col:
+            fig.update_yaxes(matches=f"y{'' if lead == 0 else lead + 1}", row=1, col=col)
+    own = [SCHEDULE_LABELS.get(name, name) for i, name in enumerate(plans) if groups.count(groups[i]) == 1]
+    scale = f" ({', '.join(own)} on {'its' if len(own) == 1 else 'their'} own scale)" if len(set(groups)) > 1 else ""
+    fig.update_layout(template="plotly_white", height=height, font=FONT, barmode="stack", bargap=0.15,
+                      title=dict(text=title + scale, x=0.0, xanchor="left", font=dict(size=14)),
+                      margin=dict(l=64, r=24, t=104, b=88), hovermode="closest",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.12, xanchor="right", x=1.0,
+                                  font=dict(size=11)))
+    fig.update_xaxes(title_text="step", showline=True, linecolor="#9ca3af")
+    fig.update_yaxes(showline=True, linecolor="#9ca3af", gridcolor="#eef0f3", zeroline=False, rangemode="tozero")
+    fig.update_yaxes(title_text=ytitle, row=1, col=1)
+    fig.update_annotations(font=dict(size=12))
+    return fig, groups
+
+
+def _title(name: str, plan: planner.Plan, detail: str) -> str:
+    growth = f" ({plan.schedule.growth})" if plan.schedule.growth else ""
+    steps = plan.schedule.steps
+    return f"<b>{SCHEDULE_LABELS.get(name, name)}{growth}</b> · {steps:,} step{'s' * (steps != 1)} · {detail}"
+
+
+def _add_stack(fig: go.Figure, col: int, x: list[int], series: dict[str, list[float]], labels: dict[str, str],
+               colors: dict[str, str], unit: str, bars: bool, first: bool) -> None:
+    for part, values in series.items():
+        common = dict(name=labels[part], legendgroup=part, showlegend=first, marker_color=colors[part],
+                      hovertemplate=f"step %{{x:,}}<br>{labels[part]}: %{{y:,.3f}} {unit}<extra></extra>")
+        if bars:
+            fig.add_trace(go.Bar(x=x, y=values, **common), row=1, col=col)
+        else:
+            fig.add_trace(go.Scatter(x=x, y=values, mode="lines", stackgroup=f"panel{col}",
+                                     line=dict(width=0.5, color=colors[part], shape="hv"), **common),
+                          row=1, col=col)
+
+
+def plan_memory_figure(plans: dict[str, planner.Plan], include_weights: bool = False, height: int = 420) -> go.Figure:
+    """Per-step modeled peak memory stacked by component, one panel per schedule, with the
+    GPU's usable memory (less the weights when they are not drawn) as a red line when it is
+    near the bars. The weights are the same for every schedule and usually dwarf the rest,
+    so by default they are left out."""
+    if not plans:
+        return go.Figure().update_layout(title="choose at least one schedule", height=height)
+    parts = [p for p in PARTS if include_weights or p != "weights"]
+    weights = next(iter(plans.values())).steps[0].parts["weights"]
+    shift = 0 if include_weights else weights
+    peaks = [(p.peak_bytes - shift) / GIB for p in plans.values()]
+    ytitle = "GiB" if include_weights else "GiB above the weights"
+    titles = [_title(n, p, f"peak {p.peak_bytes / GIB:,.2f} GiB" + ("" if p.fits else
+              f" <span style='color:{LIMIT_COLOR}'>does not fit</span>")) for n, p in plans.items()]
+    fig, groups = _panels(plans, peaks, titles, ytitle, "Peak memory per step (modeled)", height)
+    gpu = next(iter(plans.values())).gpu
+    limit = (gpu.usable_bytes - shift) / GIB
+    drawn = False
+    for col, (name, plan) in enumerate(plans.items(), start=1):
+        idx = sampled_steps(plan)
+        x = [i + 1 for i in idx]
+        series = {part: [plan.steps[i].parts[part] / GIB for i in idx] for part in parts}
+        _add_stack(fig, col, x, series, PART_LABELS, PART_COLORS, "GiB", len(idx) <= MAX_BARS and
+                   len(idx) == len(plan.steps), col == 1)
+        top = max(peaks[i] for i in range(len(peaks)) if groups[i] == groups[col - 1])
+        if limit <= LIMIT_SHOWN_ABOVE * top:  # a limit far above the bars would flatten them
+            fig.add_hline(y=limit, line=dict(color=LIMIT_COLOR, width=1.5, dash="dash"), row=1, col=col)
+            drawn = True
+    note = f"{gpu.name}: {gpu.usable_bytes / GIB:,.1f} GiB usable"
+    if not include_weights:
+        note += f", {limit:,.1f} GiB of it left after the weights ({weights / GIB:,.2f} GiB, not drawn)"
+    if drawn:
+        note = f"<span style='color:{LIMIT_COLOR}'>- - -</span> " + note
+    else:
+        note += "; far above the bars, so not drawn"
+    fig.add_annotation(text=note, x=0, y=NOTE_Y, xref="paper", yref="paper", xanchor="left", yanchor="top",
+                       showarrow=False, font=dict(size=11, color="#6b7280"))
+    return fig
+
+
+def plan_time_figure(plans: dict[str, planner.Plan], height: int = 380) -> go.Figure:
+    """Per-step roofline milliseconds stacked by component, one panel per schedule."""
+    if not plans:
+        return go.Figure().update_layout(title="choose at least one schedule", height=height)
+    peaks = [max(s.seconds for s in p.steps) * 1e3 for p in plans.values()]
+    titles = [_title(n, p, f"total {p.seconds:,.2f} s") for n, p in plans.items()]
+    fig, _ = _panels(plans, peaks, titles, "ms per step", "Time per step (roofline)", height)
+    for col, (name, plan) in enumerate(plans.items(), start=1):
+        idx = sampled_steps(plan)
+        x = [i + 1 for i in idx]
+        series = {part: [plan.steps[i].seconds_parts[part] * 1e3 for i in idx] for part in planner.TIME_PARTS}
+        _add_stack(fig, col, x, series, planner.TIME_LABELS, TIME_COLORS, "ms",
+                   len(idx) <= MAX_BARS and len(idx) == len(plan.steps), col == 1)
+    first = next(iter(plans.values()))
+    note = (f"{first.gpu.name}, {first.dtype}: {first.efficiency:g} of peak FLOP/s and "
+            f"{first.bandwidth_efficiency:g} of bandwidth; each component is the slower of compute and memory")
+    fig.add_annotation(text=note, x=0, y=NOTE_Y, xref="paper", yref="paper", xanchor="left", yanchor="top",
+                       showarrow=False, font=dict(size=11, color="#6b7280"))
+    return fig
+
+
+def _ratio(value: float | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:.3f}x" if 0.01 <= value < 1000 else f"{value:.2g}x"
+
+
+def summary_table(plans: dict[str, planner.Plan], longest: dict[str, planner.Longest] | None = None) -> list[list]:
+    """Rows for TABLE_HEADERS: peaks, totals, fit, ratios against FM and full, longest context."""
+    rows = []
+    for row in planner.summary_rows(plans, longest):
+        rows.append([row["schedule"], f"{row['steps']:,}", f"{row['peak_gib']:,.2f} GiB",
+                     f"{row['kv_peak_gib']:,.3f} GiB", "yes" if row["fits"] else "NO", f"{row['seconds']:,.2f} s",
+                     f"{row['tflops']:,.1f}", _ratio(row["peak_vs_fm"]), _ratio(row["seconds_vs_fm"]),
+                     _ratio(row["peak_vs_full"]), _ratio(row["seconds_vs_full"]), row.get("longest_context", "")])
+    return rows
+
+
+def headline(plans: dict[str, planner.Plan]) -> str:
+    """One Markdown line per compressed schedule against FM, and the notices."""
+    lines = []
+    fm = plans.get("fm")
+    for name, p in plans.items():
+        if fm is not None and name not in ("fm", "full"):
+            saved = 1 - p.peak_bytes / fm.peak_bytes
+            change = f"{saved:.1%} saved" if saved >= 0 else f"{-saved:.1%} more"
+            lines.append(f"**{SCHEDULE_LABELS[name]}** vs FM: {p.peak_bytes / fm.peak_bytes:.3f}x peak memory "
+                         f"({change}), {fm.seconds / p.seconds:.2f}x speed.")
+    notices = dict.fromkeys(n for p in plans.values() for n in p.notices)
+    lines += [f"⚠ {n}" for n in notices]
+    return "\n\n".join(lines)
+
+
+# ---- the handler ---------------------------------------------------------------------------------
+def _whole(value, label: str, minimum: int) -> int:
+    if value is None or value == "":
+        raise MemstepError(f"{label} is empty: type a whole number of at least {minimum}")
+    if float(value) != int(value) or int(value) < minimum:
+        raise MemstepError(f"{label} must be a whole number of at least {minimum} (got {value})")
+    return int(value)
+
+
+def compute(model: str, config_file, gpu: str, dtype: str, tokens, chunk, memory, growth: str, attention: str,
+            schedules: list[str], sinks=4, keep_maps: bool = False, tflops=None, bandwidth=None,
+            gpu_memory=None) -> tuple[dict[str, planner.Plan], dict[str, planner.Longest]]:
+    """Plans and longest contexts for the tab's settings (raises MemstepError on bad input)."""
+    if not schedules:
+        raise MemstepError("choose at least one schedule to plan")
+    if model == "config":
+        if not config_file:
+            raise MemstepError("upload a config.json, or choose a model preset")
+        model = config_file if isinstance(config_file, str) else getattr(config_file, "name", str(config_file))
+    tokens = _whole(tokens, "tokens", 1)
+    settings = dict(tokens=tokens, chunk=_whole(chunk, "chunk", 1), memory=_whole(memory, "memory", 1),
+                    growth=growth, attention=attention, dtype=dtype, sinks=_whole(sinks, "sinks", 0),
+                    keep_maps=bool(keep_maps) and attention == "padded")
+    device = planner.resolve_gpu(gpu, tflops or None, bandwidth or None, gpu_memory or None)
+    shape = planner.resolve_model(model, dtype)
+    order = [s for s in planner.PLAN_SCHEDULES if s in schedules]
+    plans = planner.compare(shape, device, schedules=order, **settings)
+    rest = {k: v for k, v in settings.items() if k != "tokens"}
+    longest = {name: planner.longest_context(shape, device, name, **rest) for name in plans}
+    return plans, longest
+
+
+def on_plan(model, config_file, gpu, dtype, tokens, chunk, memory, growth, attention, schedules, sinks,
+            keep_maps, include_weights, tflops, bandwidth, gpu_memory):
+    """Gradio handler: figures, table and headline; bad input shows a toast and keeps the page."""
+    try:
+        plans, longest = compute(model, config_file, gpu, dtype, tokens, chunk, memory, growth, attention,
+                                 schedules, sinks, keep_maps, tflops, bandwidth, gpu_memory)
+    except MemstepError as err:
+        raise gr.Error(str(err), print_exception=False) from None
+    return (headline(plans), plan_memory_figure(plans, include_weights), plan_time_figure(plans),
+            summary_table(plans, longest))
+
+
+def build_tab() -> dict:
+    """The Plan tab's controls and outputs, built inside an open ``with gr.Tab("Plan"):``."""
+    model_choices = [(planner.MODEL_NAMES[k], k) for k in planner.MODEL_PRESETS] + [("config.json (upload)", "config")]
+    gpu_choices = [(g.name, k) for k, g in planner.GPU_PRESETS.items()] + [("custom", "custom")]
+    gr.Markdown("Predict every step's peak memory and time for a real model on a GPU, up to millions of "
+                "tokens: no model is loaded, the numbers come from `memstep.planner` (the same memory "
+                "formula the engine reports per step).")
+    with gr.Row():
+        model = gr.Dropdown(model_choices, value=DEFAULTS["model"], label="model")
+        gpu = gr.Dropdown(gpu_choices, value=DEFAULTS["gpu"], label="GPU")
+        dtype = gr.Radio(list(planner.DTYPES), value=DEFAULTS["dtype"], label="dtype")
+    with gr.Row():
+        tokens = gr.Number(DEFAULTS["tokens"], label="context (tokens)", precision=0)
+        chunk = gr.Number(DEFAULTS["chunk"], label="chunk (tokens)", precision=0)
+        memory = gr.Number(DEFAULTS["memory"], label="memory M (tokens)", precision=0)
+        sinks = gr.Number(DEFAULTS["sinks"], label="sinks", precision=0)
+        growth = gr.Dropdown(list(GROWTHS), value=DEFAULTS["growth"], label="growth (IM, IMDC)")
+    with gr.Row():
+        attention = gr.Radio(list(ATTENTIONS), value=DEFAULTS["attention"], label="attention",
+                             info="padded = the seed paper's reference code: (memory + chunk)² maps")
+        schedules = gr.CheckboxGroup([(SCHEDULE_LABELS[s], s) for s in planner.PLAN_SCHEDULES],
+                                     value=DEFAULTS["schedules"], label="schedules side by side")
+        keep_maps = gr.Checkbox(False, label="padded: count every layer's maps (reference code as written)")
+        include_weights = gr.Checkbox(False, label="draw the weights")
+    with gr.Accordion("your own model config.json or GPU numbers", open=False):
+        with gr.Row():
+            config_file = gr.File(label="config.json (choose model 'config.json (upload)')", file_types=[".json"],
+                                  type="filepath")
+            with gr.Column():
+                tflops = gr.Number(None, label="peak TFLOP/s (dense, 16-bit; empty: the preset's)")
+                bandwidth = gr.Number(None, label="memory bandwidth in GB/s (empty: the preset's)")
+                gpu_memory = gr.Number(None, label="GPU memory in GiB (empty: the preset's)")
+    button = gr.Button("Plan", variant="primary")
+
+    inputs = [model, config_file, gpu, dtype, tokens, chunk, memory, growth, attention, schedules, sinks,
+              keep_maps, include_weights, tflops, bandwidth, gpu_memory]
+    try:  # the defaults are known to plan; show them before the first click
+        first = on_plan(DEFAULTS["model"], None, DEFAULTS["gpu"], DEFAULTS["dtype"], DEFAULTS["tokens"],
+                        DEFAULTS["chunk"], DEFAULTS["memory"], DEFAULTS["growth"], DEFAULTS["attention"],
+                        DEFAULTS["schedules"], DEFAULTS["sinks"], False, False, None, None, None)
+    except gr.Error:
+        first = ("", None, None, [])
+    summary = gr.Markdown(first[0])
+    memory_plot = gr.Plot(first[1], label="memory per step", elem_id="plan-memory")
+    time_plot = gr.Plot(first[2], label="time per step", elem_id="plan-time")
+    table = gr.Dataframe(first[3], headers=TABLE_HEADERS, label="peaks, totals and ratios", interactive=False,
+                         wrap=True, elem_id="plan-table", column_widths=TABLE_WIDTHS)
+    outputs = [summary, memory_plot, time_plot, table]
+    button.click(on_plan, inputs, outputs, api_visibility="private")
+    for control in (model, config_file, gpu, dtype, growth, attention, schedules, keep_maps, include_weights):
+        control.change(on_plan, inputs, outputs, api_visibility="private", show_progress="hidden")
+    for number in (tokens, chunk, memory, sinks, tflops, bandwidth, gpu_memory):
+        number.submit(on_plan, inputs, outputs, api_visibility="private", show_progress="hidden")
+    return dict(zip(["model", "config_file", "gpu", "dtype", "tokens", "chunk", "memory", "growth", "attention",
+                     "schedules", "sinks", "keep_maps", "include_weights", "tflops", "bandwidth", "gpu_memory"],
+                    inputs)) | {"button": button, "summary": summary, "memory_plot": memory_plot,
+                                "time_plot": time_plot, "table": table}
