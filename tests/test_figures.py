@@ -1,0 +1,192 @@
+"""The app's figures, text highlight and summary numbers are pure functions of schedules
+and step records: checked here on synthetic records, without a model or a browser."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import numpy as np
+import pytest
+
+from memstep.memory import ModelShape, step_bytes
+from memstep.records import RunResult, StepRecord
+from memstep.schedules import make_schedule
+from ui import figures
+from ui.highlight import highlight_html
+from ui.summary import ComparedRun, compare_rows, needle_kept
+
+SHAPE = ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=128, params=100_000)
+MIB = 1024 ** 2
+
+
+def fake_records(schedule, sinks=4, layers=2, heads=2, measured=None):
+    """Records as the engine would yield them with a recency scorer: the sinks and the most
+    recent positions are kept, by every layer and head alike."""
+    records, before = [], 0
+    for step, ((_, after), start, size, budget) in enumerate(zip(
+            schedule.cache_lengths(sinks), schedule.chunk_starts, schedule.chunk_sizes, schedule.memory_sizes)):
+        seen = start + size
+        recent = after - min(sinks, after)
+        kept = np.array(sorted(set(range(min(sinks, seen))) | set(range(seen - recent, seen))))
+        parts = step_bytes(SHAPE, before, size, after)
+        total = parts.pop("total")
+        records.append(StepRecord(
+            step=step, steps=schedule.steps, chunk_start=start, chunk_size=size, memory_before=before,
+            memory_budget=budget, memory_after=after, seconds=0.1 * (step + 1),
+            bytes_measured=None if measured is None else measured + step, bytes_modeled=total,
+            bytes_modeled_parts=parts, kv_bytes_actual=0,
+            kept_positions=np.broadcast_to(kept, (layers, heads, len(kept))).copy(), evicted=before + size > after))
+        before = after
+    return records
+
+
+@pytest.fixture
+def imdc():
+    return make_schedule("imdc", 2048, 512, 512, "linear")
+
+
+def test_schedule_figure_draws_the_schedule_math(imdc):
+    fig = figures.schedule_figure(imdc, sinks=4)
+    bars = {t.name: t for t in fig.data if t.type == "bar"}
+    lengths = imdc.cache_lengths(4)
+    assert list(bars["memory before the step"].y) == [b for b, _ in lengths]
+    assert list(bars["chunk"].y) == list(imdc.chunk_sizes)
+    kept = next(t for t in fig.data if t.name == "kept after the step")
+    assert list(kept.y) == [a for _, a in lengths]
+    peak = max(b + c for (b, _), c in zip(lengths, imdc.chunk_sizes))
+    assert any(f"peak memory + chunk: {peak:,}" in a.text for a in fig.layout.annotations)
+    assert all(o == 1.0 for o in bars["chunk"].marker.opacity)  # a preview: nothing faded
+    assert not fig.layout.shapes  # and no step highlighted
+
+
+def test_schedule_figure_fades_steps_not_run_and_highlights_the_current_one(imdc):
+    fig = figures.schedule_figure(imdc, sinks=4, done=2, current=1)
+    chunk = next(t for t in fig.data if t.name == "chunk")
+    assert list(chunk.marker.opacity) == [1.0, 1.0, 0.28, 0.28]
+    (shape,) = fig.layout.shapes
+    assert (shape.x0, shape.x1) == (1.5, 2.5)  # step 2 (1-based) of the x axis
+
+
+def test_full_schedule_has_no_budget_line():
+    fig = figures.schedule_figure(make_schedule("full", 900), sinks=4)
+    assert "budget + sinks" not in [t.name for t in fig.data]
+    assert list(next(t for t in fig.data if t.name == "chunk").y) == [900]
+
+
+def test_retained_matrix_marks_kept_evicted_and_unread_positions(imdc):
+    records = fake_records(imdc)
+    z, width = figures.retained_matrix(records[:2], imdc.tokens, imdc.steps, max_columns=4096)
+    assert width == 1 and z.shape == (4, 2048)
+    first_end = imdc.chunk_sizes[0]
+    after = records[0].memory_after
+    assert np.all(z[0, :4] == 1.0)  # sinks
+    assert np.all(z[0, first_end - (after - 4):first_end] == 1.0)  # the most recent positions
+    assert np.all(z[0, 4:first_end - (after - 4)] == 0.0)  # read, then evicted
+    assert np.all(np.isnan(z[0, first_end:]))  # not read yet
+    assert np.all(np.isnan(z[2:]))  # steps not run
+
+
+def test_retained_matrix_bins_long_documents_to_the_column_limit():
+    schedule = make_schedule("fm", 10_000, 2_000, 500)
+    records = fake_records(schedule)
+    z, width = figures.retained_matrix(records, schedule.tokens, schedule.steps, max_columns=1000)
+    assert width == 10 and z.shape == (5, 1000)
+    exact, _ = figures.retained_matrix(records, schedule.tokens, schedule.steps, max_columns=10_000)
+    np.testing.assert_allclose(z[-1], exact[-1].reshape(1000, 10).mean(axis=1), rtol=1e-6)
+
+
+def test_retained_map_marks_sinks_passkey_and_current_chunk(imdc):
+    records = fake_records(imdc)
+    fig = figures.retained_map_figure(records[:3], imdc.tokens, imdc.steps, prefix_tokens=20, sinks=4,
+                                      needle=(700, 712), current=2)
+    assert fig.data[0].type == "heatmap" and np.asarray(fig.data[0].z).shape == (4, 1024)  # 2 tokens a column
+    labels = [a.text for a in fig.layout.annotations]
+    assert "sinks" in labels and "passkey" in labels
+    outline = [s for s in fig.layout.shapes if s.type == "rect" and s.yref in (None, "y")]
+    assert (outline[0].x0, outline[0].x1) == (records[2].chunk_start - 0.5, records[2].tokens_seen - 0.5)
+    plain = figures.retained_map_figure(records, imdc.tokens, imdc.steps, sinks=0)
+    assert not [a for a in plain.layout.annotations if a.text in ("sinks", "passkey")]
+
+
+def test_memory_figure_stacks_modeled_parts_without_weights_and_says_measured_is_missing(imdc):
+    records = fake_records(imdc)
+    fig = figures.memory_figure(records, imdc.steps)
+    bars = {t.name: t for t in fig.data if t.type == "bar"}
+    assert "weights" not in bars and len(bars) == 4
+    assert list(bars["KV of memory"].y) == pytest.approx([r.bytes_modeled_parts["kv_memory"] / MIB for r in records])
+    assert not [t for t in fig.data if t.type == "scatter"]
+    assert "n/a" in fig.layout.xaxis.title.text
+    assert "weights" in fig.layout.yaxis.title.text
+
+
+def test_memory_figure_draws_the_measured_peak_when_the_device_has_one(imdc):
+    records = fake_records(imdc, measured=50 * MIB)
+    weights = records[0].bytes_modeled_parts["weights"]
+    (line,) = [t for t in figures.memory_figure(records, imdc.steps).data if t.type == "scatter"]
+    assert list(line.y) == pytest.approx([(50 * MIB + i - weights) / MIB for i in range(4)])
+    with_weights = figures.memory_figure(records, imdc.steps, include_weights=True)
+    assert "weights" in [t.name for t in with_weights.data]
+
+
+def test_seconds_figure_and_placeholders(imdc):
+    records = fake_records(imdc)
+    fig = figures.seconds_figure(records, imdc.steps)
+    assert list(fig.data[0].y) == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    assert "total 1.0 s" in fig.layout.title.text
+    empty = figures.seconds_figure([], 4)
+    assert not empty.data and "Run" in empty.layout.annotations[0].text
+
+
+def test_compare_figures_overlay_each_run_along_the_document(imdc):
+    fm = make_schedule("fm", 2048, 512, 512)
+    runs = [("FM", fake_records(fm)), ("IMDC", fake_records(imdc))]
+    sizes = figures.compare_sizes_figure(runs)
+    held = next(t for t in sizes.data if t.name == "IMDC: memory + chunk")
+    assert list(held.x) == [x for s, c in zip(imdc.chunk_starts, imdc.chunk_sizes) for x in (s, s + c)]
+    assert len(sizes.data) == 4
+    memory = figures.compare_memory_figure(runs)
+    assert [t.name for t in memory.data] == ["FM: modeled", "IMDC: modeled"]
+    assert figures.compare_sizes_figure([("FM", [])]).layout.annotations  # placeholder
+
+
+def test_highlight_shades_tokens_escapes_html_and_outlines_the_needle():
+    text = "A <b> tag & a secret 12345 here."
+    spans = [(0, 1), (1, 5), (5, 9), (9, 11), (11, 20), (20, 26), (26, 27), (27, 32)]
+    fractions = [1.0, 0.0, 0.0, 0.5, 0.5, 1.0, 1.0, float("nan")]
+    out = highlight_html(text, spans, fractions, needle_chars=(21, 26))
+    body = out.split('overflow-y:auto')[1]
+    assert "<b>" not in body and "&lt;b&gt;" in body
+    assert html.unescape(re.sub(r"<[^>]+>", "", body.split(">", 1)[1])) == text[:32]
+    assert "outline:2px solid #dc2626" in body.split("12345")[0].rsplit("<span", 1)[1]
+    assert "color:#9ca3af" in body  # the unread token
+    with pytest.raises(ValueError):
+        highlight_html(text, spans, fractions[:-1])
+
+
+def _compared(label, schedule_name, records, answer, passkey="12345", needle=(100, 104)):
+    result = RunResult(model="m", tokens=2048, prefix_tokens=0, schedule={}, scorer="s", sinks=4, device="cpu",
+                       dtype="float32", steps=records, answer=answer)
+    return ComparedRun(label, schedule_name, records, len(records), result, passkey, needle)
+
+
+def test_compare_rows_give_ratios_against_fm_and_the_passkey_verdict(imdc):
+    fm = fake_records(make_schedule("fm", 2048, 512, 512))
+    im = fake_records(imdc)
+    rows = compare_rows([_compared("FM", "fm", fm, "It is 12345."), _compared("IMDC", "imdc", im, "It is 1234.")])
+    assert rows[0][3] == "1.00×" and rows[0][7] == "1.00×" and rows[0][-1] == "✓ yes"
+    fm_memory = max(r.bytes_modeled for r in fm) - fm[0].bytes_modeled_parts["weights"]
+    im_memory = max(r.bytes_modeled for r in im) - im[0].bytes_modeled_parts["weights"]
+    assert rows[1][7] == f"{im_memory / fm_memory:.2f}×"
+    assert rows[1][-1] == "✗ no"
+    assert rows[1][9] == "0%"  # the recency records evicted position 100
+    no_fm = compare_rows([_compared("IMDC", "imdc", im, "x")])
+    assert no_fm[0][3] == "—"
+
+
+def test_needle_kept_is_the_mean_fraction_over_the_needle_tokens(imdc):
+    last = fake_records(imdc)[-1]
+    assert needle_kept(last, (0, 4)) == 1.0
+    assert needle_kept(last, (2040, 2048)) == 1.0
+    assert needle_kept(last, None) is None
+    assert needle_kept(fake_records(imdc)[0], (2040, 2048)) is None  # not read yet

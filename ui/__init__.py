@@ -1,0 +1,1 @@
+"""The memstep Gradio app: layout, figures and event handlers (app.py builds it)."""

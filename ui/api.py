@@ -1,0 +1,89 @@
+"""Named API endpoints for gradio_client: ``/prefill`` (a whole run, streamed) and
+``/schedule`` (the schedule math). They share the Run tab's code and queue."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import gradio as gr
+from gradio.data_classes import FileData
+
+from memstep.errors import MemstepError
+from memstep.schedules import make_schedule
+
+from ui.documents import EXAMPLES, DocumentSource, example, read_upload, with_needle
+from ui.models import context_tokens, get_model, normalize_spec
+from ui.runs import DEFAULT_MAX_TOKENS, check_settings, prefill_stream, prepare, settings_from
+from ui.summary import needle_kept, passkey_verdict
+
+
+def _document(text: str, file: FileData | dict | None, example_name: str, tokenizer) -> DocumentSource:
+    given = [bool(text and text.strip()), file is not None, bool(example_name)]
+    if sum(given) != 1:
+        raise MemstepError("give exactly one document: document_text, document_file or example_name "
+                           f"(one of: {', '.join(EXAMPLES)})")
+    if file is not None:
+        return read_upload(file["path"] if isinstance(file, dict) else file.path)
+    if example_name:
+        return example(example_name, tokenizer)
+    return with_needle("text", text)
+
+
+def prefill(document_text: str = "", document_file: FileData | None = None, example_name: str = "",
+            schedule: str = "imdc", chunk: int = 512, memory: int = 512, growth: str = "linear",
+            scorer: str = "chunk-attention", sinks: int = 4, question: str = "",
+            max_tokens: int = DEFAULT_MAX_TOKENS, model: str = "", full_reference: bool = False) -> Iterator[dict]:
+    """Prefill a document chunk by chunk under a memory schedule (full, fm, im, imdc).
+
+    Give the document as text, as a file (.txt, .md, .pdf, .html) or as the name of a
+    bundled example. Streams {"event": "step", ...} per step (sizes, seconds, bytes) and
+    ends with {"event": "result", ...}: the settings, every step, the fraction of
+    layer-head slots keeping each position, the answer to the question from the
+    compressed memory and, for passkey documents, whether the passkey survived."""
+    try:
+        settings = settings_from(schedule, chunk, memory, growth, scorer, sinks)
+        lm = get_model(model)
+        document = prepare(_document(document_text, document_file, example_name, lm.tokenizer), lm.tokenizer,
+                           max_tokens, context_tokens(lm))
+        check_settings(settings, document.tokens)
+        needle = document.needle and (document.prefix_tokens + document.needle[0],
+                                      document.prefix_tokens + document.needle[1])
+        out = {}
+        for kind, item in prefill_stream(normalize_spec(model), document.ids, settings, question,
+                                         full_reference, document.notices):
+            if kind == "step":
+                yield {"event": "step", "steps": item.steps, **item.to_dict()}
+            elif kind == "result":
+                passkey = document.source.passkey
+                out = {"event": "result", "document": document.source.name, **item.to_dict(),
+                       "passkey": passkey, "passkey_answered": passkey_verdict(item.answer, passkey) == "✓ yes"
+                       if passkey and item.answer is not None else None,
+                       "passkey_kept": needle_kept(item.steps[-1], needle) if needle else None}
+            elif kind == "full":
+                out["full_answer"] = item.answer
+                out["full_seconds"] = round(item.seconds, 6)
+        yield out
+    except MemstepError as err:
+        raise gr.Error(str(err), title="memstep", print_exception=False) from err
+
+
+def schedule(tokens: int, schedule: str = "imdc", chunk: int = 512, memory: int = 512, growth: str = "linear",
+             sinks: int = 4) -> dict:
+    """The chunk sizes and memory budgets of a schedule for a document of ``tokens`` tokens
+    (pure math, no model), with each step's cache entries before and after (sinks included)."""
+    try:
+        settings = settings_from(schedule, chunk, memory, growth, None, sinks)
+        check_settings(settings, tokens)
+        plan = make_schedule(settings.schedule, tokens, settings.chunk, settings.memory, settings.growth)
+    except MemstepError as err:
+        raise gr.Error(str(err), title="memstep", print_exception=False) from err
+    lengths = plan.cache_lengths(settings.sinks)
+    return {**plan.to_dict(), "sinks": settings.sinks, "memory_before": [b for b, _ in lengths],
+            "memory_after": [a for _, a in lengths],
+            "peak_memory_plus_chunk": max(b + c for (b, _), c in zip(lengths, plan.chunk_sizes))}
+
+
+def register() -> None:
+    """Inside a gr.Blocks: add the endpoints (runs share the Run tab's one-at-a-time queue)."""
+    gr.api(prefill, api_name="prefill", concurrency_id="prefill", concurrency_limit=1)
+    gr.api(schedule, api_name="schedule", concurrency_limit=None)

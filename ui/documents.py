@@ -1,0 +1,139 @@
+"""Documents the app runs on: bundled examples, uploads, and their tokens' character spans.
+
+A ``DocumentSource`` is plain text plus what the app knows about it: a suggested question
+and, for passkey documents, where the needle sentence sits (found by its fixed phrasing,
+so an uploaded passkey document is marked too).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from memstep.documents import DEFAULT_MAX_BYTES, SUPPORTED_EXTENSIONS, read_document_bytes
+from memstep.errors import MemstepError
+from memstep.passkey import make_haystack, question_for, random_passkey, random_thing
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+PRIDE = ASSETS / "pride_and_prejudice_ch1-12.txt"
+PERSUASION = ASSETS / "persuasion_excerpt.txt"
+# memstep.passkey.needle_sentence's phrasing: "The magic number for the vault is 73915."
+_NEEDLE = re.compile(r"The magic number for the ([A-Za-z][A-Za-z '-]*?) is (\d+)\.")
+
+
+@dataclass(frozen=True)
+class DocumentSource:
+    name: str
+    text: str
+    question: str = ""
+    passkey: str | None = None
+    needle_chars: tuple[int, int] | None = None  # [start, end) of the needle sentence in text
+
+
+def with_needle(name: str, text: str, question: str = "") -> DocumentSource:
+    """A source for ``text``; when it holds a passkey sentence, its span and passkey are
+    recorded and the matching question is suggested."""
+    match = _NEEDLE.search(text)
+    if match is None:
+        return DocumentSource(name, text, question)
+    return DocumentSource(name, text, question or question_for(match.group(1)), match.group(2),
+                          (match.start(), match.end()))
+
+
+def read_upload(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> DocumentSource:
+    """An uploaded file (checked on the server: type, size, empty or binary content)."""
+    path = Path(path)
+    if path.suffix.lower() not in SUPPORTED_EXTENSIONS:
+        raise MemstepError(f"Unsupported file type {path.suffix or '(none)'!r} for {path.name}. "
+                           f"Use one of: {', '.join(SUPPORTED_EXTENSIONS)}.")
+    size = path.stat().st_size
+    if size > max_bytes:  # checked before reading, like memstep.documents.read_document
+        raise MemstepError(f"{path.name} is {size / 1e6:.1f} MB, over the {max_bytes / 1e6:.1f} MB "
+                           "upload limit. Use a shorter excerpt of it.")
+    return with_needle(path.name, read_document_bytes(path.read_bytes(), path.name, max_bytes=max_bytes))
+
+
+def _chapters(path: Path, first: int, last: int) -> str:
+    """Chapters ``first``..``last`` of a bundled novel (its chapters start with "Chapter N")."""
+    text = path.read_text(encoding="utf-8")
+    starts = [m.start() for m in re.finditer(r"^Chapter \d+$", text, re.M)] + [len(text)]
+    return text[starts[first - 1]:starts[last]].strip()
+
+
+def _passkey_example(name: str, path: Path, tokens: int, depth: float, seed: int, tokenizer) -> DocumentSource:
+    haystack = path.read_text(encoding="utf-8")
+    doc = make_haystack(haystack, tokenizer, tokens, depth, random_passkey(seed), thing=random_thing(seed))
+    return DocumentSource(name, doc.text, doc.question, doc.answer,
+                          (doc.needle_char_start, doc.needle_char_end))
+
+
+# name -> (builder(tokenizer) -> DocumentSource, one-line description). Built lazily.
+EXAMPLES = {
+    "Passkey in Pride and Prejudice (4k tokens)": (
+        lambda tok: _passkey_example("Passkey in Pride and Prejudice", PRIDE, 4000, 0.4, 3, tok),
+        "A 5-digit passkey hidden at 40% depth in Austen's prose; does it survive the memory cuts?"),
+    "Passkey in Persuasion (1.5k tokens)": (
+        lambda tok: _passkey_example("Passkey in Persuasion", PERSUASION, 1500, 0.7, 11, tok),
+        "A short passkey document: quick to run on a CPU."),
+    "Pride and Prejudice, chapters 1-2 (2.3k tokens)": (
+        lambda tok: DocumentSource("Pride and Prejudice ch. 1-2", _chapters(PRIDE, 1, 2),
+                                   "Who has taken Netherfield Park?"),
+        "The Bennets hear that Netherfield Park is let at last."),
+    "Persuasion, chapter 1 (3.4k tokens)": (
+        lambda tok: DocumentSource("Persuasion ch. 1", _chapters(PERSUASION, 1, 1),
+                                   "Which book does Sir Walter Elliot like to read?"),
+        "Sir Walter Elliot, of Kellynch Hall, and his favourite book."),
+    "Pride and Prejudice, chapters 1-12 (23k tokens)": (
+        lambda tok: DocumentSource("Pride and Prejudice ch. 1-12", PRIDE.read_text(encoding="utf-8").strip(),
+                                   "Who is Mr. Darcy's friend?"),
+        "A long document: cut to the max tokens setting (with a notice) unless you raise it."),
+}
+DEFAULT_EXAMPLE = next(iter(EXAMPLES))
+
+
+@functools.lru_cache(maxsize=None)
+def example(name: str, tokenizer) -> DocumentSource:
+    """A bundled example, built on first use (the passkey ones need the tokenizer)."""
+    if name not in EXAMPLES:
+        raise MemstepError(f"unknown example '{name}': choose one of {', '.join(EXAMPLES)}")
+    return EXAMPLES[name][0](tokenizer)
+
+
+def token_spans(text: str, tokenizer, ids: list[int]) -> list[tuple[int, int]]:
+    """Character [start, end) of each of ``ids`` (the tokens of a prefix of ``text``)."""
+    if getattr(tokenizer, "is_fast", False):
+        encoding = tokenizer(text, add_special_tokens=False, verbose=False, return_offsets_mapping=True)
+        if encoding["input_ids"][: len(ids)] == list(ids):
+            return [tuple(span) for span in encoding["offset_mapping"][: len(ids)]]
+    # Slow tokenizers: find each token's text in order (spaces and unknown bytes may be skipped).
+    spans, cursor = [], 0
+    for token in ids:
+        piece = tokenizer.decode([token]).strip()
+        at = text.find(piece, cursor) if piece else -1
+        if at < 0 or at - cursor > 64:
+            spans.append((cursor, cursor))
+            continue
+        spans.append((at, at + len(piece)))
+        cursor = at + len(piece)
+    return spans
+
+
+def needle_tokens(spans: list[tuple[int, int]], needle_chars: tuple[int, int] | None) -> tuple[int, int] | None:
+    """Document token [start, end) overlapping the needle's characters; None when the
+    needle is absent or was cut off by truncation."""
+    if needle_chars is None:
+        return None
+    inside = [i for i, (s, e) in enumerate(spans) if s < needle_chars[1] and e > needle_chars[0]]
+    if not inside or spans[-1][1] < needle_chars[1]:
+        return None
+    return inside[0], inside[-1] + 1
+
+
+def describe(source: DocumentSource, tokens: int | None = None, exact: bool = True) -> str:
+    """A one-line Markdown description of a document."""
+    size = f"{'' if exact else '≈'}{tokens:,} tokens" if tokens is not None else f"{len(source.text):,} characters"
+    needle = (f" · passkey **{source.passkey}** hidden at {source.needle_chars[0] / max(len(source.text), 1):.0%} "
+              "of the text") if source.needle_chars else ""
+    return f"**{source.name}** · {size}{needle}"

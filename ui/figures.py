@@ -1,0 +1,325 @@
+"""Plotly figures of a run: pure functions of a schedule and step records.
+
+No Gradio, no torch: the app, the screenshot script and the tests call these with plain
+data. Steps are shown 1-based (step 1 is the first chunk); records keep 0-based ``step``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from memstep.memory import PART_LABELS, PARTS, format_bytes
+from memstep.records import StepRecord
+from memstep.schedules import Schedule
+
+MAX_COLUMNS = 2000  # retained-token map columns: long documents are binned to this many
+MIB = 1024 ** 2
+FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
+COLORS = {
+    "memory": "#3b82f6",
+    "chunk": "#f59e0b",
+    "kept": "#1e3a8a",
+    "budget": "#64748b",
+    "peak": "#dc2626",
+    "current": "rgba(250, 204, 21, 0.22)",
+    "sinks": "#ea580c",
+    "passkey": "#dc2626",
+    "measured": "#111827",
+    "seconds": "#0d9488",
+}
+PART_COLORS = {
+    "weights": "#cbd5e1",
+    "kv_memory": "#3b82f6",
+    "kv_chunk": "#f59e0b",
+    "attention": "#8b5cf6",
+    "activations": "#14b8a6",
+}
+SERIES = ("#2563eb", "#ea580c", "#059669", "#9333ea", "#db2777")  # one colour per compared run
+# Retained-token map: grey plot background = not read yet, white = read and evicted from
+# every layer-head slot, dark blue = kept by all of them.
+RETAINED_SCALE = [[0.0, "#ffffff"], [0.02, "#dbeafe"], [0.35, "#60a5fa"], [0.7, "#1d4ed8"],
+                  [1.0, "#172554"]]
+UNREAD = "#e5e7eb"
+
+
+def _style(fig: go.Figure, title: str, height: int, xtitle: str, ytitle: str) -> go.Figure:
+    fig.update_layout(
+        template="plotly_white", height=height, font=FONT, hovermode="closest",
+        title=dict(text=title, x=0.0, xanchor="left", xref="paper", y=0.97, font=dict(size=14)),
+        margin=dict(l=64, r=24, t=64, b=48),
+        legend=dict(orientation="h", yanchor="bottom", y=1.01, xanchor="right", x=1.0,
+                    font=dict(size=11), bgcolor="rgba(255,255,255,0)"),
+        paper_bgcolor="white", plot_bgcolor="white",
+    )
+    fig.update_xaxes(title=dict(text=xtitle, standoff=6), showline=True, linecolor="#9ca3af")
+    fig.update_yaxes(title=dict(text=ytitle, standoff=6), showline=True, linecolor="#9ca3af",
+                     gridcolor="#eef0f3", zeroline=False)
+    return fig
+
+
+def _step_axis(fig: go.Figure, steps: int) -> None:
+    """Integer step ticks 1..steps with the full range fixed, so streaming never rescales."""
+    fig.update_xaxes(range=[0.5, steps + 0.5], tickmode="linear", tick0=1,
+                     dtick=max(1, math.ceil(steps / 16)))
+
+
+def _highlight_step(fig: go.Figure, current: int | None) -> None:
+    if current is not None:
+        fig.add_vrect(x0=current + 0.5, x1=current + 1.5, fillcolor=COLORS["current"],
+                      line_width=0, layer="below")
+
+
+def placeholder_figure(message: str, title: str = "", height: int = 300) -> go.Figure:
+    """An empty figure with a centred hint (before a run, or when there is nothing to show)."""
+    fig = _style(go.Figure(), title, height, "", "")
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                       font=dict(size=13, color="#6b7280"))
+    return fig
+
+
+def schedule_figure(schedule: Schedule, sinks: int, done: int | None = None, current: int | None = None,
+                    title: str | None = None, height: int = 320) -> go.Figure:
+    """Chunk size and memory per step, from the schedule math alone.
+
+    Bars stack the memory held before the step and the chunk read in it (together: what the
+    step's attention holds); lines show the memory kept after the step and the budget. The
+    peak of memory + chunk is marked. ``done`` steps are solid and later ones faded (None: a
+    preview, all solid); ``current`` (0-based) is highlighted."""
+    n = schedule.steps
+    cache = schedule.cache_lengths(sinks)
+    x = np.arange(1, n + 1)
+    before = np.array([b for b, _ in cache])
+    after = np.array([a for _, a in cache])
+    chunks = np.array(schedule.chunk_sizes)
+    budgets = np.array(schedule.memory_sizes) + sinks
+    held = before + chunks
+    opacity = np.ones(n) if done is None else np.where(np.arange(n) < done, 1.0, 0.28)
+    custom = np.stack([before, chunks, held, after], axis=1)
+    hover = ("<b>step %{x}</b><br>memory before: %{customdata[0]:,}<br>chunk: %{customdata[1]:,}"
+             "<br>memory + chunk: %{customdata[2]:,}<br>kept after: %{customdata[3]:,}<extra></extra>")
+
+    fig = go.Figure()
+    _highlight_step(fig, current)
+    fig.add_bar(x=x, y=before, name="memory before the step", marker=dict(color=COLORS["memory"], opacity=opacity),
+                customdata=custom, hovertemplate=hover)
+    fig.add_bar(x=x, y=chunks, name="chunk", marker=dict(color=COLORS["chunk"], opacity=opacity),
+                customdata=custom, hovertemplate=hover)
+    fig.add_scatter(x=x, y=after, name="kept after the step", mode="lines+markers",
+                    line=dict(color=COLORS["kept"], width=2), marker=dict(size=6, opacity=opacity),
+                    customdata=custom, hovertemplate=hover)
+    if schedule.name != "full":
+        fig.add_scatter(x=x, y=budgets, name="budget + sinks", mode="lines",
+                        line=dict(color=COLORS["budget"], width=1.5, dash="dot", shape="hvh"),
+                        hoverinfo="skip")
+    peak = int(np.argmax(held))
+    right = peak + 1 > (n + 1) / 2 and n > 1  # keep the label inside the plot
+    fig.add_annotation(x=peak + 1, y=held[peak], text=f"peak memory + chunk: {held[peak]:,}",
+                       showarrow=True, arrowhead=2, arrowcolor=COLORS["peak"], ax=-30 if right else 30, ay=-24,
+                       xanchor="right" if right else "left",
+                       font=dict(color=COLORS["peak"], size=11), bgcolor="rgba(255,255,255,0.85)")
+    growth = f", {schedule.growth} growth" if schedule.growth else ""
+    title = title or f"Chunk and memory per step: {schedule.name.upper()}{growth}, {schedule.tokens:,} tokens"
+    _style(fig, title, height, "step", "tokens (cache entries per layer)")
+    fig.update_layout(barmode="stack", bargap=0.25)
+    fig.update_yaxes(range=[0, held.max() * 1.18])
+    _step_axis(fig, n)
+    return fig
+
+
+def bin_width(tokens: int, max_columns: int = MAX_COLUMNS) -> int:
+    """Tokens per column of the retained-token map."""
+    return max(1, math.ceil(tokens / max_columns))
+
+
+def retained_matrix(records: Sequence[StepRecord], tokens: int, steps: int,
+                    max_columns: int = MAX_COLUMNS) -> tuple[np.ndarray, int]:
+    """(steps, columns) fraction of layer-head slots keeping each position after each step,
+    averaged over the positions of a column; NaN where nothing of the column was read yet.
+    Returns the matrix and the column width in tokens."""
+    width = bin_width(tokens, max_columns)
+    columns = math.ceil(tokens / width)
+    z = np.full((steps, columns), np.nan, dtype=np.float32)
+    for record in records:
+        row = np.full(columns * width, np.nan, dtype=np.float32)
+        kept = record.kept_fraction()
+        row[: len(kept)] = kept
+        with warnings.catch_warnings():  # columns not read yet average to NaN on purpose
+            warnings.simplefilter("ignore", category=RuntimeWarning)
+            z[record.step] = np.nanmean(row.reshape(columns, width), axis=1)
+    return z, width
+
+
+def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, *, prefix_tokens: int = 0,
+                        sinks: int = 0, needle: tuple[int, int] | None = None, current: int | None = None,
+                        max_columns: int = MAX_COLUMNS, height: int = 340) -> go.Figure:
+    """Which positions are in memory after each step: rows are steps (top to bottom), columns
+    token positions (prompt head + document), colour the fraction of (layer, KV head) slots
+    that keep the position. ``needle`` is the passkey's [start, end) in the same positions."""
+    z, width = retained_matrix(records, tokens, steps, max_columns)
+    x = np.arange(z.shape[1]) * width + (width - 1) / 2
+    y = np.arange(1, steps + 1)
+    fig = go.Figure(go.Heatmap(
+        z=z, x=x, y=y, zmin=0.0, zmax=1.0, colorscale=RETAINED_SCALE, hoverongaps=False,
+        colorbar=dict(title=dict(text="kept by<br>layer-heads", side="top", font=dict(size=11)),
+                      tickformat=".0%", thickness=12, len=0.9, x=1.0, xpad=6),
+        hovertemplate=("position %{x:,.0f}<br>after step %{y}<br>kept by %{z:.0%} of layer-heads"
+                       "<extra></extra>"),
+    ))
+    column = f" (one column = {width} tokens)" if width > 1 else ""
+    _style(fig, "Retained tokens: what memory holds after each step", height,
+           f"token position (prompt head + document){column}", "after step")
+    fig.update_layout(plot_bgcolor=UNREAD, margin=dict(r=12))
+    fig.update_yaxes(autorange="reversed", tickmode="linear", tick0=1, dtick=max(1, math.ceil(steps / 12)),
+                     showgrid=False)
+    fig.update_xaxes(range=[-0.5, tokens - 0.5], showgrid=False)
+    if current is not None and current < len(records):
+        record = next(r for r in records if r.step == current)
+        fig.add_shape(type="rect", x0=record.chunk_start - 0.5, x1=record.tokens_seen - 0.5,
+                      y0=current + 0.5, y1=current + 1.5, line=dict(color=COLORS["chunk"], width=2))
+    # Markers in a strip above the map, at least a few pixels wide however long the document.
+    least = tokens * 0.004
+    marks = [("sinks", 0, sinks, COLORS["sinks"])] if sinks else []
+    if needle is not None:
+        marks.append(("passkey", needle[0], needle[1], COLORS["passkey"]))
+    for label, start, end, color in marks:
+        mid = (start + end) / 2
+        x0, x1 = min(start - 0.5, mid - least / 2), max(end - 0.5, mid + least / 2)
+        fig.add_shape(type="rect", x0=x0, x1=x1, y0=1.0, y1=1.045, xref="x", yref="paper",
+                      fillcolor=color, line_width=0)
+        fig.add_annotation(x=max(mid, least * 3) if label == "sinks" else mid, y=1.05, xref="x",
+                           yref="paper", text=label, showarrow=False, yanchor="bottom",
+                           font=dict(size=11, color=color))
+        if label == "passkey":
+            fig.add_vline(x=mid, line=dict(color=color, width=1, dash="dot"))
+    return fig
+
+
+def memory_figure(records: Sequence[StepRecord], steps: int, include_weights: bool = False,
+                  height: int = 300) -> go.Figure:
+    """Peak bytes per step: modeled always (stacked by component), measured where the
+    device can measure it (a line). Without ``include_weights`` the constant weights are
+    left out of the bars and subtracted from the measured peak, so the parts that change
+    with the schedule stay readable."""
+    if not records:
+        return placeholder_figure("Run to see memory per step", "Memory per step", height)
+    x = [r.step + 1 for r in records]
+    weights = records[0].bytes_modeled_parts.get("weights", 0)
+    fig = go.Figure()
+    _highlight_step(fig, records[-1].step if len(records) < steps else None)
+    for part in PARTS:
+        if part == "weights" and not include_weights:
+            continue
+        values = [r.bytes_modeled_parts.get(part, 0) / MIB for r in records]
+        fig.add_bar(x=x, y=values, name=f"{PART_LABELS[part]}", marker_color=PART_COLORS[part],
+                    hovertemplate=f"step %{{x}}<br>{PART_LABELS[part]} (modeled): %{{y:,.1f}} MiB<extra></extra>")
+    measured = [r.bytes_measured for r in records]
+    shift = 0 if include_weights else weights
+    measured_any = any(m is not None for m in measured)
+    if measured_any:
+        fig.add_scatter(x=x, y=[None if m is None else (m - shift) / MIB for m in measured],
+                        name="measured device peak" + ("" if include_weights else " − weights"),
+                        mode="lines+markers", line=dict(color=COLORS["measured"], width=2),
+                        marker=dict(symbol="diamond", size=7),
+                        hovertemplate="step %{x}<br>measured: %{y:,.1f} MiB<extra></extra>")
+    note = "step · bars modeled, line measured" if measured_any else \
+        "step · modeled (no device counter on CPU: measured n/a)"
+    ytitle = "MiB" if include_weights else f"MiB above the {format_bytes(weights)} of weights"
+    _style(fig, "Memory per step (peak during the step)", height, note, ytitle)
+    fig.update_layout(barmode="stack", bargap=0.25, margin=dict(b=96),
+                      legend=dict(orientation="h", yanchor="top", y=-0.32, xanchor="left", x=0.0))
+    fig.update_xaxes(title=dict(font=dict(size=11, color="#6b7280")))
+    _step_axis(fig, steps)
+    return fig
+
+
+def seconds_figure(records: Sequence[StepRecord], steps: int, height: int = 260) -> go.Figure:
+    """Wall-clock seconds of each step's forward pass (and its eviction)."""
+    if not records:
+        return placeholder_figure("Run to see seconds per step", "Seconds per step", height)
+    x = [r.step + 1 for r in records]
+    seconds = [r.seconds for r in records]
+    speed = [r.chunk_size / r.seconds if r.seconds > 0 else 0.0 for r in records]
+    fig = go.Figure()
+    _highlight_step(fig, records[-1].step if len(records) < steps else None)
+    fig.add_bar(x=x, y=seconds, marker_color=COLORS["seconds"], name="seconds",
+                customdata=np.stack([[r.chunk_size for r in records], [r.memory_before for r in records],
+                                     speed], axis=1),
+                hovertemplate=("step %{x}: %{y:.2f} s<br>chunk %{customdata[0]:,} tokens with memory "
+                               "%{customdata[1]:,}<br>%{customdata[2]:,.0f} tokens/s<extra></extra>"))
+    total = sum(seconds)
+    _style(fig, f"Seconds per step · total {total:.1f} s", height, "step", "seconds")
+    fig.update_layout(showlegend=False, bargap=0.25)
+    _step_axis(fig, steps)
+    return fig
+
+
+def _over_document(records: Sequence[StepRecord], values: Sequence[float | None]) -> tuple[list, list]:
+    """A step function over document positions: each step's value spans its chunk."""
+    xs, ys = [], []
+    for record, value in zip(records, values):
+        xs += [record.chunk_start, record.tokens_seen]
+        ys += [value, value]
+    return xs, ys
+
+
+def _compare_style(fig: go.Figure, title: str, height: int, xtitle: str, ytitle: str) -> go.Figure:
+    _style(fig, title, height, xtitle, ytitle)
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0.0),
+                      margin=dict(t=48, b=110))
+    fig.update_xaxes(rangemode="tozero")
+    fig.update_yaxes(rangemode="tozero")
+    return fig
+
+
+def compare_sizes_figure(runs: Sequence[tuple[str, Sequence[StepRecord]]], height: int = 400) -> go.Figure:
+    """Compared runs overlaid along the document: over each step's chunk, the memory +
+    chunk the step holds (solid) and the memory kept after it (dotted), one colour per run."""
+    if not any(records for _, records in runs):
+        return placeholder_figure("Run a comparison to see the schedules overlaid", "Chunk and memory per step",
+                                  height)
+    fig = go.Figure()
+    for i, (label, records) in enumerate(runs):
+        color = SERIES[i % len(SERIES)]
+        x, y = _over_document(records, [r.memory_before + r.chunk_size for r in records])
+        fig.add_scatter(x=x, y=y, mode="lines", name=f"{label}: memory + chunk", line=dict(color=color, width=2.5),
+                        hovertemplate=f"{label}<br>position %{{x:,}}<br>memory + chunk %{{y:,}}<extra></extra>")
+        x, y = _over_document(records, [r.memory_after for r in records])
+        fig.add_scatter(x=x, y=y, mode="lines", name=f"{label}: kept after",
+                        line=dict(color=color, width=1.5, dash="dot"),
+                        hovertemplate=f"{label}<br>position %{{x:,}}<br>kept after the step %{{y:,}}<extra></extra>")
+    return _compare_style(fig, "Chunk and memory per step, along the document", height,
+                          "document position of the step's chunk (tokens)", "tokens (cache entries per layer)")
+
+
+def compare_memory_figure(runs: Sequence[tuple[str, Sequence[StepRecord]]], height: int = 400) -> go.Figure:
+    """Compared runs' peak bytes per step above the weights, along the document: modeled
+    (solid), measured where the device can measure it (dashed)."""
+    if not any(records for _, records in runs):
+        return placeholder_figure("Run a comparison to see memory per step", "Memory per step", height)
+    fig = go.Figure()
+    measured_any = False
+    for i, (label, records) in enumerate(runs):
+        if not records:
+            continue
+        color = SERIES[i % len(SERIES)]
+        weights = records[0].bytes_modeled_parts.get("weights", 0)
+        x, y = _over_document(records, [(r.bytes_modeled - weights) / MIB for r in records])
+        fig.add_scatter(x=x, y=y, mode="lines", name=f"{label}: modeled", line=dict(color=color, width=2.5),
+                        hovertemplate=f"{label}<br>position %{{x:,}}<br>modeled %{{y:,.1f}} MiB<extra></extra>")
+        if any(r.bytes_measured is not None for r in records):
+            measured_any = True
+            x, y = _over_document(records, [None if r.bytes_measured is None else (r.bytes_measured - weights) / MIB
+                                            for r in records])
+            fig.add_scatter(x=x, y=y, mode="lines", name=f"{label}: measured",
+                            line=dict(color=color, width=1.5, dash="dash"),
+                            hovertemplate=f"{label}<br>position %{{x:,}}<br>measured %{{y:,.1f}} MiB<extra></extra>")
+    note = "solid: modeled, dashed: measured" if measured_any else "modeled (no device counter on CPU: measured n/a)"
+    return _compare_style(fig, "Memory per step above the weights, along the document", height,
+                          f"document position of the step's chunk (tokens) · {note}", "MiB above the weights")

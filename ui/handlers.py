@@ -1,0 +1,226 @@
+"""Event functions of the Run and Compare tabs: small, and streaming where work is long.
+
+Errors a user can cause arrive as MemstepError and leave as a toast (gr.Error, or
+gr.Warning where the page can carry on); the app keeps serving the next request.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import gradio as gr
+
+from memstep.errors import MemstepError
+from memstep.generate import prompt_parts
+from memstep.schedules import make_schedule
+
+from ui.documents import DEFAULT_EXAMPLE, DocumentSource, describe, example, read_upload
+from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure, schedule_figure
+from ui.models import cached_model, context_tokens, get_model, normalize_spec, preview_tokenizer
+from ui.runs import check_settings, document_limit, prefill_stream, prepare, settings_from
+from ui.summary import COMPARE_HEADERS, ComparedRun, compare_rows
+from ui.views import RunView, answer_markdown, render, stats_html
+
+ERROR_TITLE = "memstep"
+
+
+def _fail(err: Exception):
+    raise gr.Error(str(err), title=ERROR_TITLE, print_exception=False) from err
+
+
+# ---- document ------------------------------------------------------------------------
+def default_document() -> DocumentSource:
+    return example(DEFAULT_EXAMPLE, preview_tokenizer(None)[0])
+
+
+def choose_example(name: str | None, model: str | None):
+    """An example picked: it becomes the document, its question fills the question box."""
+    if not name:
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    try:
+        source = example(name, preview_tokenizer(model)[0])
+    except MemstepError as err:
+        _fail(err)
+    return source, source.question, describe_document(source, model), None
+
+
+def describe_document(source: DocumentSource, model) -> str:
+    tokenizer, exact = preview_tokenizer(model)
+    return describe(source, _count_tokens(source.text, tokenizer)[1], exact)
+
+
+def choose_upload(path: str | None, current: DocumentSource, model):
+    """A file uploaded: read and checked on the server; a bad file leaves the document as it was."""
+    if not path:
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    try:
+        source = read_upload(path)
+    except MemstepError as err:
+        gr.Warning(str(err), title=ERROR_TITLE)
+        return current, gr.skip(), describe_document(current, model), None, gr.skip()
+    return source, source.question, describe_document(source, model), gr.skip(), None
+
+
+# ---- schedule preview ----------------------------------------------------------------
+@functools.lru_cache(maxsize=32)
+def _count_tokens(text: str, tokenizer) -> tuple[int, int]:
+    """(prompt head tokens, document tokens) with this tokenizer."""
+    head = len(prompt_parts(tokenizer).head)
+    return head, len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+
+def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens):
+    """The schedule the run would follow, from the schedule math alone (no model work)."""
+    try:
+        settings = settings_from(schedule, chunk, memory, growth, None, sinks)
+        tokenizer, exact = preview_tokenizer(model)
+        prefix, document = _count_tokens(doc.text, tokenizer)
+        limit, reason = document_limit(_whole(max_tokens), context_tokens(cached_model(model)), prefix)
+        tokens = prefix + min(document, limit)
+        check_settings(settings, tokens)
+        plan = make_schedule(settings.schedule, tokens, settings.chunk, settings.memory, settings.growth)
+    except MemstepError as err:
+        return (placeholder_figure(f"⚠ {err}", "Chunk and memory per step", 320),
+                f"⚠ **Cannot preview this schedule:** {err}")
+    held = [before + c for (before, _), c in zip(plan.cache_lengths(settings.sinks), plan.chunk_sizes)]
+    cut = f", cut to {limit:,} by {reason}" if document > limit else ""
+    estimate = "" if exact else " (tokens counted with the embedded tokenizer until this model is loaded)"
+    lines = [f"**Preview** · {plan.steps} steps over {tokens:,} tokens ({prefix} prompt + "
+             f"{min(document, limit):,} document{cut}) · peak memory + chunk **{max(held):,}** tokens{estimate}"]
+    if plan.steps <= 24:
+        lines.append(f"chunks: {' · '.join(f'{c:,}' for c in plan.chunk_sizes)}  \n"
+                     f"memory after: {' · '.join(f'{a:,}' for _, a in plan.cache_lengths(settings.sinks))}")
+    return schedule_figure(plan, settings.sinks, title=f"Preview: {settings.label()}, {tokens:,} tokens"), \
+        "\n\n".join(lines)
+
+
+def _whole(value) -> int | None:
+    return None if value is None or value == "" else int(round(float(value)))
+
+
+# ---- a run ---------------------------------------------------------------------------
+def _run_outputs(view: RunView, step: int | None = None):
+    shown = render(view, step)
+    steps = max(1, view.steps)
+    slider = gr.update(maximum=steps, value=len(view.records) if step is None else step + 1,
+                       interactive=view.finished or view.stopped)
+    return (stats_html(view, step), shown.sizes, shown.retained, shown.memory, shown.seconds, shown.text,
+            answer_markdown(view), slider, view)
+
+
+def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens,
+                 question, full_reference, progress=gr.Progress()):
+    """Stream a run: one update as soon as the schedule is known, then one per step, then
+    the answer (and the full-cache reference answer when asked)."""
+    began = time.perf_counter()
+    try:
+        settings = settings_from(schedule, chunk, memory, growth, scorer, sinks)
+        progress(0.0, desc="Loading the model")
+        lm = get_model(model)
+        document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm))
+        for notice in document.notices:
+            gr.Warning(notice, title=ERROR_TITLE)
+        stream = prefill_stream(normalize_spec(model), document.ids, settings, question, bool(full_reference),
+                                document.notices)
+        _, plan = next(stream)
+        view = RunView(document, settings, plan)
+        progress((0, plan.steps), desc="Prefilling", unit="steps")
+        yield _run_outputs(view)
+        for kind, item in stream:
+            view.seconds = time.perf_counter() - began
+            if kind == "step":
+                view.records.append(item)
+                if len(view.records) == plan.steps:
+                    progress(1.0, desc="Answering from the compressed memory" if question else "Done")
+                else:
+                    progress((len(view.records), plan.steps), desc="Prefilling", unit="steps")
+            elif kind == "result":
+                view.result = item
+                if full_reference and item.question:
+                    progress(0.5, desc="Reference: the same document with the full cache")
+            elif kind == "full":
+                view.full = item
+            yield _run_outputs(view)
+    except MemstepError as err:
+        _fail(err)
+
+
+def stop_run(view: RunView | None):
+    """Stop pressed: the run is cancelled after its current step; the steps so far stay."""
+    if view is None or view.finished:
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    view.stopped = True
+    return (stats_html(view), answer_markdown(view),
+            gr.update(maximum=max(1, view.steps), value=len(view.records), interactive=True), view)
+
+
+def replay(step, view: RunView | None):
+    """The step slider moved: redraw the views as they were after that step."""
+    if view is None:
+        return (gr.skip(),) * 6
+    index = min(max(int(step or 0), 0), len(view.records)) - 1  # slider k: the run after k steps
+    shown = render(view, index)
+    return stats_html(view, index), shown.sizes, shown.retained, shown.memory, shown.seconds, shown.text
+
+
+# ---- comparison ----------------------------------------------------------------------
+CONFIG_FIELDS = 6  # enabled, schedule, growth, chunk, memory, scorer
+
+
+def _configs(values) -> list[tuple]:
+    return [tuple(values[i:i + CONFIG_FIELDS]) for i in range(0, len(values), CONFIG_FIELDS)]
+
+
+def _compare_outputs(runs: list[ComparedRun], status: str):
+    traces = [(run.label, run.records) for run in runs]
+    return (status, compare_sizes_figure(traces), compare_memory_figure(traces),
+            {"headers": COMPARE_HEADERS, "data": compare_rows(runs)})
+
+
+def compare(doc: DocumentSource, model, sinks, max_tokens, question, *config_values, progress=gr.Progress()):
+    """Run the ticked configurations one after another on the same document; stream the
+    overlaid plots and the summary table after every step."""
+    try:
+        settings = [settings_from(s, c, m, g, sc, sinks) for on, s, g, c, m, sc in _configs(config_values) if on]
+        if not settings:
+            raise MemstepError("no configuration is ticked: tick at least one to compare")
+        progress(0.0, desc="Loading the model")
+        lm = get_model(model)
+        document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm))
+        runs, labels = [], set()
+        for s in settings:  # check every configuration before running any
+            check_settings(s, document.tokens)
+            plan = make_schedule(s.schedule, document.tokens, s.chunk, s.memory, s.growth)
+            label = s.label()
+            while label in labels:
+                label += "′"
+            labels.add(label)
+            needle = document.needle
+            runs.append(ComparedRun(label, s.schedule, [], plan.steps, passkey=document.source.passkey,
+                                    needle=None if needle is None else (document.prefix_tokens + needle[0],
+                                                                        document.prefix_tokens + needle[1])))
+        for notice in document.notices:
+            gr.Warning(notice, title=ERROR_TITLE)
+        total = sum(r.steps for r in runs)
+        done = 0
+        yield _compare_outputs(runs, f"Running {len(runs)} configurations on {document.tokens:,} tokens…")
+        for s, run in zip(settings, runs):
+            for kind, item in prefill_stream(normalize_spec(model), document.ids, s, question, False,
+                                             document.notices):
+                if kind == "step":
+                    run.records.append(item)
+                    done += 1
+                    progress((done, total), desc=f"{run.label}: step {len(run.records)} of {run.steps}",
+                             unit="steps")
+                elif kind == "result":
+                    run.result = item
+                else:
+                    continue
+                yield _compare_outputs(runs, f"**{run.label}**: step {len(run.records)} of {run.steps}")
+        yield _compare_outputs(runs, f"**Done**: {len(runs)} configurations on {document.tokens:,} tokens "
+                                     f"({len(document.ids):,} document tokens). "
+                                     + " ".join(document.notices))
+    except MemstepError as err:
+        _fail(err)
+

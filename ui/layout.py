@@ -1,0 +1,240 @@
+"""The page: controls on the left, the run's views on the right; Compare, Plan and
+Evaluate tabs. Reads top to bottom like the page; the work is in ui/handlers.py."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import gradio as gr
+
+from memstep.documents import DEFAULT_MAX_BYTES, SUPPORTED_EXTENSIONS
+from memstep.models import EMBEDDED, default_model
+from memstep.schedules import GROWTHS
+from memstep.scorers import SCORERS
+
+from ui import api, handlers
+from ui.documents import DEFAULT_EXAMPLE, EXAMPLES
+from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure
+from ui.runs import DEFAULT_MAX_TOKENS
+from ui.summary import COMPARE_HEADERS, COMPARE_WIDTHS, stat_cards
+from ui.views import answer_markdown
+
+SCHEDULE_CHOICES = [("full", "full"), ("FM", "fm"), ("IM", "im"), ("IMDC", "imdc")]
+QUEUE_SIZE = int(os.environ.get("MEMSTEP_QUEUE_SIZE", "16"))  # waiting line for runs
+MAX_FILE_BYTES = int(os.environ.get("MEMSTEP_MAX_UPLOAD_BYTES", str(DEFAULT_MAX_BYTES)))
+COMPARE_DEFAULTS = [(True, "fm", "linear"), (True, "im", "linear"), (True, "imdc", "linear")]
+OPTIONAL_TABS = [("Plan", "ui.plan_tab"), ("Evaluate", "ui.eval_tab")]
+
+CSS = """
+.gradio-container { max-width: 1480px !important; }
+#memstep-header h1 { font-size: 1.6rem; margin: 0; }
+#memstep-header p { margin: 2px 0 0; color: #4b5563; }
+.memstep-stats { display: flex; flex-wrap: wrap; gap: 8px; }
+.memstep-stat { flex: 1 1 110px; border: 1px solid #e5e7eb; border-radius: 8px; padding: 6px 10px;
+  background: #f9fafb; }
+.memstep-stat-label { font-size: 11px; text-transform: uppercase; letter-spacing: .04em; color: #6b7280; }
+.memstep-stat-value { font-size: 15px; font-weight: 600; color: #111827; white-space: nowrap; }
+#memstep-controls .gr-group, #memstep-controls { gap: 10px; }
+.memstep-note { font-size: 12.5px; color: #4b5563; }
+"""
+
+HEADER = """
+<div id="memstep-header">
+<h1>memstep · memorize step by step</h1>
+<p>Prefill a long document into a language model chunk by chunk under a memory budget, and watch
+what the memory keeps. Each step reads one <b>chunk</b> with the compressed <b>memory</b> of the earlier
+chunks; right after each layer's attention a <b>scorer</b> cuts that layer's cache back to the step's
+<b>budget</b>. The first <b>sink</b> tokens are always kept.</p>
+</div>
+"""
+
+GUIDE = """
+**Chunk and memory per step.** Each bar is one step: blue is the memory the step starts with (cache
+entries per layer, sinks included), orange the chunk it reads; together they are what the step's
+attention holds, and the red arrow marks their peak. The dark line is the memory kept after the step,
+the dotted line the schedule's budget. FM keeps a fixed memory; IM grows it along the growth curve;
+IMDC also shrinks the chunks as memory grows, so memory + chunk stays flat (a lower peak than FM).
+
+**Retained tokens.** One row per step (step 1 at the top), one column per token position (prompt
+head, then the document; long documents are binned). Grey: not read yet. White: read, then evicted
+from every layer and KV head. Blue: kept; the darker, the more of the layers × KV heads keep it. A
+new row adds the chunk just read (outlined in orange) and shows what survived of everything before.
+Orange and red ticks above the map mark the sinks and the hidden passkey.
+
+**Memory per step.** The modeled peak bytes of each step, stacked by component: KV of the memory,
+KV of the chunk, the attention and scorer working set, and activations. The weights are constant and
+left out so the schedule's effect stays visible. On CUDA a line shows the peak the device measured;
+on a CPU there is no such counter and only the model is shown.
+
+**Seconds per step.** Wall-clock time of each step (forward pass and eviction).
+
+**Text.** The document shaded by the memory after the chosen step: the darker a token, the more
+layer-head slots still hold it.
+"""
+
+
+def _number_slider(label, value, minimum, maximum, step, elem_id, info=None):
+    return gr.Slider(minimum=minimum, maximum=maximum, step=step, value=value, label=label, info=info,
+                     elem_id=elem_id)
+
+
+def _model_choices() -> list[str]:
+    choices = [EMBEDDED, "HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-360M-Instruct",
+               "Qwen/Qwen2.5-0.5B-Instruct"]
+    default = default_model()
+    return [default] + [c for c in choices if c != default]
+
+
+def build_app() -> gr.Blocks:
+    document = handlers.default_document()
+    first_preview, first_note = handlers.preview(document, default_model(), "imdc", "linear", 512, 512, 4,
+                                                 DEFAULT_MAX_TOKENS)
+    with gr.Blocks(title="memstep: memorize step by step") as demo:
+        gr.HTML(HEADER)
+        doc_state = gr.State(document)
+        view_state = gr.State(None)
+        with gr.Tabs():
+            with gr.Tab("Run", id="run"):
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=4, min_width=330, elem_id="memstep-controls"):
+                        with gr.Group():
+                            example = gr.Dropdown(list(EXAMPLES), value=DEFAULT_EXAMPLE, label="Example document",
+                                                  elem_id="example")
+                            upload = gr.File(label=f"…or upload a document ({' '.join(SUPPORTED_EXTENSIONS)}, up to "
+                                                   f"{MAX_FILE_BYTES // 2**20} MB)",
+                                             file_types=list(SUPPORTED_EXTENSIONS), type="filepath", height=150,
+                                             elem_id="upload")
+                        doc_info = gr.Markdown(handlers.describe_document(document, default_model()),
+                                               elem_id="doc-info", elem_classes="memstep-note")
+                        question = gr.Textbox(document.question, label="Question (optional)", lines=1,
+                                              elem_id="question")
+                        schedule = gr.Radio(SCHEDULE_CHOICES, value="imdc", label="Schedule", elem_id="schedule")
+                        growth = gr.Dropdown(list(GROWTHS), value="linear", label="Growth curve (IM and IMDC)",
+                                             elem_id="growth")
+                        chunk = _number_slider("Chunk size c (tokens)", 512, 16, 8192, 16, "chunk")
+                        memory = _number_slider("Memory size M (tokens)", 512, 0, 8192, 16, "memory")
+                        with gr.Row():
+                            sinks = gr.Number(4, label="Sinks", minimum=0, maximum=256, precision=0,
+                                              elem_id="sinks", min_width=90)
+                            max_tokens = gr.Number(DEFAULT_MAX_TOKENS, label="Max tokens", minimum=1, precision=0,
+                                                   elem_id="max-tokens", min_width=90)
+                        scorer = gr.Dropdown(list(SCORERS), value="chunk-attention", label="Scorer", elem_id="scorer")
+                        model = gr.Dropdown(_model_choices(), value=default_model(), allow_custom_value=True,
+                                            label="Model", info="'embedded': SmolLM2-135M-Instruct shipped with "
+                                            "memstep. Or a hub id, a local folder or a .gguf file.",
+                                            elem_id="model")
+                        full_reference = gr.Checkbox(False, label="Also answer from the full cache (reference)",
+                                                     info="One more prefill, with nothing evicted.",
+                                                     elem_id="full-reference")
+                        with gr.Row():
+                            run = gr.Button("Run", variant="primary", elem_id="run")
+                            stop = gr.Button("Stop", variant="stop", elem_id="stop")
+                    with gr.Column(scale=9):
+                        stats = gr.HTML(stat_cards([("state", "run", "not run yet")]), elem_id="stats")
+                        preview_note = gr.Markdown(first_note, elem_id="preview-note", elem_classes="memstep-note")
+                        sizes_plot = gr.Plot(first_preview, label="Chunk and memory per step", show_label=False, elem_id="sizes-plot")
+                        replay_step = gr.Slider(0, 1, value=0, step=1, label="Replay: the run after step (0 = before the first)",
+                                                interactive=False, elem_id="replay")
+                        retained_plot = gr.Plot(
+                            placeholder_figure("Press Run: the retained-token map fills in step by step",
+                                               "Retained tokens: what memory holds after each step", 340),
+                            show_label=False, elem_id="retained-plot")
+                        with gr.Row():
+                            memory_plot = gr.Plot(placeholder_figure("Memory per step appears here",
+                                                                     "Memory per step", 300),
+                                                  show_label=False, elem_id="memory-plot")
+                            seconds_plot = gr.Plot(placeholder_figure("Seconds per step appear here",
+                                                                      "Seconds per step", 300),
+                                                   show_label=False, elem_id="seconds-plot")
+                        answer = gr.Markdown(answer_markdown(None), elem_id="answer", container=True)
+                        text = gr.HTML(elem_id="retained-text")
+                        with gr.Accordion("How to read these views", open=False):
+                            gr.Markdown(GUIDE)
+
+            with gr.Tab("Compare", id="compare"):
+                gr.Markdown("Run up to three configurations one after another on the **document, model, question, "
+                            "sinks and max tokens chosen on the Run tab**, and compare them side by side. Ratios are "
+                            "against the first FM configuration.", elem_classes="memstep-note")
+                config_inputs = []
+                for i, (on, name, curve) in enumerate(COMPARE_DEFAULTS, start=1):
+                    with gr.Row(equal_height=True):
+                        config_inputs += [
+                            gr.Checkbox(on, label=f"configuration {i}", elem_id=f"cmp{i}-on", scale=1, min_width=120),
+                            gr.Dropdown(SCHEDULE_CHOICES, value=name, label="schedule", elem_id=f"cmp{i}-schedule",
+                                        scale=1, min_width=100),
+                            gr.Dropdown(list(GROWTHS), value=curve, label="growth", scale=1, min_width=120),
+                            gr.Number(512, label="chunk", precision=0, minimum=1, scale=1, min_width=90),
+                            gr.Number(512, label="memory", precision=0, minimum=0, scale=1, min_width=90),
+                            gr.Dropdown(list(SCORERS), value="chunk-attention", label="scorer", scale=2,
+                                        min_width=140),
+                        ]
+                with gr.Row():
+                    compare_run = gr.Button("Run comparison", variant="primary", elem_id="compare-run")
+                    compare_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
+                compare_status = gr.Markdown(elem_id="compare-status")
+                with gr.Row():
+                    compare_sizes = gr.Plot(compare_sizes_figure([]), show_label=False, elem_id="compare-sizes")
+                    compare_memory = gr.Plot(compare_memory_figure([]), show_label=False, elem_id="compare-memory")
+                compare_table = gr.Dataframe(headers=COMPARE_HEADERS, interactive=False, wrap=True,
+                                             column_widths=COMPARE_WIDTHS,
+                                             elem_id="compare-table")
+
+            for title, module in OPTIONAL_TABS:
+                tab_module = _optional(module)
+                if tab_module is not None:
+                    with gr.Tab(title, id=title.lower()):
+                        tab_module.build_tab()
+
+        # ---- events -----------------------------------------------------------------
+        preview_inputs = [doc_state, model, schedule, growth, chunk, memory, sinks, max_tokens]
+        gr.on([doc_state.change, model.change, schedule.change, growth.change, chunk.change, memory.change,
+               sinks.change, max_tokens.change],
+              handlers.preview, preview_inputs, [sizes_plot, preview_note], trigger_mode="always_last",
+              concurrency_limit=None, show_progress="hidden", api_visibility="private")
+        example.input(handlers.choose_example, [example, model], [doc_state, question, doc_info, upload],
+                      concurrency_limit=None, api_visibility="private")
+        upload.upload(handlers.choose_upload, [upload, doc_state, model], [doc_state, question, doc_info, upload, example],
+                      concurrency_limit=None, api_visibility="private")
+
+        run_outputs = [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, answer, replay_step,
+                       view_state]
+        running = run.click(handlers.run_document,
+                            [doc_state, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens, question,
+                             full_reference], run_outputs,
+                            concurrency_id="prefill", concurrency_limit=1, show_progress="minimal",
+                            show_progress_on=[stats], api_visibility="private")
+        stop.click(handlers.stop_run, [view_state], [stats, answer, replay_step, view_state], cancels=[running],
+                   concurrency_limit=None, api_visibility="private")
+        replay_step.input(handlers.replay, [replay_step, view_state],
+                          [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text],
+                          trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
+                          api_visibility="private")
+
+        comparing = compare_run.click(handlers.compare, [doc_state, model, sinks, max_tokens, question, *config_inputs],
+                                      [compare_status, compare_sizes, compare_memory, compare_table],
+                                      concurrency_id="prefill", concurrency_limit=1, show_progress="minimal",
+                                      show_progress_on=[compare_status], api_visibility="private")
+        compare_stop.click(lambda: "**Stopped.**", None, [compare_status], cancels=[comparing],
+                           concurrency_limit=None, api_visibility="private")
+        api.register()
+    demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
+    return demo
+
+
+def _optional(module: str):
+    """A tab module written elsewhere (ui/plan_tab.py, ui/eval_tab.py): None while absent."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name != module:
+            raise
+        return None
+
+
+def launch_options() -> dict:
+    """Arguments of demo.launch() that shape the page and the server's upload limit."""
+    theme = gr.themes.Soft(primary_hue="blue", neutral_hue="slate",
+                           font=[gr.themes.Font(name) for name in ("Inter", "Segoe UI", "system-ui", "sans-serif")],
+                           font_mono=[gr.themes.Font(name) for name in ("ui-monospace", "monospace")])
+    return {"theme": theme, "css": CSS, "max_file_size": MAX_FILE_BYTES}

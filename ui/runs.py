@@ -1,0 +1,146 @@
+"""Preparing and running a document for the app.
+
+``prefill_stream`` is the one function that touches the accelerator. On Hugging Face
+ZeroGPU ``@spaces.GPU`` runs it in a forked worker, so it yields plain data only (step
+records hold numpy arrays) and every figure is built outside it. Elsewhere the decorator
+is a no-op, and without the ``spaces`` package it is not used at all.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+
+from memstep.documents import tokenize_document
+from memstep.errors import MemstepError
+from memstep.generate import prompt_parts
+from memstep.runner import DocumentRun
+
+from ui.documents import DocumentSource, needle_tokens, token_spans
+from ui.models import get_model
+
+try:  # only on Hugging Face Spaces
+    import spaces
+except ImportError:
+    spaces = None
+
+GPU_SECONDS = int(os.environ.get("MEMSTEP_GPU_SECONDS", "120"))
+DEFAULT_MAX_TOKENS = int(os.environ.get("MEMSTEP_MAX_TOKENS", "4096"))
+RESERVED_TOKENS = 128  # room after the document for the question and the answer
+MAX_NEW_TOKENS = 32
+
+
+def gpu(fn):
+    """``spaces.GPU`` where the package exists (a no-op outside ZeroGPU), else nothing."""
+    return spaces.GPU(duration=GPU_SECONDS)(fn) if spaces is not None else fn
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    schedule: str = "imdc"
+    chunk: int = 512
+    memory: int = 512
+    growth: str = "linear"
+    scorer: str = "chunk-attention"
+    sinks: int = 4
+
+    def label(self) -> str:
+        if self.schedule == "full":
+            return "FULL"
+        growth = f" {self.growth}" if self.schedule in ("im", "imdc") and self.growth != "linear" else ""
+        scorer = f" · {self.scorer}" if self.scorer != "chunk-attention" else ""
+        return f"{self.schedule.upper()}{growth} c{self.chunk} M{self.memory}{scorer}"
+
+    def run_kwargs(self) -> dict:
+        return asdict(self)
+
+
+def settings_from(schedule, chunk, memory, growth, scorer, sinks) -> RunSettings:
+    """Settings from the page's controls (numbers arrive as floats or None)."""
+    def whole(value, name, least):
+        if value is None or value == "":
+            raise MemstepError(f"{name} is empty: type a whole number")
+        number = int(round(float(value)))
+        if number < least:
+            raise MemstepError(f"{name} must be at least {least} (got {number})")
+        return number
+
+    return RunSettings(str(schedule or "imdc").lower(), whole(chunk, "chunk size", 1),
+                       whole(memory, "memory size", 0), growth or "linear", scorer or "chunk-attention",
+                       whole(sinks, "sinks", 0))
+
+
+def check_settings(settings: RunSettings, tokens: int) -> None:
+    """The checks DocumentRun makes on construction, for the preview (no model needed).
+    ``tokens`` counts the prompt head and the document, as the run does."""
+    if settings.schedule == "full":
+        return
+    if settings.chunk > tokens:
+        raise MemstepError(f"chunk size {settings.chunk} is larger than the document ({tokens} tokens with "
+                           f"the prompt): use a chunk of at most {tokens}, or schedule 'full'")
+    if settings.memory < settings.sinks:
+        raise MemstepError(f"memory size {settings.memory} is smaller than the {settings.sinks} sink tokens: "
+                           f"use a memory of at least {settings.sinks}")
+
+
+@dataclass
+class PreparedDocument:
+    """A document's tokens as a run will prefill them, cut to the limits."""
+
+    source: DocumentSource
+    ids: list[int]
+    spans: list[tuple[int, int]]  # character span of each token in source.text
+    prefix_tokens: int  # the chat template's head, prefilled before the document
+    needle: tuple[int, int] | None  # needle tokens [start, end) in document positions
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the run prefills: prompt head + document."""
+        return self.prefix_tokens + len(self.ids)
+
+
+def document_limit(max_tokens: int | None, context: int, prefix_tokens: int) -> tuple[int, str]:
+    """How many document tokens a run takes, and which limit sets it."""
+    room = context - prefix_tokens - RESERVED_TOKENS
+    if max_tokens is not None and max_tokens < 1:
+        raise MemstepError(f"max tokens must be at least 1 (got {max_tokens})")
+    if max_tokens is not None and max_tokens <= room:
+        return int(max_tokens), "the max tokens setting"
+    return room, f"the model's {context:,}-token context"
+
+
+def prepare(source: DocumentSource, tokenizer, max_tokens: int | None, context: int) -> PreparedDocument:
+    """Tokenize ``source`` and cut it to ``max_tokens`` and the model's context, with a notice."""
+    prefix = len(prompt_parts(tokenizer).head)
+    ids, _ = tokenize_document(source.text, tokenizer, None)
+    limit, reason = document_limit(max_tokens, context, prefix)
+    notices = []
+    if len(ids) > limit:
+        notices.append(f"Document truncated from {len(ids):,} to {limit:,} tokens ({reason}).")
+        ids = ids[:limit]
+    spans = token_spans(source.text, tokenizer, ids)
+    needle = needle_tokens(spans, source.needle_chars)
+    if source.needle_chars is not None and needle is None:
+        notices.append("The passkey sentence was cut off by the truncation: raise max tokens to include it.")
+    return PreparedDocument(source, ids, spans, prefix, needle, notices)
+
+
+@gpu
+def prefill_stream(model_spec: str, ids: list[int], settings: RunSettings, question: str | None,
+                   full_reference: bool = False, notices: list[str] | None = None) -> Iterator[tuple]:
+    """Run the prefill and yield, as plain data: ("schedule", Schedule), one ("step",
+    StepRecord) per step, ("result", RunResult) once the answer is in, then, when asked
+    and there is a question, ("full", RunResult) of the same document with the full cache."""
+    lm = get_model(model_spec)
+    run = DocumentRun(lm, ids, question=question, max_new_tokens=MAX_NEW_TOKENS, notices=notices,
+                      **settings.run_kwargs())
+    yield "schedule", run.schedule
+    for record in run:
+        yield "step", record
+    yield "result", run.result
+    if full_reference and run.question:
+        full = DocumentRun(lm, ids, schedule="full", sinks=settings.sinks, question=run.question,
+                           max_new_tokens=MAX_NEW_TOKENS)
+        yield "full", full.run()

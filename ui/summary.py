@@ -1,0 +1,101 @@
+"""Numbers the page shows about runs: key statistics and the comparison table. Pure."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from memstep.memory import format_bytes
+from memstep.passkey import answer_contains_passkey
+from memstep.records import RunResult, StepRecord
+
+
+def needle_kept(record: StepRecord, needle: tuple[int, int] | None) -> float | None:
+    """Mean fraction of layer-head slots keeping the needle's tokens after ``record``'s step
+    (``needle`` in input positions); None without a needle or before it was read."""
+    if needle is None or record.tokens_seen < needle[1]:
+        return None
+    return float(np.mean(record.kept_fraction()[needle[0]:needle[1]]))
+
+
+def passkey_verdict(answer: str | None, passkey: str | None) -> str:
+    if passkey is None or answer is None:
+        return "—"
+    return "✓ yes" if answer_contains_passkey(answer, passkey) else "✗ no"
+
+
+def above_weights(records: Sequence[StepRecord], measured: bool = False) -> int | None:
+    """Peak bytes (modeled, or measured) above the constant weights."""
+    if not records:
+        return None
+    weights = records[0].bytes_modeled_parts.get("weights", 0)
+    values = [r.bytes_measured if measured else r.bytes_modeled for r in records]
+    values = [v for v in values if v is not None]
+    return max(values) - weights if values else None
+
+
+def stat_cards(items: Sequence[tuple[str, str, str]]) -> str:
+    """A row of small cards: (key, label, value); ``data-stat=key`` lets tests find them."""
+    cards = "".join(
+        f'<div class="memstep-stat" data-stat="{html.escape(key)}"><div class="memstep-stat-label">'
+        f'{html.escape(label)}</div><div class="memstep-stat-value">{html.escape(value)}</div></div>'
+        for key, label, value in items)
+    return f'<div class="memstep-stats">{cards}</div>'
+
+
+@dataclass
+class ComparedRun:
+    """One configuration of a comparison, as far as it has run."""
+
+    label: str
+    schedule: str
+    records: list[StepRecord]
+    steps: int
+    result: RunResult | None = None  # set when the run (and its answer) finished
+    passkey: str | None = None
+    needle: tuple[int, int] | None = None  # input positions
+
+
+COMPARE_HEADERS = ["run", "steps", "seconds", "× FM time", "peak measured", "peak modeled",
+                   "above weights", "× FM memory", "kept tokens", "passkey kept", "answer", "passkey answered"]
+COMPARE_WIDTHS = ["13%", "5%", "6%", "6%", "7%", "7%", "7%", "6%", "8%", "7%", "20%", "8%"]
+
+
+def _ratio(value: float | None, reference: float | None) -> str:
+    if value is None or not reference:
+        return "—"
+    return f"{value / reference:.2f}×"
+
+
+def compare_rows(runs: Sequence[ComparedRun]) -> list[list[str]]:
+    """One row per run: time, peak bytes measured and modeled, kept tokens, passkey, and
+    ratios against the first FM run (— when there is none or it has not finished)."""
+    fm = next((r for r in runs if r.schedule == "fm" and r.result is not None), None)
+    fm_seconds = sum(s.seconds for s in fm.records) if fm else None
+    fm_memory = above_weights(fm.records) if fm else None
+    rows = []
+    for run in runs:
+        seconds = sum(s.seconds for s in run.records)
+        done = run.result is not None
+        last = run.records[-1] if run.records else None
+        kept = needle_kept(last, run.needle) if last is not None else None
+        measured = max((s.bytes_measured for s in run.records if s.bytes_measured is not None), default=None)
+        modeled = max((s.bytes_modeled for s in run.records), default=None)
+        rows.append([
+            run.label + ("" if done else " (running)" if run.records else " (waiting)"),
+            f"{len(run.records)}/{run.steps}",
+            f"{seconds:.2f}" if run.records else "—",
+            _ratio(seconds, fm_seconds) if done else "—",
+            format_bytes(measured) if run.records else "—",
+            format_bytes(modeled) if modeled is not None else "—",
+            format_bytes(above_weights(run.records)) if run.records else "—",
+            _ratio(above_weights(run.records), fm_memory) if done else "—",
+            f"{last.memory_after:,} of {last.tokens_seen:,}" if last is not None else "—",
+            f"{kept:.0%}" if kept is not None else "—",
+            (run.result.answer or "") if done else "",
+            passkey_verdict(run.result.answer if done else None, run.passkey),
+        ])
+    return rows

@@ -1,0 +1,147 @@
+"""What the Run tab shows for a run at a given step: figures, key numbers, text, answers.
+
+``RunView`` holds everything one run produced (plain data, kept in the session's state),
+and ``render`` turns it into the page's views at any step, so streaming and the replay
+slider draw the same things.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from memstep.memory import format_bytes
+from memstep.records import RunResult, StepRecord
+from memstep.schedules import Schedule
+
+from ui.figures import memory_figure, placeholder_figure, retained_map_figure, schedule_figure, seconds_figure
+from ui.highlight import highlight_html
+from ui.runs import PreparedDocument, RunSettings
+from ui.summary import needle_kept, passkey_verdict, stat_cards
+
+
+@dataclass
+class RunView:
+    document: PreparedDocument
+    settings: RunSettings
+    schedule: Schedule
+    records: list[StepRecord] = field(default_factory=list)
+    result: RunResult | None = None
+    full: RunResult | None = None
+    seconds: float = 0.0  # wall-clock since Run, model load and answer included
+    stopped: bool = False
+
+    @property
+    def steps(self) -> int:
+        return self.schedule.steps
+
+    @property
+    def needle(self) -> tuple[int, int] | None:
+        """The passkey's tokens in input positions (prompt head included)."""
+        needle, prefix = self.document.needle, self.document.prefix_tokens
+        return None if needle is None else (prefix + needle[0], prefix + needle[1])
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None
+
+
+@dataclass
+class Rendered:
+    sizes: object
+    retained: object
+    memory: object
+    seconds: object
+    text: str
+
+
+def render(view: RunView, step: int | None = None) -> Rendered:
+    """The views as they were after ``step`` (0-based; -1: before the first; None: the
+    latest step run)."""
+    records = view.records if step is None else view.records[: step + 1]
+    current = records[-1].step if records else None
+    replaying = step is not None and step < len(view.records) - 1
+    highlight = current if (replaying or len(records) < view.steps) else None
+    sizes = schedule_figure(view.schedule, view.settings.sinks, done=len(records), current=highlight)
+    if records:
+        retained = retained_map_figure(records, view.schedule.tokens, view.steps,
+                                       prefix_tokens=view.document.prefix_tokens, sinks=view.settings.sinks,
+                                       needle=view.needle, current=current)
+    else:
+        retained = placeholder_figure("The retained-token map fills in as the steps run",
+                                      "Retained tokens: what memory holds after each step", 340)
+    return Rendered(sizes, retained, memory_figure(records, view.steps, height=300),
+                    seconds_figure(records, view.steps), text_view(view, records[-1] if records else None))
+
+
+def text_view(view: RunView, record: StepRecord | None) -> str:
+    """The document with the memory after ``record``'s step highlighted."""
+    doc = view.document
+    count = len(doc.ids)
+    fractions = np.full(count, np.nan)
+    if record is not None:
+        kept = record.kept_fraction()[doc.prefix_tokens:]
+        fractions[: len(kept)] = kept[:count]
+        caption = (f"Memory after step {record.step + 1} of {view.steps}: shade = fraction of the "
+                   f"{record.kept_positions.shape[0]} layers × {record.kept_positions.shape[1]} KV heads that keep "
+                   "the token; grey text is not read yet.")
+    else:
+        caption = "Not run yet."
+    if doc.notices:
+        caption += " " + " ".join(doc.notices)
+    return highlight_html(doc.source.text, doc.spans, fractions, doc.source.needle_chars, caption)
+
+
+def stats_html(view: RunView, step: int | None = None) -> str:
+    """Key numbers of the run after ``step`` (None: the latest)."""
+    records = view.records if step is None else view.records[: step + 1]
+    last = records[-1] if records else None
+    measured = max((r.bytes_measured for r in records if r.bytes_measured is not None), default=None)
+    modeled = max((r.bytes_modeled for r in records), default=None)
+    seconds = sum(r.seconds for r in records)
+    if view.stopped:
+        state = "stopped"
+    elif view.finished and (step is None or step == len(view.records) - 1):
+        state = "done"
+    elif step is not None and view.finished:
+        state = "replay"
+    else:
+        state = "running"
+    items = [
+        ("state", "run", f"{state} · {view.settings.label()}"),
+        ("steps", "step", f"{len(records)} / {view.steps}"),
+        ("tokens", "tokens read", f"{last.tokens_seen if last else 0:,} / {view.schedule.tokens:,}"),
+        ("memory", "memory kept", f"{last.memory_after:,} per layer" if last else "—"),
+        ("seconds", "prefill seconds", f"{seconds:.1f} s"),
+        ("modeled", "peak modeled", format_bytes(modeled) if modeled is not None else "—"),
+        ("measured", "peak measured", format_bytes(measured) if measured is not None else "n/a on this device"),
+    ]
+    kept = needle_kept(last, view.needle) if last is not None else None
+    if view.needle is not None:
+        items.append(("passkey", "passkey in memory", f"{kept:.0%} of slots" if kept is not None else "not read yet"))
+    return stat_cards(items)
+
+
+def answer_markdown(view: RunView | None) -> str:
+    if view is None:
+        return "*Run a document with a question to see the answer from the compressed memory.*"
+    question = view.result.question if view.result else None
+    if view.result is None:
+        return "*The answer appears when the prefill is done.*" if not view.stopped else "*Stopped before the answer.*"
+    if not question:
+        return "*No question was asked: type one and run again to see the answer from the compressed memory.*"
+    passkey = view.document.source.passkey
+    lines = [f"**Question:** {html.escape(question)}", "",
+             f"**From the compressed memory ({view.settings.label()}):** {html.escape(view.result.answer or '')}"]
+    if passkey:
+        lines[-1] += f" &nbsp; passkey {passkey}: **{passkey_verdict(view.result.answer, passkey)}**"
+    if view.full is not None:
+        lines += ["", f"**From the full cache (reference):** {html.escape(view.full.answer or '')}"]
+        if passkey:
+            lines[-1] += f" &nbsp; passkey {passkey}: **{passkey_verdict(view.full.answer, passkey)}**"
+    notices = (view.result.notices or [])
+    if notices:
+        lines += ["", "*" + " ".join(html.escape(n) for n in notices) + "*"]
+    return "\n".join(lines)
