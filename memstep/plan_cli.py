@@ -41,7 +41,7 @@ def register(subparsers) -> None:
     p.add_argument("--keep-maps", action="store_true",
                    help="padded only: also count every layer's attention maps, which the reference code "
                         "keeps until its forward returns")
-    p.add_argument("--tflops", type=float, default=None, help="replace the GPU's peak TFLOP/s")
+    p.add_argument("--tflops", type=float, default=None, help="replace the GPU's dense 16-bit peak TFLOP/s")
     p.add_argument("--bandwidth", type=float, default=None, help="replace the GPU's bandwidth (GB/s)")
     p.add_argument("--gpu-memory", type=float, default=None, help="replace the GPU's memory (GiB)")
     p.add_argument("--efficiency", type=float, default=planner.DEFAULT_EFFICIENCY,

@@ -175,6 +175,8 @@ def read_config(path: str | Path) -> dict:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise MemstepError(f"{path} is not a valid config.json: {err}") from err
+    except OSError as err:
+        raise MemstepError(f"cannot read {path}: {err.strerror}") from err
     if not isinstance(config, dict):
         raise MemstepError(f"{path} is not a valid config.json: expected a JSON object")
     return config
@@ -205,7 +207,8 @@ def resolve_model(model, dtype: str = "bf16") -> ModelShape:
 
 def resolve_gpu(gpu="h100-80gb", tflops: float | None = None, bandwidth_gbs: float | None = None,
                 memory_gib: float | None = None) -> Gpu:
-    """A preset (optionally with some numbers replaced) or, with ``gpu='custom'``, your own."""
+    """A preset (optionally with some numbers replaced) or, with ``gpu='custom'``, your own.
+    ``tflops`` is the dense 16-bit peak; a custom GPU uses it for fp32 too."""
     for label, value in (("TFLOP/s", tflops), ("bandwidth", bandwidth_gbs), ("GPU memory", memory_gib)):
         if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise MemstepError(f"{label} must be a positive number (got {value})")
