@@ -22,7 +22,7 @@ GIB = 1 << 30
 MAX_BARS = 300  # more steps than this are drawn as stacked areas over sampled steps
 MAX_POINTS = 1200  # sampled steps per schedule for long schedules (each bin keeps its peak step)
 SHARED_SCALE_RATIO = 4.0  # side-by-side panels share a y axis unless one peak dwarfs another
-LIMIT_SHOWN_ABOVE = 1.5  # the GPU limit line is drawn when it is at most this far above the bars
+LIMIT_SHOWN_ABOVE = 2.0  # the GPU limit line is drawn when it is at most this far above the bars
 NOTE_Y = -0.24  # notes under the plots, below the x-axis titles
 FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
 PART_COLORS = {"weights": "#cbd5e1", "kv_memory": "#3b82f6", "kv_chunk": "#f59e0b", "attention": "#8b5cf6",
@@ -260,7 +260,8 @@ def build_tab() -> dict:
         attention = gr.Radio(list(ATTENTIONS), value=DEFAULTS["attention"], label="attention",
                              info="padded = the seed paper's reference code: (memory + chunk)² maps")
         schedules = gr.CheckboxGroup([(SCHEDULE_LABELS[s], s) for s in planner.PLAN_SCHEDULES],
-                                     value=DEFAULTS["schedules"], label="schedules side by side")
+                                     value=DEFAULTS["schedules"], label="schedules side by side",
+                                     elem_id="plan-schedules")
         keep_maps = gr.Checkbox(False, label="padded: count every layer's maps (reference code as written)")
         include_weights = gr.Checkbox(False, label="draw the weights")
     with gr.Accordion("your own model config.json or GPU numbers", open=False):
@@ -287,11 +288,13 @@ def build_tab() -> dict:
     table = gr.Dataframe(first[3], headers=TABLE_HEADERS, label="peaks, totals and ratios", interactive=False,
                          wrap=True, elem_id="plan-table", column_widths=TABLE_WIDTHS)
     outputs = [summary, memory_plot, time_plot, table]
-    button.click(on_plan, inputs, outputs, api_visibility="private")
-    for control in (model, config_file, gpu, dtype, growth, attention, schedules, keep_maps, include_weights):
-        control.change(on_plan, inputs, outputs, api_visibility="private", show_progress="hidden")
-    for number in (tokens, chunk, memory, sinks, tflops, bandwidth, gpu_memory):
-        number.submit(on_plan, inputs, outputs, api_visibility="private", show_progress="hidden")
+    # planning is arithmetic: no queue slot to wait for, and only the latest change matters
+    quick = dict(api_visibility="private", concurrency_limit=None, trigger_mode="always_last")
+    button.click(on_plan, inputs, outputs, **quick)
+    triggers = [c.change for c in (model, config_file, gpu, dtype, growth, attention, schedules, keep_maps,
+                                   include_weights)]
+    triggers += [n.submit for n in (tokens, chunk, memory, sinks, tflops, bandwidth, gpu_memory)]
+    gr.on(triggers, on_plan, inputs, outputs, show_progress="hidden", **quick)
     return dict(zip(["model", "config_file", "gpu", "dtype", "tokens", "chunk", "memory", "growth", "attention",
                      "schedules", "sinks", "keep_maps", "include_weights", "tflops", "bandwidth", "gpu_memory"],
                     inputs)) | {"button": button, "summary": summary, "memory_plot": memory_plot,
