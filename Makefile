@@ -56,10 +56,15 @@ $(KVPRESS_VENV)/.installed: peers/requirements.txt
 
 kvpress-venv: $(KVPRESS_VENV)/.installed
 
-# The default evaluation grid (about 30 minutes on a quiet 2-core machine); resumable:
-# rerunning recomputes nothing already in results/cells.jsonl. Wider grids: `memstep eval --help`.
-BENCH_GRID ?= --lengths 2048,8192 --depths 0.1,0.5,0.9 --seeds 0 --schedules full,fm,im,imdc \
-	--scorers chunk-attention,snapkv --budgets 512 --chunk 512 \
-	--peers kvpress,hf --presses snapkv,knorm,streaming-llm,observed-attention
+# The default evaluation grid, sized for this shared 2-core machine (about 12 minutes when
+# quiet): the 8k-token cost comparison at one depth, then the depth x length heatmaps at 1k
+# and 2k. Resumable: rerunning recomputes nothing already in results/cells.jsonl.
+# Wider grids (more depths, seeds, budgets, IM growths, scorers, observed-attention):
+# `memstep eval --help`, e.g. make bench BENCH_8K="--depths 0.1,0.5,0.9 ..."
+BENCH_COMMON ?= --schedules full,fm,imdc --scorers chunk-attention --budgets 512 --chunk 512 \
+	--presses snapkv,knorm,streaming-llm --output results
+BENCH_8K ?= --lengths 8192 --depths 0.5 --peers kvpress
+BENCH_SHORT ?= --lengths 1024,2048 --depths 0.1,0.5,0.9 --peers kvpress,hf
 bench: model kvpress-venv chromium
-	$(VENV)/bin/memstep eval $(BENCH_GRID) --output results --readme README.md
+	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_8K) --quiet > /dev/null
+	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_SHORT) --readme README.md

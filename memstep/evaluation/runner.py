@@ -130,13 +130,14 @@ def run_group(config: Config, cases: list[Case], keys: list[str], settings: Eval
 
 def run_grid(configs: list[Config], cases: list[Case], settings: EvalSettings, store: ResultStore,
              on_cell: Callable[[dict], None] | None = None, kvpress_python=None) -> RunReport:
-    """Every (configuration, case) cell not yet in the store; shorter lengths first, so an
-    interrupted run has whole lengths rather than whole configurations."""
+    """Every (configuration, case) cell not yet in the store; the longest length first (where
+    the configurations differ most), so an interrupted run has whole lengths rather than
+    whole configurations."""
     for config in configs:  # a missing peer virtualenv fails before any work, not halfway
         worker_command(config, "-", kvpress_python)
     report = RunReport()
     fields = settings.key_fields()
-    for length in sorted({c.length for c in cases}):
+    for length in sorted({c.length for c in cases}, reverse=True):
         group = [c for c in cases if c.length == length]
         for config in configs:
             keys = [cell_key(config, c.cell, fields) for c in group]

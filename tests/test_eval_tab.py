@@ -1,0 +1,92 @@
+"""The Evaluate tab's pure parts and the evaluation figures, on a hand-made summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from memstep.evaluation import metrics, plots
+
+try:
+    from test_eval import _cell
+except ImportError:  # tests/ imported as a package
+    from tests.test_eval import _cell
+
+
+@pytest.fixture
+def summary():
+    cells = []
+    for length in (1024, 8192):
+        for depth in (0.1, 0.5, 0.9):
+            cells += [_cell("memstep full", "memstep", length, depth, True, 2.0, 40, 5000 * 2**20),
+                      _cell("imdc ca M=512", "memstep", length, depth, depth != 0.5, 2.4, 20, 800 * 2**20,
+                            "imdc", 512, "ca"),
+                      _cell("kvpress snapkv M=512", "kvpress", length, depth, True, 2.1, 25, 4000 * 2**20,
+                            "full", 512, "snapkv"),
+                      _cell("hf full cache", "hf", length, depth, True, 2.0, 38, 5100 * 2**20)]
+    return metrics.summarize(cells)
+
+
+def test_heatmap_figure_has_one_panel_per_configuration(summary):
+    fig = plots.heatmap_figure(summary)
+    heatmaps = [t for t in fig.data if t.type == "heatmap"]
+    assert len(heatmaps) == 4
+    imdc = heatmaps[[a.text for a in fig.layout.annotations].index("imdc ca M=512")]
+    assert list(imdc.y) == ["10%", "50%", "90%"] and list(imdc.x) == ["1k", "8k"]
+    assert [list(row) for row in imdc.z] == [[100, 100], [0, 0], [100, 100]]
+    assert sum(1 for t in heatmaps if t.showscale) == 1
+
+
+def test_tradeoff_figure_marks_peers(summary):
+    fig = plots.tradeoff_figure(summary)
+    by_name = {t.name: t for t in fig.data}
+    assert set(by_name) == {"memstep", "kvpress", "HF full cache"}
+    assert by_name["kvpress"].marker.symbol == "diamond" and by_name["HF full cache"].marker.symbol == "star"
+    memstep = by_name["memstep"]
+    assert list(memstep.text) == ["imdc ca M=512", "memstep full"]
+    assert list(memstep.x) == [800, 5000] and list(memstep.y) == [pytest.approx(200 / 3), 100]
+    assert memstep.marker.size[1] > memstep.marker.size[0]  # slower = bigger
+    assert "8192 tokens" in fig.layout.title.text
+    assert "1024 tokens" in plots.tradeoff_figure(summary, 1024).layout.title.text
+
+
+def test_figures_of_empty_results():
+    empty = {"rows": [], "heatmaps": {}}
+    assert plots.heatmap_figure(empty).layout.annotations[0].text.startswith("no passkey")
+    assert plots.tradeoff_figure(empty).layout.annotations[0].text.startswith("no results")
+
+
+def test_latest_results_and_table(tmp_path, summary):
+    from ui import eval_tab
+
+    assert eval_tab.latest_results([tmp_path / "none"]) is None
+    assert "No evaluation results" in eval_tab.headline(None)
+    old, new = tmp_path / "old", tmp_path / "new"
+    for folder, rows in ((old, []), (new, summary["rows"])):
+        folder.mkdir()
+        (folder / "summary.json").write_text(json.dumps({**summary, "rows": rows}))
+    os.utime(old / "summary.json", (time.time() - 60, time.time() - 60))
+    folder, found = eval_tab.latest_results([old, new])
+    assert folder == new and eval_tab.lengths(found) == [1024, 8192]
+    rows = eval_tab.table_rows(found)
+    assert len(rows[0]) == len(eval_tab.TABLE_HEADERS)
+    imdc = next(r for r in rows if r[1] == "imdc ca M=512" and r[0] == 8192)
+    assert imdc[2:] == ["memstep", 67.0, 0.4, 92.0, 20.0, 800.0, pytest.approx(800 - 100 / 2**20, abs=1)]
+    assert "4 configurations at 1024, 8192 tokens" in eval_tab.headline((folder, found))
+
+
+def test_build_tab_inside_blocks(tmp_path, monkeypatch, summary):
+    import gradio as gr
+
+    from ui import eval_tab
+
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    monkeypatch.setattr(eval_tab, "RESULT_FOLDERS", (tmp_path,))
+    monkeypatch.delenv("MEMSTEP_RESULTS", raising=False)
+    with gr.Blocks() as demo, gr.Tab("Evaluate"):
+        parts = eval_tab.build_tab()
+    assert set(parts) == {"status", "heatmaps", "tradeoff", "table", "goals"}
+    assert "Goal 1" in parts["goals"].value
