@@ -50,16 +50,19 @@ class LayerState:
             return self._memo[first_row]
         kv_heads, n_keys, dim = self.keys.shape
         heads, rows, _ = self.queries.shape
-        q = self.queries.float().view(kv_heads, heads // kv_heads, rows, dim)
+        device, memory = self.keys.device, self.memory_size
+        # scale the queries, not the (much larger) logits
+        q = (self.queries.float() * self.scaling).view(kv_heads, heads // kv_heads, rows, dim)
         k = self.keys.float().unsqueeze(1).transpose(-1, -2)  # (kv_heads, 1, dim, keys)
-        key_index = torch.arange(n_keys, device=self.keys.device)
-        total = torch.zeros(kv_heads, n_keys, dtype=torch.float32, device=self.keys.device)
+        chunk_index = torch.arange(rows, device=device)
+        total = torch.zeros(kv_heads, n_keys, dtype=torch.float32, device=device)
         for start in range(first_row, rows, QUERY_BLOCK):
             stop = min(start + QUERY_BLOCK, rows)
-            logits = torch.matmul(q[:, :, start:stop], k) * self.scaling
-            # causal: chunk row j sees the memory and chunk keys up to itself
-            visible = key_index[None, :] <= (self.memory_size + torch.arange(start, stop, device=key_index.device))[:, None]
-            logits.masked_fill_(~visible, float("-inf"))
+            logits = torch.matmul(q[:, :, start:stop], k)
+            # causal: every row sees all the memory; chunk row j sees chunk keys up to itself,
+            # so only the chunk's keys need a mask
+            future = chunk_index[None, :] > chunk_index[start:stop, None]
+            logits[..., memory:].masked_fill_(future, float("-inf"))
             total += torch.softmax(logits, dim=-1).sum(dim=(1, 2))
             del logits
         self._memo[first_row] = total
