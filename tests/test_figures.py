@@ -114,7 +114,7 @@ def test_memory_figure_stacks_modeled_parts_without_weights_and_says_measured_is
     fig = figures.memory_figure(records, imdc.steps)
     bars = {t.name: t for t in fig.data if t.type == "bar"}
     assert "weights" not in bars and len(bars) == 4
-    assert list(bars["KV of memory"].y) == pytest.approx([r.bytes_modeled_parts["kv_memory"] / MIB for r in records])
+    assert list(bars["KV memory"].y) == pytest.approx([r.bytes_modeled_parts["kv_memory"] / MIB for r in records])
     assert not [t for t in fig.data if t.type == "scatter"]
     assert "n/a" in fig.layout.xaxis.title.text
     assert "weights" in fig.layout.yaxis.title.text

@@ -9,12 +9,13 @@ import gradio as gr
 from gradio.data_classes import FileData
 
 from memstep.errors import MemstepError
+from memstep.passkey import answer_contains_passkey
 from memstep.schedules import make_schedule
 
 from ui.documents import EXAMPLES, DocumentSource, example, read_upload, with_needle
 from ui.models import context_tokens, get_model, normalize_spec
 from ui.runs import DEFAULT_MAX_TOKENS, check_settings, prefill_stream, prepare, settings_from
-from ui.summary import needle_kept, passkey_verdict
+from ui.summary import needle_kept
 
 
 def _document(text: str, file: FileData | dict | None, example_name: str, tokenizer) -> DocumentSource:
@@ -39,26 +40,27 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
     bundled example. Streams {"event": "step", ...} per step (sizes, seconds, bytes) and
     ends with {"event": "result", ...}: the settings, every step, the fraction of
     layer-head slots keeping each position, the answer to the question from the
-    compressed memory and, for passkey documents, whether the passkey survived."""
+    compressed memory and, for passkey documents, whether the passkey survived. An empty
+    question asks the document's own question (bundled examples, passkey documents)."""
     try:
         settings = settings_from(schedule, chunk, memory, growth, scorer, sinks)
         lm = get_model(model)
         document = prepare(_document(document_text, document_file, example_name, lm.tokenizer), lm.tokenizer,
                            max_tokens, context_tokens(lm))
         check_settings(settings, document.tokens)
-        needle = document.needle and (document.prefix_tokens + document.needle[0],
-                                      document.prefix_tokens + document.needle[1])
+        source, needle = document.source, document.needle
+        passkey = source.passkey if needle is not None else None  # None when truncation cut it off
+        needle = needle and (document.prefix_tokens + needle[0], document.prefix_tokens + needle[1])
         out = {}
-        for kind, item in prefill_stream(normalize_spec(model), document.ids, settings, question,
-                                         full_reference, document.notices):
+        for kind, item in prefill_stream(normalize_spec(model), document.ids, settings,
+                                         question or source.question, full_reference, document.notices):
             if kind == "step":
                 yield {"event": "step", "steps": item.steps, **item.to_dict()}
             elif kind == "result":
-                passkey = document.source.passkey
-                out = {"event": "result", "document": document.source.name, **item.to_dict(),
-                       "passkey": passkey, "passkey_answered": passkey_verdict(item.answer, passkey) == "✓ yes"
-                       if passkey and item.answer is not None else None,
-                       "passkey_kept": needle_kept(item.steps[-1], needle) if needle else None}
+                out = {"event": "result", "document": source.name, **item.to_dict(), "passkey": passkey,
+                       "passkey_kept": needle_kept(item.steps[-1], needle) if needle else None,
+                       "passkey_answered": answer_contains_passkey(item.answer, passkey)
+                       if passkey and item.answer is not None else None}
             elif kind == "full":
                 out["full_answer"] = item.answer
                 out["full_seconds"] = round(item.seconds, 6)

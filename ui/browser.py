@@ -95,3 +95,20 @@ def wait_for_state(page, pattern: str, timeout_s: float = 300) -> None:
     page.wait_for_function(
         "([sel, pat]) => { const el = document.querySelector(sel); return el && new RegExp(pat).test(el.innerText); }",
         arg=['#stats [data-stat="state"] .memstep-stat-value', pattern], timeout=timeout_s * 1000)
+
+
+def upload(page, path) -> None:
+    """Upload a file through the Run tab's file input."""
+    page.locator("#upload input[type=file]").set_input_files(str(path))
+
+
+def wait_for_toast(page, text: str | re.Pattern, timeout_s: float = 60) -> str:
+    """Wait for a toast (error or warning) containing ``text``; returns its text."""
+    toast = page.locator(".toast-body").filter(has_text=text).first
+    toast.wait_for(state="visible", timeout=timeout_s * 1000)
+    return toast.inner_text()
+
+
+def rendered_plots(page, elem_ids) -> int:
+    """How many of the plots ``elem_ids`` have drawn their Plotly SVG."""
+    return sum(page.locator(plot_selector(elem_id)).count() > 0 for elem_id in elem_ids)

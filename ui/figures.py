@@ -39,6 +39,8 @@ PART_COLORS = {
     "attention": "#8b5cf6",
     "activations": "#14b8a6",
 }
+SHORT_LABELS = {"weights": "weights", "kv_memory": "KV memory", "kv_chunk": "KV chunk",
+                "attention": "attention + scorer", "activations": "activations"}
 SERIES = ("#2563eb", "#ea580c", "#059669", "#9333ea", "#db2777")  # one colour per compared run
 # Retained-token map: grey plot background = not read yet, white = read and evicted from
 # every layer-head slot, dark blue = kept by all of them.
@@ -217,29 +219,29 @@ def memory_figure(records: Sequence[StepRecord], steps: int, include_weights: bo
         if part == "weights" and not include_weights:
             continue
         values = [r.bytes_modeled_parts.get(part, 0) / MIB for r in records]
-        fig.add_bar(x=x, y=values, name=f"{PART_LABELS[part]}", marker_color=PART_COLORS[part],
+        fig.add_bar(x=x, y=values, name=SHORT_LABELS[part], marker_color=PART_COLORS[part],
                     hovertemplate=f"step %{{x}}<br>{PART_LABELS[part]} (modeled): %{{y:,.1f}} MiB<extra></extra>")
     measured = [r.bytes_measured for r in records]
     shift = 0 if include_weights else weights
     measured_any = any(m is not None for m in measured)
     if measured_any:
         fig.add_scatter(x=x, y=[None if m is None else (m - shift) / MIB for m in measured],
-                        name="measured device peak" + ("" if include_weights else " − weights"),
+                        name="measured" + ("" if include_weights else " − weights"),
                         mode="lines+markers", line=dict(color=COLORS["measured"], width=2),
                         marker=dict(symbol="diamond", size=7),
-                        hovertemplate="step %{x}<br>measured: %{y:,.1f} MiB<extra></extra>")
-    note = "step · bars modeled, line measured" if measured_any else \
-        "step · modeled (no device counter on CPU: measured n/a)"
-    ytitle = "MiB" if include_weights else f"MiB above the {format_bytes(weights)} of weights"
-    _style(fig, "Memory per step (peak during the step)", height, note, ytitle)
-    fig.update_layout(barmode="stack", bargap=0.25, margin=dict(b=96),
-                      legend=dict(orientation="h", yanchor="top", y=-0.32, xanchor="left", x=0.0))
-    fig.update_xaxes(title=dict(font=dict(size=11, color="#6b7280")))
+                        hovertemplate="step %{x}<br>measured device peak: %{y:,.1f} MiB<extra></extra>")
+    note = ["step", "bars modeled, line measured" if measured_any else "modeled (measured: n/a, no CPU counter)"]
+    if not include_weights:
+        note.append(f"weights ({format_bytes(weights)}) not drawn")
+    _style(fig, "Memory per step (peak during the step)", height, " · ".join(note),
+           "MiB" if include_weights else "MiB above the weights")
+    fig.update_layout(barmode="stack", bargap=0.25, margin=dict(t=84))
+    fig.update_xaxes(title=dict(font=dict(size=11, color="#4b5563")))
     _step_axis(fig, steps)
     return fig
 
 
-def seconds_figure(records: Sequence[StepRecord], steps: int, height: int = 260) -> go.Figure:
+def seconds_figure(records: Sequence[StepRecord], steps: int, height: int = 300) -> go.Figure:
     """Wall-clock seconds of each step's forward pass (and its eviction)."""
     if not records:
         return placeholder_figure("Run to see seconds per step", "Seconds per step", height)
@@ -320,6 +322,6 @@ def compare_memory_figure(runs: Sequence[tuple[str, Sequence[StepRecord]]], heig
             fig.add_scatter(x=x, y=y, mode="lines", name=f"{label}: measured",
                             line=dict(color=color, width=1.5, dash="dash"),
                             hovertemplate=f"{label}<br>position %{{x:,}}<br>measured %{{y:,.1f}} MiB<extra></extra>")
-    note = "solid: modeled, dashed: measured" if measured_any else "modeled (no device counter on CPU: measured n/a)"
-    return _compare_style(fig, "Memory per step above the weights, along the document", height,
-                          f"document position of the step's chunk (tokens) · {note}", "MiB above the weights")
+    note = "solid modeled, dashed measured" if measured_any else "modeled; measured n/a on CPU"
+    return _compare_style(fig, f"Memory per step above the weights ({note})", height,
+                          "document position of the step's chunk (tokens)", "MiB above the weights")

@@ -197,7 +197,8 @@ def compare(doc: DocumentSource, model, sinks, max_tokens, question, *config_val
                 label += "′"
             labels.add(label)
             needle = document.needle
-            runs.append(ComparedRun(label, s.schedule, [], plan.steps, passkey=document.source.passkey,
+            runs.append(ComparedRun(label, s.schedule, [], plan.steps,
+                                    passkey=None if needle is None else document.source.passkey,
                                     needle=None if needle is None else (document.prefix_tokens + needle[0],
                                                                         document.prefix_tokens + needle[1])))
         for notice in document.notices:

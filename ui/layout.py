@@ -143,10 +143,10 @@ def build_app() -> gr.Blocks:
                         with gr.Row():
                             memory_plot = gr.Plot(placeholder_figure("Memory per step appears here",
                                                                      "Memory per step", 300),
-                                                  show_label=False, elem_id="memory-plot")
+                                                  show_label=False, elem_id="memory-plot", scale=3)
                             seconds_plot = gr.Plot(placeholder_figure("Seconds per step appear here",
                                                                       "Seconds per step", 300),
-                                                   show_label=False, elem_id="seconds-plot")
+                                                   show_label=False, elem_id="seconds-plot", scale=2)
                         answer = gr.Markdown(answer_markdown(None), elem_id="answer", container=True)
                         text = gr.HTML(elem_id="retained-text")
                         with gr.Accordion("How to read these views", open=False):

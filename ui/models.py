@@ -11,7 +11,9 @@ import gc
 import os
 import threading
 from collections import OrderedDict
+from pathlib import Path
 
+from memstep.errors import MemstepError
 from memstep.models import EMBEDDED, LoadedModel, default_model, embedded_model_folder, load_model
 
 CAPACITY = max(1, int(os.environ.get("MEMSTEP_APP_MODELS", "2")))
@@ -56,20 +58,34 @@ def _release_memory() -> None:
         pass
 
 
-@functools.lru_cache(maxsize=1)
-def embedded_tokenizer():
+@functools.lru_cache(maxsize=4)
+def tokenizer_only(spec: str):
+    """A model's tokenizer without its weights (the embedded one, a folder, a hub id or a GGUF)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(embedded_model_folder())
+    if spec == EMBEDDED:
+        return AutoTokenizer.from_pretrained(embedded_model_folder())
+    if spec.endswith(".gguf"):
+        path = Path(spec)
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(spec)
+
+
+def embedded_tokenizer():
+    return tokenizer_only(EMBEDDED)
 
 
 def preview_tokenizer(spec: str | None):
-    """(tokenizer, exact): the model's own tokenizer when it is loaded (or is the embedded
-    model), else the embedded tokenizer as an estimate."""
+    """(tokenizer, exact): the model's own tokenizer when it is loaded or is the default
+    model; else the default model's tokenizer as an estimate (no download per keystroke)."""
     lm = cached_model(spec)
     if lm is not None:
         return lm.tokenizer, True
-    return embedded_tokenizer(), normalize_spec(spec) == EMBEDDED
+    default = normalize_spec(None)
+    try:
+        return tokenizer_only(default), normalize_spec(spec) == default
+    except Exception as err:  # noqa: BLE001 - any loader failure reads the same to a user
+        raise MemstepError(f"cannot load the tokenizer of '{default}': {str(err).splitlines()[0][:200]}") from err
 
 
 def context_tokens(lm: LoadedModel | None) -> int:

@@ -44,6 +44,11 @@ class RunView:
         return None if needle is None else (prefix + needle[0], prefix + needle[1])
 
     @property
+    def passkey(self) -> str | None:
+        """The hidden passkey, when the run's (possibly truncated) document still holds it."""
+        return self.document.source.passkey if self.document.needle is not None else None
+
+    @property
     def finished(self) -> bool:
         return self.result is not None
 
@@ -72,7 +77,7 @@ def render(view: RunView, step: int | None = None) -> Rendered:
     else:
         retained = placeholder_figure("The retained-token map fills in as the steps run",
                                       "Retained tokens: what memory holds after each step", 340)
-    return Rendered(sizes, retained, memory_figure(records, view.steps, height=300),
+    return Rendered(sizes, retained, memory_figure(records, view.steps),
                     seconds_figure(records, view.steps), text_view(view, records[-1] if records else None))
 
 
@@ -132,7 +137,7 @@ def answer_markdown(view: RunView | None) -> str:
         return "*The answer appears when the prefill is done.*" if not view.stopped else "*Stopped before the answer.*"
     if not question:
         return "*No question was asked: type one and run again to see the answer from the compressed memory.*"
-    passkey = view.document.source.passkey
+    passkey = view.passkey
     lines = [f"**Question:** {html.escape(question)}", "",
              f"**From the compressed memory ({view.settings.label()}):** {html.escape(view.result.answer or '')}"]
     if passkey:
