@@ -246,7 +246,10 @@ def test_goals_and_dominated(cells):
     assert accuracy["points"] == -50.0 and not accuracy["met"]
     memory = {g["kvpress"]: g for g in summary["goals"]["imdc_vs_kvpress_memory"]}
     assert memory["kvpress snapkv M=512"]["peak_ratio"] == 0.2 and memory["kvpress snapkv M=512"]["met"]
+    assert memory["kvpress snapkv M=512"]["working_ratio"] == pytest.approx(0.179, abs=1e-3)
+    assert memory["kvpress snapkv M=512"]["met_above_baseline"]
     assert not memory["kvpress knorm M=512"]["met"]  # imdc uses more memory and time than knorm
+    assert not memory["kvpress knorm M=512"]["met_above_baseline"]
     beaten = {(d["label"], d["beaten_by"]) for d in summary["dominated"]}
     # less accurate, more memory, more seconds than kvpress snapkv
     assert beaten == {("fm snap M=512", "kvpress snapkv M=512")}
