@@ -31,9 +31,9 @@ model: install
 chromium:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
+# The Gradio app on http://127.0.0.1:7860 with the embedded model (MEMSTEP_MODEL overrides it).
 demo: model
-	$(VENV)/bin/memstep run $(EXAMPLE) --max-tokens 4096 --schedule imdc --chunk 512 --memory 512 \
-		--question "Who is the new tenant of Netherfield Park?"
+	GRADIO_SERVER_NAME=127.0.0.1 GRADIO_SERVER_PORT=7860 $(PY) app.py
 
 test: install-dev model chromium
 	$(PY) -m pytest -q
