@@ -58,12 +58,13 @@ class LayerState:
         total = torch.zeros(kv_heads, n_keys, dtype=torch.float32, device=device)
         for start in range(first_row, rows, QUERY_BLOCK):
             stop = min(start + QUERY_BLOCK, rows)
-            logits = torch.matmul(q[:, :, start:stop], k)
-            # causal: every row sees all the memory; chunk row j sees chunk keys up to itself,
-            # so only the chunk's keys need a mask
-            future = chunk_index[None, :] > chunk_index[start:stop, None]
-            logits[..., memory:].masked_fill_(future, float("-inf"))
-            total += torch.softmax(logits, dim=-1).sum(dim=(1, 2))
+            visible = memory + stop  # keys after the block's last row are hidden from all its rows
+            logits = torch.matmul(q[:, :, start:stop], k[..., :visible])
+            # causal: chunk row j sees the memory and chunk keys up to itself, so only the
+            # block's own (rows x rows) square of chunk keys needs a mask
+            future = chunk_index[None, start:stop] > chunk_index[start:stop, None]
+            logits[..., memory + start:].masked_fill_(future, float("-inf"))
+            total[:, :visible] += torch.softmax(logits, dim=-1).sum(dim=(1, 2))
             del logits
         self._memo[first_row] = total
         return total
