@@ -130,7 +130,7 @@ def test_embedded_model_finds_the_passkey_with_the_full_schedule(embedded):
     doc = make_haystack(PROSE, embedded.tokenizer, 1000, depth=0.6, passkey=48213)
     ids, _ = tokenize_document(doc.text, embedded.tokenizer, None)
     assert 900 <= len(ids) <= 1000
-    run = DocumentRun(embedded, ids, schedule="full", question=doc.question, max_new_tokens=24)
+    run = DocumentRun(embedded, ids, schedule="full", question=doc.question, max_new_tokens=16)
     result = run.run()
     assert answer_contains_passkey(result.answer, 48213), result.answer
     assert run.ask(doc.question) == result.answer
@@ -138,8 +138,8 @@ def test_embedded_model_finds_the_passkey_with_the_full_schedule(embedded):
 
 @pytest.mark.slow
 def test_embedded_model_compressed_memory_costs_likelihood(embedded):
-    ids, _ = tokenize_document(PROSE, embedded.tokenizer, 1000)
+    ids, _ = tokenize_document(PROSE, embedded.tokenizer, 640)
     full = DocumentRun(embedded, ids, schedule="full", continuation_tokens=64).run().continuation_nll
-    compressed = DocumentRun(embedded, ids, schedule="fm", chunk=128, memory=64, scorer="recency",
+    compressed = DocumentRun(embedded, ids, schedule="fm", chunk=96, memory=32, scorer="recency",
                              continuation_tokens=64).run().continuation_nll
     assert 1.0 < full < compressed < 10.0
