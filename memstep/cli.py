@@ -53,6 +53,9 @@ def cmd_run(args) -> int:
         raise MemstepError(f"--memory {args.memory} is smaller than --sinks {args.sinks}")
     if args.scorer not in SCORERS:
         raise MemstepError(f"unknown scorer '{args.scorer}': choose one of {', '.join(SCORERS)}")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # stderr carries memstep's own progress bar and errors only
     lm = load_model(args.model, args.device, args.dtype, args.device_map)
     ids, notice = tokenize_document(text, lm.tokenizer, args.max_tokens)
     notices = [notice] if notice else []

@@ -169,7 +169,9 @@ def test_run_from_stdin(capsys, tiny_lm_folder, monkeypatch):
 def test_run_chunk_larger_than_document(capsys, tiny_lm_folder):
     code, _, err = cli(capsys, "run", EXAMPLE, "--model", tiny_lm_folder, "--max-tokens", 50, "--chunk", 512)
     assert code == 2
-    assert err.strip().splitlines()[-1].startswith("memstep: error: chunk size 512 is larger than the document")
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("Document truncated")  # the --max-tokens notice, then the error
+    assert len(lines) == 2 and lines[1].startswith("memstep: error: chunk size 512 is larger than the document")
 
 
 # ---- real processes --------------------------------------------------------------------------
