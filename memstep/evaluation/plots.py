@@ -33,7 +33,8 @@ def heatmap_figure(summary: dict, labels: list[str] | None = None, columns: int 
         fig.add_trace(go.Heatmap(
             z=z, x=[f"{n // 1024}k" if n % 1024 == 0 else str(n) for n in data["lengths"]],
             y=[f"{round(100 * d)}%" for d in data["depths"]], zmin=0, zmax=100, colorscale="RdYlGn",
-            showscale=i == 0, colorbar={"title": "accuracy %"}, text=z, texttemplate="%{text}",
+            showscale=i == 0, colorbar={"title": "accuracy %"}, texttemplate="%{text}",
+            text=[["" if v is None else str(v) for v in row] for row in z],  # not run: blank
             hovertemplate=f"{label}<br>length %{{x}}<br>depth %{{y}}<br>accuracy %{{z}}%<extra></extra>"),
             row=i // columns + 1, col=i % columns + 1)
     fig.update_yaxes(autorange="reversed")
