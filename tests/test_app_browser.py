@@ -30,13 +30,23 @@ def app_url():
         yield url
 
 
-@pytest.fixture
-def page(app_url):
-    from ui.browser import chromium_page, open_app
+@pytest.fixture(scope="module")
+def browser(app_url):
+    from ui.browser import chromium
 
-    with chromium_page() as page:
-        open_app(page, app_url)
-        yield page
+    with chromium() as browser:
+        yield browser
+
+
+@pytest.fixture
+def page(app_url, browser):
+    """A fresh page (a new Gradio session) sharing the module's browser cache."""
+    from ui.browser import new_page, open_app
+
+    page = new_page(browser) if not browser.contexts else browser.contexts[0].new_page()
+    open_app(page, app_url)
+    yield page
+    page.close()
 
 
 @pytest.fixture(scope="module")
@@ -161,3 +171,29 @@ def test_bad_settings_and_models_show_an_error_and_the_app_keeps_serving(page, t
     set_number(page, "chunk", 1024)
     page.wait_for_function("() => /c1024 M512/.test(document.querySelector('#sizes-plot').innerText)",
                            timeout=15_000)
+
+
+def test_stop_cancels_a_run_and_the_next_run_completes(page, short_document):
+    from ui.browser import choose_schedule, set_number, stat, upload, wait_for_state
+
+    upload(page, short_document)
+    page.wait_for_function("() => /netherfield.txt/.test(document.querySelector('#doc-info').innerText)",
+                           timeout=30_000)
+    choose_schedule(page, "FM")
+    set_number(page, "chunk", 64)  # a dozen short steps
+    page.locator("#run").click()
+    page.wait_for_function("() => document.querySelector('#stats [data-stat=steps] .memstep-stat-value')"
+                           "?.innerText.startsWith('2 /')", timeout=300_000)
+    page.locator("#stop").click()
+    wait_for_state(page, "stopped", timeout_s=30)
+    stopped_at = stat(page, "steps")
+    page.wait_for_timeout(3000)
+    assert stat(page, "steps") == stopped_at  # no step arrives after Stop
+    done, total = (int(x) for x in stopped_at.split(" / "))
+    assert done < total
+    assert "Stopped" in page.locator("#answer").inner_text()
+    assert page.locator("#replay input[type=range]").is_enabled()  # the steps so far can be replayed
+    set_number(page, "chunk", 512)
+    page.locator("#run").click()  # the model is free again: the next run goes through
+    wait_for_state(page, "done", timeout_s=600)
+    assert stat(page, "steps") == "2 / 2"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import closing
 
 import gradio as gr
 from gradio.data_classes import FileData
@@ -52,18 +53,19 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
         passkey = source.passkey if needle is not None else None  # None when truncation cut it off
         needle = needle and (document.prefix_tokens + needle[0], document.prefix_tokens + needle[1])
         out = {}
-        for kind, item in prefill_stream(normalize_spec(model), document.ids, settings,
-                                         question or source.question, full_reference, document.notices):
-            if kind == "step":
-                yield {"event": "step", "steps": item.steps, **item.to_dict()}
-            elif kind == "result":
-                out = {"event": "result", "document": source.name, **item.to_dict(), "passkey": passkey,
-                       "passkey_kept": needle_kept(item.steps[-1], needle) if needle else None,
-                       "passkey_answered": answer_contains_passkey(item.answer, passkey)
-                       if passkey and item.answer is not None else None}
-            elif kind == "full":
-                out["full_answer"] = item.answer
-                out["full_seconds"] = round(item.seconds, 6)
+        with closing(prefill_stream(normalize_spec(model), document.ids, settings, question or source.question,
+                                    full_reference, document.notices)) as stream:
+            for kind, item in stream:
+                if kind == "step":
+                    yield {"event": "step", "steps": item.steps, **item.to_dict()}
+                elif kind == "result":
+                    out = {"event": "result", "document": source.name, **item.to_dict(), "passkey": passkey,
+                           "passkey_kept": needle_kept(item.steps[-1], needle) if needle else None,
+                           "passkey_answered": answer_contains_passkey(item.answer, passkey)
+                           if passkey and item.answer is not None else None}
+                elif kind == "full":
+                    out["full_answer"] = item.answer
+                    out["full_seconds"] = round(item.seconds, 6)
         yield out
     except MemstepError as err:
         raise gr.Error(str(err), title="memstep", print_exception=False) from err

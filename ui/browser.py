@@ -38,8 +38,8 @@ def serve(demo):
 
 
 @contextmanager
-def chromium_page(viewport: dict | None = None):
-    """A page in headless Chromium (device scale 1, so screenshots are deterministic)."""
+def chromium():
+    """Headless Chromium (Debian's), closed afterwards."""
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists():
@@ -47,10 +47,21 @@ def chromium_page(viewport: dict | None = None):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
         try:
-            page = browser.new_page(viewport=viewport or VIEWPORT, device_scale_factor=1)
-            yield page
+            yield browser
         finally:
             browser.close()
+
+
+def new_page(browser, viewport: dict | None = None):
+    """A page in a fresh context (no cache, no state), device scale 1 so screenshots are
+    deterministic."""
+    return browser.new_context(viewport=viewport or VIEWPORT, device_scale_factor=1).new_page()
+
+
+@contextmanager
+def chromium_page(viewport: dict | None = None):
+    with chromium() as browser:
+        yield new_page(browser, viewport)
 
 
 def plot_selector(elem_id: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import time
+from contextlib import closing
 
 import gradio as gr
 
@@ -121,29 +122,34 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
         document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm))
         for notice in document.notices:
             gr.Warning(notice, title=ERROR_TITLE)
-        stream = prefill_stream(normalize_spec(model), document.ids, settings, question, bool(full_reference),
-                                document.notices)
-        _, plan = next(stream)
-        view = RunView(document, settings, plan)
-        progress((0, plan.steps), desc="Prefilling", unit="steps")
-        yield _run_outputs(view)
-        for kind, item in stream:
-            view.seconds = time.perf_counter() - began
-            if kind == "step":
-                view.records.append(item)
-                if len(view.records) == plan.steps:
-                    progress(1.0, desc="Answering from the compressed memory" if question else "Done")
-                else:
-                    progress((len(view.records), plan.steps), desc="Prefilling", unit="steps")
-            elif kind == "result":
-                view.result = item
-                if full_reference and item.question:
-                    progress(0.5, desc="Reference: the same document with the full cache")
-            elif kind == "full":
-                view.full = item
-            yield _run_outputs(view)
+        with closing(prefill_stream(normalize_spec(model), document.ids, settings, question,
+                                    bool(full_reference), document.notices)) as stream:
+            yield from _stream_run(stream, document, settings, question, full_reference, began, progress)
     except MemstepError as err:
         _fail(err)
+
+
+def _stream_run(stream, document, settings, question, full_reference, began, progress):
+    """The page updates for one run's stream of plain data."""
+    _, plan = next(stream)
+    view = RunView(document, settings, plan)
+    progress((0, plan.steps), desc="Prefilling", unit="steps")
+    yield _run_outputs(view)
+    for kind, item in stream:
+        view.seconds = time.perf_counter() - began
+        if kind == "step":
+            view.records.append(item)
+            if len(view.records) == plan.steps:
+                progress(1.0, desc="Answering from the compressed memory" if question else "Done")
+            else:
+                progress((len(view.records), plan.steps), desc="Prefilling", unit="steps")
+        elif kind == "result":
+            view.result = item
+            if full_reference and item.question:
+                progress(0.5, desc="Reference: the same document with the full cache")
+        elif kind == "full":
+            view.full = item
+        yield _run_outputs(view)
 
 
 def stop_run(view: RunView | None):
@@ -207,18 +213,19 @@ def compare(doc: DocumentSource, model, sinks, max_tokens, question, *config_val
         done = 0
         yield _compare_outputs(runs, f"Running {len(runs)} configurations on {document.tokens:,} tokens…")
         for s, run in zip(settings, runs):
-            for kind, item in prefill_stream(normalize_spec(model), document.ids, s, question, False,
-                                             document.notices):
-                if kind == "step":
-                    run.records.append(item)
-                    done += 1
-                    progress((done, total), desc=f"{run.label}: step {len(run.records)} of {run.steps}",
-                             unit="steps")
-                elif kind == "result":
-                    run.result = item
-                else:
-                    continue
-                yield _compare_outputs(runs, f"**{run.label}**: step {len(run.records)} of {run.steps}")
+            with closing(prefill_stream(normalize_spec(model), document.ids, s, question, False,
+                                        document.notices)) as stream:
+                for kind, item in stream:
+                    if kind == "step":
+                        run.records.append(item)
+                        done += 1
+                        progress((done, total), desc=f"{run.label}: step {len(run.records)} of {run.steps}",
+                                 unit="steps")
+                    elif kind == "result":
+                        run.result = item
+                    else:
+                        continue
+                    yield _compare_outputs(runs, f"**{run.label}**: step {len(run.records)} of {run.steps}")
         yield _compare_outputs(runs, f"**Done**: {len(runs)} configurations on {document.tokens:,} tokens "
                                      f"({len(document.ids):,} document tokens). "
                                      + " ".join(document.notices))

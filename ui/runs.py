@@ -9,6 +9,7 @@ is a no-op, and without the ``spaces`` package it is not used at all.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
@@ -29,6 +30,7 @@ GPU_SECONDS = int(os.environ.get("MEMSTEP_GPU_SECONDS", "120"))
 DEFAULT_MAX_TOKENS = int(os.environ.get("MEMSTEP_MAX_TOKENS", "4096"))
 RESERVED_TOKENS = 128  # room after the document for the question and the answer
 MAX_NEW_TOKENS = 32
+_model_in_use = threading.Lock()  # one prefill at a time in this process
 
 
 def gpu(fn):
@@ -136,11 +138,19 @@ def prefill_stream(model_spec: str, ids: list[int], settings: RunSettings, quest
     lm = get_model(model_spec)
     run = DocumentRun(lm, ids, question=question, max_new_tokens=MAX_NEW_TOKENS, notices=notices,
                       **settings.run_kwargs())
-    yield "schedule", run.schedule
-    for record in run:
-        yield "step", record
-    yield "result", run.result
-    if full_reference and run.question:
-        full = DocumentRun(lm, ids, schedule="full", sinks=settings.sinks, question=run.question,
-                           max_new_tokens=MAX_NEW_TOKENS)
-        yield "full", full.run()
+    # A stopped run finishes its current step in its worker thread while its hooks are still
+    # on the model: the next run waits for that, so two runs never hook the same layers.
+    if not _model_in_use.acquire(timeout=GPU_SECONDS):
+        raise MemstepError("the model is still busy with a stopped run: try again in a moment")
+    try:
+        yield "schedule", run.schedule
+        for record in run:
+            yield "step", record
+        yield "result", run.result
+        if full_reference and run.question:
+            full = DocumentRun(lm, ids, schedule="full", sinks=settings.sinks, question=run.question,
+                               max_new_tokens=MAX_NEW_TOKENS)
+            yield "full", full.run()
+    finally:
+        _model_in_use.release()
+
