@@ -5,6 +5,7 @@ and plots."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -111,7 +112,8 @@ def cmd_eval(args) -> int:
     store.write_summary(summary)
     written, notices = write_plots(summary, store.folder)
     if args.readme:
-        prefix = Path(store.folder).resolve().relative_to(Path(args.readme).resolve().parent).as_posix() + "/"
+        # image links relative to the README (absolute when the results live elsewhere)
+        prefix = Path(os.path.relpath(Path(store.folder).resolve(), Path(args.readme).resolve().parent)).as_posix() + "/"
         refresh_readme(args.readme, markdown(summary, prefix))
     for line in report.errors + notices:
         print(f"memstep eval: {line}", file=sys.stderr)
