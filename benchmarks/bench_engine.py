@@ -15,7 +15,8 @@ scorer): wall seconds, modeled peak bytes (memory.step_bytes) and measured peak 
 
 Prints a Markdown table (the README's "Engine benchmark" section). Timings on a shared CPU
 are noisy, and worse with more torch threads than free cores (every small op waits for a
-descheduled thread): rerun at a quiet moment, or with --threads 1, before quoting them.
+descheduled thread). With --threads 1 on CPU the ratios compare the process's CPU time,
+which other processes barely change; elsewhere they compare wall time.
 """
 
 from __future__ import annotations
@@ -49,9 +50,17 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def ratio_clock(device: torch.device) -> str:
+    """Which time the ratios compare. One CPU thread: the process's CPU time, which other
+    processes on shared cores barely change (wall time there varies by 1.5x run to run).
+    Otherwise wall time (GPU, or several threads whose spin-waits CPU time would count)."""
+    return "cpu_seconds" if device.type == "cpu" and torch.get_num_threads() == 1 else "seconds"
+
+
 def best_of(repeats: int, measure, *args, **kwargs) -> dict:
     """The fastest of `repeats` runs (timings on a shared machine only ever get slower)."""
-    return min((measure(*args, **kwargs) for _ in range(max(1, repeats))), key=lambda r: r["seconds"])
+    clock = ratio_clock(next(args[0].parameters()).device)
+    return min((measure(*args, **kwargs) for _ in range(max(1, repeats))), key=lambda r: r[clock])
 
 
 def plain_prefill(model, ids: torch.Tensor) -> dict:
@@ -61,25 +70,25 @@ def plain_prefill(model, ids: torch.Tensor) -> dict:
     synchronize(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    began = time.perf_counter()
+    began, began_cpu = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         decoder(input_ids=ids[None].to(device), use_cache=True, **{cache_keyword(decoder): DynamicCache()})
     synchronize(device)
-    seconds = time.perf_counter() - began
+    seconds, cpu_seconds = time.perf_counter() - began, time.process_time() - began_cpu
     measured = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
-    return {"seconds": seconds, "peak_bytes_measured": measured}
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "peak_bytes_measured": measured}
 
 
 def engine_prefill(model, ids: torch.Tensor, schedule, scorer: str = "chunk-attention", sinks: int = 4) -> dict:
     """One engine run; wall seconds cover the whole generator, records included."""
     engine = ChunkedPrefill(model, make_scorer(scorer), sinks=sinks)
-    began = time.perf_counter()
+    began, began_cpu = time.perf_counter(), time.process_time()
     records = list(engine.run(ids, schedule))
-    seconds = time.perf_counter() - began
+    seconds, cpu_seconds = time.perf_counter() - began, time.process_time() - began_cpu
     measured = [r.bytes_measured for r in records if r.bytes_measured is not None]
     return {
         "schedule": schedule.name, "growth": schedule.growth, "scorer": scorer, "steps": len(records),
-        "seconds": seconds, "step_seconds": sum(r.seconds for r in records),
+        "seconds": seconds, "cpu_seconds": cpu_seconds, "step_seconds": sum(r.seconds for r in records),
         "peak_bytes_modeled": max(r.bytes_modeled for r in records),
         "peak_bytes_measured": max(measured) if measured else None,
         "peak_kv_bytes": max(r.kv_bytes_actual for r in records),
@@ -91,6 +100,7 @@ def engine_prefill(model, ids: torch.Tensor, schedule, scorer: str = "chunk-atte
 def bench(lm, document_ids: list[int], tokens_list, sizes, schedules, growth: str, repeats: int = 1) -> dict:
     model = lm.model
     device = next(model.parameters()).device
+    clock = ratio_clock(device)
     runs, overheads = [], []
     plain_prefill(model, torch.tensor(document_ids[:256]))  # warm-up: kernels, allocator, thread pool
     for tokens in tokens_list:
@@ -118,10 +128,10 @@ def bench(lm, document_ids: list[int], tokens_list, sizes, schedules, growth: st
             recency = best_of(repeats, engine_prefill, model, ids, imdc, scorer="recency")
             overheads.append({
                 "tokens": tokens, "chunk": size, "memory": size,
-                "plain_seconds": plain["seconds"], "no_eviction_seconds": no_eviction["seconds"],
-                "engine_overhead": no_eviction["seconds"] / plain["seconds"],
-                "chunk_attention_seconds": scored["seconds"], "recency_seconds": recency["seconds"],
-                "scorer_overhead": scored["seconds"] / recency["seconds"],
+                "plain_seconds": plain[clock], "no_eviction_seconds": no_eviction[clock],
+                "engine_overhead": no_eviction[clock] / plain[clock],
+                "chunk_attention_seconds": scored[clock], "recency_seconds": recency[clock],
+                "scorer_overhead": scored[clock] / recency[clock],
             })
             print(f"[{tokens}] c={size}: engine {overheads[-1]['engine_overhead']:.2f}x, "
                   f"scorer {overheads[-1]['scorer_overhead']:.2f}x", file=sys.stderr)
@@ -131,7 +141,7 @@ def bench(lm, document_ids: list[int], tokens_list, sizes, schedules, growth: st
         or platform.machine(),
         "threads": torch.get_num_threads(), "repeats": repeats, "torch": torch.__version__,
         "document": DOCUMENT.name,
-        "growth": growth, "targets": {"engine_overhead": ENGINE_TARGET, "scorer_overhead": SCORER_TARGET},
+        "growth": growth, "ratio_clock": clock, "targets": {"engine_overhead": ENGINE_TARGET, "scorer_overhead": SCORER_TARGET},
         "runs": runs, "overheads": overheads,
     }
 
@@ -141,15 +151,18 @@ def markdown(report: dict) -> str:
              f"{report['threads']} threads, best of {report['repeats']}), {report['document']}, "
              "chunk-attention scorer, "
              f"{report['growth']} growth:", "",
-             "| tokens | schedule | c = M | steps | seconds | peak modeled | peak measured | widest step |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "| tokens | schedule | c = M | steps | seconds | CPU seconds | peak modeled | peak measured | "
+             "widest step |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report["runs"]:
         size = "-" if r["chunk"] is None else r["chunk"]
         lines.append(f"| {r['tokens']} | {r['schedule']} | {size} | {r['steps']} | {r['seconds']:.2f} | "
+                     f"{r['cpu_seconds']:.2f} | "
                      f"{format_bytes(r['peak_bytes_modeled'])} | {format_bytes(r['peak_bytes_measured'])} | "
                      f"{r['widest_step_tokens']} |")
-    lines += ["", "| tokens | c | plain forward s | chunked, no eviction s | engine overhead "
-              f"(target <= {ENGINE_TARGET:.2f}x) | chunk-attention s | recency s | scorer overhead "
+    clock = "CPU s" if report["ratio_clock"] == "cpu_seconds" else "s"
+    lines += ["", f"| tokens | c | plain forward {clock} | chunked, no eviction {clock} | engine overhead "
+              f"(target <= {ENGINE_TARGET:.2f}x) | chunk-attention {clock} | recency {clock} | "
+              "scorer overhead "
               f"(target <= {SCORER_TARGET:.2f}x) |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for o in report["overheads"]:
         lines.append(f"| {o['tokens']} | {o['chunk']} | {o['plain_seconds']:.2f} | {o['no_eviction_seconds']:.2f} | "

@@ -212,7 +212,7 @@ class SpyScorer(ChunkAttention):
             assert self.previous() is None, "the previous layer's scores are still alive"
         scores = super().score(layer)
         self.calls.append(layer.layer)
-        self.previous = weakref.ref(layer._memo[0])  # the (kv_heads, keys) attention sums
+        self.previous = weakref.ref(layer)  # holds the layer's queries and attention sums
         return scores
 
 
