@@ -190,3 +190,44 @@ def test_needle_kept_is_the_mean_fraction_over_the_needle_tokens(imdc):
     assert needle_kept(last, (2040, 2048)) == 1.0
     assert needle_kept(last, None) is None
     assert needle_kept(fake_records(imdc)[0], (2040, 2048)) is None  # not read yet
+
+
+def test_runs_with_many_steps_get_fewer_columns():
+    assert figures.bin_width(4000, steps=8) == 2  # 2,000 columns
+    assert figures.bin_width(4000, steps=400) == 4  # 1,000 columns: 400 x 1,000 cells
+    assert figures.bin_width(100, steps=400) == 1
+
+
+def test_compact_records_keep_their_kept_fraction(imdc):
+    from ui.views import compact
+
+    record = fake_records(imdc)[-1]
+    small = compact(record)
+    assert small.kept_positions.dtype == np.uint16
+    np.testing.assert_array_equal(small.kept_fraction(), record.kept_fraction())
+
+
+def test_a_run_view_renders_any_step_for_replay(imdc):
+    from ui.documents import DocumentSource
+    from ui.runs import PreparedDocument, RunSettings
+    from ui.views import RunView, render, stats_html
+
+    prefix = 20
+    words = [f"w{i}" for i in range(imdc.tokens - prefix)]
+    spans, at = [], 0
+    for word in words:
+        spans.append((at, at + len(word)))
+        at += len(word) + 1
+    text = " ".join(words)
+    source = DocumentSource("doc", text, "q?", "123", (spans[100][0], spans[103][1]))
+    document = PreparedDocument(source, list(range(len(words))), spans, prefix, (100, 104))
+    view = RunView(document, RunSettings("imdc", 512, 512), imdc, records=fake_records(imdc))
+
+    shown = render(view, 1)  # after the second step
+    z = np.asarray(shown.retained.data[0].z)
+    assert not np.isnan(z[1]).all() and np.isnan(z[2:]).all()
+    assert list(shown.sizes.data[1].marker.opacity) == [1.0, 1.0, 0.28, 0.28]
+    assert "color:#9ca3af" in shown.text  # the words not read yet are grey
+    assert 'data-stat="steps"' in stats_html(view, 1) and "2 / 4" in stats_html(view, 1)
+    assert "passkey in memory" in stats_html(view)  # the needle was read by the last step
+    assert "4 / 4" in stats_html(view) and 'data-progress="1.000"' in stats_html(view)

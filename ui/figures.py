@@ -18,6 +18,7 @@ from memstep.records import StepRecord
 from memstep.schedules import Schedule
 
 MAX_COLUMNS = 2000  # retained-token map columns: long documents are binned to this many
+MAX_CELLS = 400_000  # and runs with many steps to fewer, so one streamed update stays small
 MIB = 1024 ** 2
 FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
 COLORS = {
@@ -135,9 +136,10 @@ def schedule_figure(schedule: Schedule, sinks: int, done: int | None = None, cur
     return fig
 
 
-def bin_width(tokens: int, max_columns: int = MAX_COLUMNS) -> int:
+def bin_width(tokens: int, max_columns: int = MAX_COLUMNS, steps: int = 1) -> int:
     """Tokens per column of the retained-token map."""
-    return max(1, math.ceil(tokens / max_columns))
+    columns = max(200, min(max_columns, MAX_CELLS // max(steps, 1)))
+    return max(1, math.ceil(tokens / columns))
 
 
 def retained_matrix(records: Sequence[StepRecord], tokens: int, steps: int,
@@ -145,7 +147,7 @@ def retained_matrix(records: Sequence[StepRecord], tokens: int, steps: int,
     """(steps, columns) fraction of layer-head slots keeping each position after each step,
     averaged over the positions of a column; NaN where nothing of the column was read yet.
     Returns the matrix and the column width in tokens."""
-    width = bin_width(tokens, max_columns)
+    width = bin_width(tokens, max_columns, steps)
     columns = math.ceil(tokens / width)
     z = np.full((steps, columns), np.nan, dtype=np.float32)
     for record in records:

@@ -21,7 +21,7 @@ from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_
 from ui.models import cached_model, context_tokens, get_model, normalize_spec, preview_tokenizer
 from ui.runs import check_settings, document_limit, prefill_stream, prepare, settings_from
 from ui.summary import COMPARE_HEADERS, ComparedRun, compare_rows
-from ui.views import RunView, answer_markdown, render, stats_html
+from ui.views import RunView, answer_markdown, compact, render, stats_html
 
 ERROR_TITLE = "memstep"
 
@@ -107,7 +107,7 @@ def _run_outputs(view: RunView, step: int | None = None):
     slider = gr.update(maximum=steps, value=len(view.records) if step is None else step + 1,
                        interactive=view.finished or view.stopped)
     return (stats_html(view, step), shown.sizes, shown.retained, shown.memory, shown.seconds, shown.text,
-            answer_markdown(view), slider, view)
+            answer_markdown(view), slider, view, gr.Column(visible=True), gr.Markdown(visible=False))
 
 
 def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens,
@@ -132,13 +132,13 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
 def _stream_run(stream, document, settings, question, full_reference, began, progress):
     """The page updates for one run's stream of plain data."""
     _, plan = next(stream)
-    view = RunView(document, settings, plan)
+    view = RunView(document, settings, plan, wants_reference=bool(full_reference))
     progress((0, plan.steps), desc="Prefilling", unit="steps")
     yield _run_outputs(view)
     for kind, item in stream:
         view.seconds = time.perf_counter() - began
         if kind == "step":
-            view.records.append(item)
+            view.records.append(compact(item))
             if len(view.records) == plan.steps:
                 progress(1.0, desc="Answering from the compressed memory" if question else "Done")
             else:
@@ -154,7 +154,7 @@ def _stream_run(stream, document, settings, question, full_reference, began, pro
 
 def stop_run(view: RunView | None):
     """Stop pressed: the run is cancelled after its current step; the steps so far stay."""
-    if view is None or view.finished:
+    if view is None or view.finished:  # nothing left running
         return gr.skip(), gr.skip(), gr.skip(), gr.skip()
     view.stopped = True
     return (stats_html(view), answer_markdown(view),
@@ -217,7 +217,7 @@ def compare(doc: DocumentSource, model, sinks, max_tokens, question, *config_val
                                         document.notices)) as stream:
                 for kind, item in stream:
                     if kind == "step":
-                        run.records.append(item)
+                        run.records.append(compact(item))
                         done += 1
                         progress((done, total), desc=f"{run.label}: step {len(run.records)} of {run.steps}",
                                  unit="steps")

@@ -37,6 +37,9 @@ CSS = """
 .memstep-stat-value { font-size: 15px; font-weight: 600; color: #111827; white-space: nowrap; }
 #memstep-controls .gr-group, #memstep-controls { gap: 10px; }
 .memstep-note { font-size: 12.5px; color: #4b5563; }
+.memstep-hint { padding: 14px 16px; border: 1px dashed #cbd5e1; border-radius: 8px; color: #4b5563; }
+.memstep-progress { height: 6px; margin-top: 8px; border-radius: 3px; background: #e5e7eb; overflow: hidden; }
+.memstep-progress > div { height: 100%; background: #3b82f6; transition: width .3s ease; }
 """
 
 HEADER = """
@@ -48,6 +51,10 @@ chunks; right after each layer's attention a <b>scorer</b> cuts that layer's cac
 <b>budget</b>. The first <b>sink</b> tokens are always kept.</p>
 </div>
 """
+
+RUN_HINT = ("Press **Run**: each step streams the retained-token map (which positions memory keeps), "
+            "memory and seconds per step, then the answer to the question and the text shaded by what the "
+            "memory kept. While a run streams, the chart above follows it step by step.")
 
 GUIDE = """
 **Chunk and memory per step.** Each bar is one step: blue is the memory the step starts with (cache
@@ -133,22 +140,19 @@ def build_app() -> gr.Blocks:
                     with gr.Column(scale=9):
                         stats = gr.HTML(stat_cards([("state", "run", "not run yet")]), elem_id="stats")
                         preview_note = gr.Markdown(first_note, elem_id="preview-note", elem_classes="memstep-note")
-                        sizes_plot = gr.Plot(first_preview, label="Chunk and memory per step", show_label=False, elem_id="sizes-plot")
-                        replay_step = gr.Slider(0, 1, value=0, step=1, label="Replay: the run after step (0 = before the first)",
-                                                interactive=False, elem_id="replay")
-                        retained_plot = gr.Plot(
-                            placeholder_figure("Press Run: the retained-token map fills in step by step",
-                                               "Retained tokens: what memory holds after each step", 340),
-                            show_label=False, elem_id="retained-plot")
-                        with gr.Row():
-                            memory_plot = gr.Plot(placeholder_figure("Memory per step appears here",
-                                                                     "Memory per step", 300),
-                                                  show_label=False, elem_id="memory-plot", scale=3)
-                            seconds_plot = gr.Plot(placeholder_figure("Seconds per step appear here",
-                                                                      "Seconds per step", 300),
-                                                   show_label=False, elem_id="seconds-plot", scale=2)
-                        answer = gr.Markdown(answer_markdown(None), elem_id="answer", container=True)
-                        text = gr.HTML(elem_id="retained-text")
+                        sizes_plot = gr.Plot(first_preview, label="Chunk and memory per step", show_label=False,
+                                             elem_id="sizes-plot")
+                        run_hint = gr.Markdown(RUN_HINT, elem_id="run-hint", elem_classes="memstep-hint")
+                        # Hidden until the first streamed update: the page loads without drawing empty plots.
+                        with gr.Column(visible=False, elem_id="run-views") as run_views:
+                            replay_step = gr.Slider(0, 1, value=0, step=1, interactive=False, elem_id="replay",
+                                                    label="Replay: the run after step (0 = before the first)")
+                            retained_plot = gr.Plot(show_label=False, elem_id="retained-plot")
+                            with gr.Row():
+                                memory_plot = gr.Plot(show_label=False, elem_id="memory-plot", scale=3)
+                                seconds_plot = gr.Plot(show_label=False, elem_id="seconds-plot", scale=2)
+                            answer = gr.Markdown(answer_markdown(None), elem_id="answer", container=True)
+                            text = gr.HTML(elem_id="retained-text")
                         with gr.Accordion("How to read these views", open=False):
                             gr.Markdown(GUIDE)
 
@@ -198,7 +202,7 @@ def build_app() -> gr.Blocks:
                       concurrency_limit=None, api_visibility="private")
 
         run_outputs = [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, answer, replay_step,
-                       view_state]
+                       view_state, run_views, run_hint]
         running = run.click(handlers.run_document,
                             [doc_state, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens, question,
                              full_reference], run_outputs,

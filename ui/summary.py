@@ -37,13 +37,17 @@ def above_weights(records: Sequence[StepRecord], measured: bool = False) -> int 
     return max(values) - weights if values else None
 
 
-def stat_cards(items: Sequence[tuple[str, str, str]]) -> str:
-    """A row of small cards: (key, label, value); ``data-stat=key`` lets tests find them."""
+def stat_cards(items: Sequence[tuple[str, str, str]], progress: float | None = None) -> str:
+    """A row of small cards: (key, label, value); ``data-stat=key`` lets tests find them.
+    ``progress`` (0..1) draws a progress bar under them."""
     cards = "".join(
         f'<div class="memstep-stat" data-stat="{html.escape(key)}"><div class="memstep-stat-label">'
         f'{html.escape(label)}</div><div class="memstep-stat-value">{html.escape(value)}</div></div>'
         for key, label, value in items)
-    return f'<div class="memstep-stats">{cards}</div>'
+    bar = "" if progress is None else (
+        f'<div class="memstep-progress" data-progress="{progress:.3f}"><div style="width:{100 * progress:.1f}%">'
+        '</div></div>')
+    return f'<div class="memstep-stats">{cards}</div>{bar}'
 
 
 @dataclass
