@@ -140,6 +140,6 @@ def test_embedded_model_finds_the_passkey_with_the_full_schedule(embedded):
 def test_embedded_model_compressed_memory_costs_likelihood(embedded):
     ids, _ = tokenize_document(PROSE, embedded.tokenizer, 640)
     full = DocumentRun(embedded, ids, schedule="full", continuation_tokens=64).run().continuation_nll
-    compressed = DocumentRun(embedded, ids, schedule="fm", chunk=96, memory=32, scorer="recency",
+    compressed = DocumentRun(embedded, ids, schedule="fm", chunk=256, memory=32, scorer="recency",
                              continuation_tokens=64).run().continuation_nll
     assert 1.0 < full < compressed < 10.0
