@@ -38,7 +38,7 @@ def shrink(path: Path) -> int:
     return path.stat().st_size
 
 
-def element(page, selector: str, path: Path, pad: int = 0) -> None:
+def element(page, selector: str, path: Path) -> None:
     page.locator(selector).first.scroll_into_view_if_needed()
     time.sleep(0.3)
     page.locator(selector).first.screenshot(path=str(path))
@@ -81,12 +81,7 @@ def main(argv=None) -> int:
         element(page, "#retained-plot", shot("view_retained_tokens.png"))
         element(page, "#memory-plot", shot("view_memory.png"))
         element(page, "#seconds-plot", shot("view_seconds.png"))
-        page.locator("#answer").scroll_into_view_if_needed()
-        box_answer = page.locator("#answer").bounding_box()
-        box_text = page.locator("#retained-text").bounding_box()
-        page.screenshot(path=str(shot("view_text_answer.png")), full_page=True, clip={
-            "x": box_answer["x"], "y": box_answer["y"], "width": box_answer["width"],
-            "height": box_text["y"] + box_text["height"] - box_answer["y"]})
+        element(page, "#answer-text", shot("view_text_answer.png"))
 
         page.get_by_role("tab", name="Compare").click()
         began = time.perf_counter()

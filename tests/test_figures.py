@@ -160,6 +160,7 @@ def test_highlight_shades_tokens_escapes_html_and_outlines_the_needle():
     assert html.unescape(re.sub(r"<[^>]+>", "", body.split(">", 1)[1])) == text[:32]
     assert "outline:2px solid #dc2626" in body.split("12345")[0].rsplit("<span", 1)[1]
     assert "color:#9ca3af" in body  # the unread token
+    assert body.count('id="memstep-needle"') == 1 and 'href="#memstep-needle"' in out
     with pytest.raises(ValueError):
         highlight_html(text, spans, fractions[:-1])
 

@@ -63,12 +63,17 @@ def highlight_html(text: str, spans: Sequence[tuple[int, int]], fractions: Seque
     out: list[str] = []
     cursor = 0
     group_start, group_end, group_key = 0, 0, None
+    anchored = False
 
     def flush():
+        nonlocal anchored
         if group_key is not None and group_end > group_start:
             piece = html.escape(text[group_start:group_end])
             style = _style(*group_key)
-            out.append(f'<span style="{style}">{piece}</span>' if style else piece)
+            anchor = ""
+            if group_key[1] and not anchored:  # the needle's first piece: a link target
+                anchor, anchored = ' id="memstep-needle"', True
+            out.append(f'<span{anchor} style="{style}">{piece}</span>' if style else piece)
 
     for (start, end), fraction in zip(spans, fractions):
         start, end = max(start, cursor), max(end, cursor)  # overlapping offsets: never repeat text
@@ -82,7 +87,9 @@ def highlight_html(text: str, spans: Sequence[tuple[int, int]], fractions: Seque
         group_end = end
         cursor = end
     flush()
-    cap = f'<div style="font-size:12px;color:#4b5563;margin-bottom:4px">{html.escape(caption)}</div>' if caption else ""
+    jump = ' <a href="#memstep-needle">Show the passkey.</a>' if anchored else ""
+    cap = (f'<div style="font-size:12px;color:#4b5563;margin-bottom:4px">{html.escape(caption)}{jump}</div>'
+           if caption or jump else "")
     return (f'<div class="memstep-retained">{cap}{legend_html()}'
             f'<div style="white-space:pre-wrap;font-family:Georgia,serif;font-size:14px;line-height:1.65;'
             f'max-height:{max_height}px;overflow-y:auto;padding:10px 12px;border:1px solid #e5e7eb;'

@@ -151,8 +151,9 @@ def build_app() -> gr.Blocks:
                             with gr.Row():
                                 memory_plot = gr.Plot(show_label=False, elem_id="memory-plot", scale=3)
                                 seconds_plot = gr.Plot(show_label=False, elem_id="seconds-plot", scale=2)
-                            answer = gr.Markdown(answer_markdown(None), elem_id="answer", container=True)
-                            text = gr.HTML(elem_id="retained-text")
+                            with gr.Column(elem_id="answer-text"):
+                                answer = gr.Markdown(answer_markdown(None), elem_id="answer", container=True)
+                                text = gr.HTML(elem_id="retained-text")
                         with gr.Accordion("How to read these views", open=False):
                             gr.Markdown(GUIDE)
 
