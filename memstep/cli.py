@@ -12,7 +12,6 @@ from pathlib import Path
 
 from memstep.errors import MemstepError
 from memstep.schedules import GROWTHS, SCHEDULES, format_table, make_schedule
-from memstep.scorers import SCORERS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,6 +42,7 @@ def cmd_run(args) -> int:
     from memstep.memory import format_bytes
     from memstep.models import load_model
     from memstep.runner import DocumentRun
+    from memstep.scorers import SCORERS
 
     text = read_document(args.document, stdin=sys.stdin.buffer if args.document == "-" else None)
     if args.max_tokens is not None and args.max_tokens < 1:
@@ -113,7 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("document", help=".txt, .md, .pdf or .html file, or - for stdin")
     p.add_argument("--model", default=None, help="'embedded' (default), a hub id, a folder or a .gguf file")
     _add_schedule_options(p)
-    p.add_argument("--scorer", default="chunk-attention", help=f"one of {', '.join(SCORERS)}")
+    # names spelled out so `memstep plan/schedule` start without importing torch (scorers.py)
+    p.add_argument("--scorer", default="chunk-attention",
+                   help="chunk-attention (default), snapkv, vatp, knorm, recency or random")
     p.add_argument("--window", type=int, default=32, help="SnapKV observation window")
     p.add_argument("--sinks", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=None)

@@ -40,7 +40,6 @@ def _names(text: str) -> list[str]:
 
 def register(subparsers) -> None:
     from memstep.evaluation.grid import PRESSES
-    from memstep.scorers import SCORERS
 
     p = subparsers.add_parser("eval", help="passkey accuracy, NLL gap, seconds and peak memory over a grid, "
                                            "with kvpress and the HF full cache as peers")
@@ -49,7 +48,7 @@ def register(subparsers) -> None:
     p.add_argument("--seeds", default="0", help="seeds per cell (default 0), e.g. 0,1,2")
     p.add_argument("--schedules", default="full,fm,imdc",
                    help="full, fm, im, imdc, or im-<growth>/imdc-<growth> (default full,fm,imdc)")
-    p.add_argument("--scorers", default="chunk-attention", help=f"any of {', '.join(SCORERS)}")
+    p.add_argument("--scorers", default="chunk-attention", help="any of chunk-attention, snapkv, vatp, knorm, recency, random")
     p.add_argument("--budgets", default="512", help="memory budgets M in tokens (default 512)")
     p.add_argument("--chunk", type=int, default=512, help="chunk size in tokens (default 512)")
     p.add_argument("--peers", default="", help="kvpress and/or hf (the HF full cache), comma-separated")

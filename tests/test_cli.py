@@ -206,3 +206,21 @@ def test_process_run_streams_progress_to_stderr(tiny_lm_folder):
     data = json.loads(proc.stdout)  # stdout is nothing but the JSON
     assert len(data["steps"]) >= 3
     assert "fm prefill" in proc.stderr and f"{len(data['steps'])}/{len(data['steps'])}" in proc.stderr
+
+
+def test_run_help_names_every_scorer(capsys):
+    from memstep.scorers import SCORERS
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    help_text = capsys.readouterr().out
+    assert all(name in help_text for name in SCORERS)
+
+
+def test_schedule_command_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from memstep.cli import main; main(['schedule', '--tokens', '100', '--chunk', '10', "
+            "'--memory', '10']); assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)

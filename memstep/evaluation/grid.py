@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass
 
 from memstep.errors import MemstepError
 from memstep.schedules import GROWTHS
-from memstep.scorers import SCORERS
 
 # kvpress presses run by the peer (peers/kvpress_peer.py), named as kvpress names them.
 PRESSES = ("snapkv", "knorm", "streaming-llm", "observed-attention")
@@ -77,6 +76,8 @@ def _split_schedule(name: str) -> tuple[str, str | None]:
 def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES) -> list[Config]:
     """memstep configurations (schedule x scorer x budget; 'full' once), then the peers:
     each kvpress press at each budget, and the HF full cache."""
+    from memstep.scorers import SCORERS  # here, not at the top: `memstep --help` needs no torch
+
     for scorer in scorers:
         if scorer not in SCORERS:
             raise MemstepError(f"unknown scorer '{scorer}': choose from {', '.join(SCORERS)}")
