@@ -22,30 +22,28 @@ def _level(fraction: float) -> int:
     return max(1, min(LEVELS, round(fraction * LEVELS)))
 
 
-def _style(level: int, needle: bool) -> str:
-    parts = []
+NEEDLE_STYLE = "outline:2px solid #dc2626;outline-offset:2px;border-radius:2px;scroll-margin-top:14px"
+
+
+def _style(level: int) -> str:
     if level < 0:
-        parts.append("color:#9ca3af")
-    elif level:
-        alpha = 0.12 + 0.78 * level / LEVELS
-        parts.append(f"background:rgba({_RGB},{alpha:.2f})")
-        if alpha > 0.55:
-            parts.append("color:#fff")
-    if needle:
-        parts.append("outline:2px solid #dc2626;outline-offset:1px")
-    return ";".join(parts)
+        return "color:#9ca3af"
+    if level == 0:
+        return ""
+    alpha = 0.12 + 0.78 * level / LEVELS
+    return f"background:rgba({_RGB},{alpha:.2f})" + (";color:#fff" if alpha > 0.55 else "")
 
 
 def legend_html() -> str:
     swatches = "".join(
-        f'<span style="display:inline-block;width:18px;height:12px;{_style(level, False)}"></span>'
+        f'<span style="display:inline-block;width:18px;height:12px;{_style(level)}"></span>'
         for level in range(0, LEVELS + 1, 2))
     return (
         '<div style="font-size:12px;color:#4b5563;margin-bottom:6px;display:flex;gap:14px;'
         'align-items:center;flex-wrap:wrap">'
         f'<span>evicted everywhere <span style="border:1px solid #d1d5db;display:inline-flex">{swatches}'
         '</span> kept by every layer-head</span>'
-        '<span><span style="outline:2px solid #dc2626;padding:0 3px">passkey</span> outlined when present</span>'
+        f'<span><span style="{NEEDLE_STYLE};padding:0 3px">passkey</span> outlined when present</span>'
         "</div>")
 
 
@@ -60,33 +58,36 @@ def highlight_html(text: str, spans: Sequence[tuple[int, int]], fractions: Seque
     span (cut by truncation) is left out."""
     if len(spans) != len(fractions):
         raise ValueError(f"{len(spans)} token spans but {len(fractions)} fractions")
-    out: list[str] = []
+    # Runs of tokens with the same shade become one <span>; the needle's runs sit inside
+    # one outlined wrapper (the link target), so it reads as one marked sentence.
+    runs: list[list] = []  # [start, end, level, needle]
     cursor = 0
-    group_start, group_end, group_key = 0, 0, None
-    anchored = False
-
-    def flush():
-        nonlocal anchored
-        if group_key is not None and group_end > group_start:
-            piece = html.escape(text[group_start:group_end])
-            style = _style(*group_key)
-            anchor = ""
-            if group_key[1] and not anchored:  # the needle's first piece: a link target
-                anchor, anchored = ' id="memstep-needle"', True
-            out.append(f'<span{anchor} style="{style}">{piece}</span>' if style else piece)
-
     for (start, end), fraction in zip(spans, fractions):
         start, end = max(start, cursor), max(end, cursor)  # overlapping offsets: never repeat text
         needle = needle_chars is not None and start < needle_chars[1] and end > needle_chars[0]
-        key = (_level(float(fraction)), needle)
-        if key != group_key or start != group_end:
-            flush()
-            if start > cursor:  # characters no token covers (e.g. trimmed spaces)
-                out.append(html.escape(text[cursor:start]))
-            group_start, group_key = start, key
-        group_end = end
+        level = _level(float(fraction))
+        if runs and runs[-1][1] == start and runs[-1][2:] == [level, needle]:
+            runs[-1][1] = end
+        else:
+            runs.append([start, end, level, needle])
         cursor = end
-    flush()
+    out: list[str] = []
+    cursor, in_needle, anchored = 0, False, False
+    for start, end, level, needle in runs:
+        if needle != in_needle:
+            if needle and not anchored:
+                out.append(f'<span id="memstep-needle" style="{NEEDLE_STYLE}">')
+                anchored = in_needle = True
+            elif not needle:
+                out.append("</span>")
+                in_needle = False
+        if start > cursor:  # characters no token covers (e.g. trimmed spaces)
+            out.append(html.escape(text[cursor:start]))
+        piece, style = html.escape(text[start:end]), _style(level)
+        out.append(f'<span style="{style}">{piece}</span>' if style else piece)
+        cursor = end
+    if in_needle:
+        out.append("</span>")
     jump = ' <a href="#memstep-needle">Show the passkey.</a>' if anchored else ""
     cap = (f'<div style="font-size:12px;color:#4b5563;margin-bottom:4px">{html.escape(caption)}{jump}</div>'
            if caption or jump else "")
