@@ -108,11 +108,11 @@ def test_bad_input_is_a_readable_error_and_the_app_keeps_serving(client, tmp_pat
 def test_an_oversized_upload_is_refused_with_the_limit(client, tmp_path):
     from gradio_client import handle_file
 
-    from ui.layout import MAX_FILE_BYTES
+    from ui.documents import MAX_UPLOAD_BYTES
 
     path = tmp_path / "huge.txt"
     with path.open("wb") as f:
-        f.truncate(MAX_FILE_BYTES + 1)  # sparse: no 20 MB written to disk
+        f.truncate(MAX_UPLOAD_BYTES + 1)  # sparse: no 20 MB written to disk
     with pytest.raises(Exception, match="exceeds the maximum file size"):
         client.predict(document_file=handle_file(str(path)), api_name="/prefill")
     assert client.predict(tokens=1000, api_name="/schedule")["steps"] == 2

@@ -8,6 +8,7 @@ so an uploaded passkey document is marked too).
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from memstep.errors import MemstepError
 from memstep.passkey import make_haystack, question_for, random_passkey, random_thing
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
+MAX_UPLOAD_BYTES = int(os.environ.get("MEMSTEP_MAX_UPLOAD_BYTES", str(DEFAULT_MAX_BYTES)))
 PRIDE = ASSETS / "pride_and_prejudice_ch1-12.txt"
 PERSUASION = ASSETS / "persuasion_excerpt.txt"
 # memstep.passkey.needle_sentence's phrasing: "The magic number for the vault is 73915."
@@ -42,7 +44,7 @@ def with_needle(name: str, text: str, question: str = "") -> DocumentSource:
                           (match.start(), match.end()))
 
 
-def read_upload(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> DocumentSource:
+def read_upload(path: str | Path, max_bytes: int = MAX_UPLOAD_BYTES) -> DocumentSource:
     """An uploaded file (checked on the server: type, size, empty or binary content)."""
     path = Path(path)
     if path.suffix.lower() not in SUPPORTED_EXTENSIONS:

@@ -8,21 +8,20 @@ import os
 
 import gradio as gr
 
-from memstep.documents import DEFAULT_MAX_BYTES, SUPPORTED_EXTENSIONS
+from memstep.documents import SUPPORTED_EXTENSIONS
 from memstep.models import EMBEDDED, default_model
 from memstep.schedules import GROWTHS
 from memstep.scorers import SCORERS
 
 from ui import api, handlers
-from ui.documents import DEFAULT_EXAMPLE, EXAMPLES
-from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure
+from ui.documents import DEFAULT_EXAMPLE, EXAMPLES, MAX_UPLOAD_BYTES
+from ui.figures import compare_memory_figure, compare_sizes_figure
 from ui.runs import DEFAULT_MAX_TOKENS
 from ui.summary import COMPARE_HEADERS, COMPARE_WIDTHS, stat_cards
 from ui.views import answer_markdown
 
 SCHEDULE_CHOICES = [("full", "full"), ("FM", "fm"), ("IM", "im"), ("IMDC", "imdc")]
 QUEUE_SIZE = int(os.environ.get("MEMSTEP_QUEUE_SIZE", "16"))  # waiting line for runs
-MAX_FILE_BYTES = int(os.environ.get("MEMSTEP_MAX_UPLOAD_BYTES", str(DEFAULT_MAX_BYTES)))
 COMPARE_DEFAULTS = [(True, "fm", "linear"), (True, "im", "linear"), (True, "imdc", "linear")]
 OPTIONAL_TABS = [("Plan", "ui.plan_tab"), ("Evaluate", "ui.eval_tab")]
 
@@ -81,11 +80,6 @@ layer-head slots still hold it.
 """
 
 
-def _number_slider(label, value, minimum, maximum, step, elem_id, info=None):
-    return gr.Slider(minimum=minimum, maximum=maximum, step=step, value=value, label=label, info=info,
-                     elem_id=elem_id)
-
-
 def _model_choices() -> list[str]:
     choices = [EMBEDDED, "HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-360M-Instruct",
                "Qwen/Qwen2.5-0.5B-Instruct"]
@@ -109,7 +103,7 @@ def build_app() -> gr.Blocks:
                             example = gr.Dropdown(list(EXAMPLES), value=DEFAULT_EXAMPLE, label="Example document",
                                                   elem_id="example")
                             upload = gr.File(label=f"…or upload a document ({' '.join(SUPPORTED_EXTENSIONS)}, up to "
-                                                   f"{MAX_FILE_BYTES // 2**20} MB)",
+                                                   f"{MAX_UPLOAD_BYTES // 2**20} MB)",
                                              file_types=list(SUPPORTED_EXTENSIONS), type="filepath", height=150,
                                              elem_id="upload")
                         doc_info = gr.Markdown(handlers.describe_document(document, default_model()),
@@ -119,8 +113,9 @@ def build_app() -> gr.Blocks:
                         schedule = gr.Radio(SCHEDULE_CHOICES, value="imdc", label="Schedule", elem_id="schedule")
                         growth = gr.Dropdown(list(GROWTHS), value="linear", label="Growth curve (IM and IMDC)",
                                              elem_id="growth")
-                        chunk = _number_slider("Chunk size c (tokens)", 512, 16, 8192, 16, "chunk")
-                        memory = _number_slider("Memory size M (tokens)", 512, 0, 8192, 16, "memory")
+                        chunk = gr.Slider(16, 8192, value=512, step=16, label="Chunk size c (tokens)", elem_id="chunk")
+                        memory = gr.Slider(0, 8192, value=512, step=16, label="Memory size M (tokens)",
+                                           elem_id="memory")
                         with gr.Row():
                             sinks = gr.Number(4, label="Sinks", minimum=0, maximum=256, precision=0,
                                               elem_id="sinks", min_width=90)
@@ -199,7 +194,8 @@ def build_app() -> gr.Blocks:
               concurrency_limit=None, show_progress="hidden", api_visibility="private")
         example.input(handlers.choose_example, [example, model], [doc_state, question, doc_info, upload],
                       concurrency_limit=None, api_visibility="private")
-        upload.upload(handlers.choose_upload, [upload, doc_state, model], [doc_state, question, doc_info, upload, example],
+        upload.upload(handlers.choose_upload, [upload, doc_state, model],
+                      [doc_state, question, doc_info, upload, example],
                       concurrency_limit=None, api_visibility="private")
 
         run_outputs = [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, answer, replay_step,
@@ -242,4 +238,4 @@ def launch_options() -> dict:
     theme = gr.themes.Soft(primary_hue="blue", neutral_hue="slate",
                            font=[gr.themes.Font(name) for name in ("Inter", "Segoe UI", "system-ui", "sans-serif")],
                            font_mono=[gr.themes.Font(name) for name in ("ui-monospace", "monospace")])
-    return {"theme": theme, "css": CSS, "max_file_size": MAX_FILE_BYTES}
+    return {"theme": theme, "css": CSS, "max_file_size": MAX_UPLOAD_BYTES}
