@@ -4,7 +4,6 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
-EXAMPLE := assets/pride_and_prejudice_ch1-12.txt
 
 .PHONY: install install-dev model demo test test-fast bench chromium clean
 

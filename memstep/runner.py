@@ -14,7 +14,7 @@ from memstep.errors import MemstepError
 from memstep.generate import answer, continuation_nll, crop_memory, prompt_parts
 from memstep.models import LoadedModel
 from memstep.records import RunResult, StepRecord
-from memstep.schedules import make_schedule
+from memstep.schedules import check_run_settings, make_schedule
 from memstep.scorers import make_scorer
 
 
@@ -42,13 +42,7 @@ class DocumentRun:
         self.held_out = document_ids[len(kept):]
         self.input_ids = self.head + kept
         tokens = len(self.input_ids)
-        if schedule != "full":
-            if chunk > tokens:
-                raise MemstepError(f"chunk size {chunk} is larger than the document ({tokens} tokens with "
-                                   f"the prompt): use a chunk of at most {tokens}, or schedule 'full'")
-            if memory < sinks:
-                raise MemstepError(f"memory size {memory} is smaller than the {sinks} sink tokens: "
-                                   f"use a memory of at least {sinks}")
+        check_run_settings(schedule, tokens, chunk, memory, sinks)
         self.schedule = make_schedule(schedule, tokens, chunk, memory, growth)
         self.engine = ChunkedPrefill(lm.model, make_scorer(scorer, seed, window), sinks, attention)
         self.result = RunResult(

@@ -153,6 +153,19 @@ def _imdc_max_memory(tokens: int, chunk: int, growth: str, memory: int) -> int |
     return lo
 
 
+def check_run_settings(name: str, tokens: int, chunk: int, memory: int, sinks: int) -> None:
+    """Checks a run makes before any model work (shared by the CLI/runner and the app's
+    preview): ``tokens`` counts everything prefilled, the prompt head included."""
+    if name == "full":
+        return
+    if chunk > tokens:
+        raise MemstepError(f"chunk size {chunk} is larger than the document ({tokens} tokens with "
+                           f"the prompt): use a chunk of at most {tokens}, or schedule 'full'")
+    if memory < sinks:
+        raise MemstepError(f"memory size {memory} is smaller than the {sinks} sink tokens: "
+                           f"use a memory of at least {sinks}")
+
+
 def make_schedule(
     name: str,
     tokens: int,

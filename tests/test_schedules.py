@@ -172,3 +172,14 @@ def test_to_dict_and_table():
     # step 2: start 550, chunk 250, budget 150, memory before 104 (100 + 4 sinks) + chunk = 354
     assert lines[3].split() == ["2", "550", "250", "150", "354"]
     assert "peak memory + chunk 354" in lines[-1]  # steps 1..2: 54 + 300 = 104 + 250 = 354
+
+
+def test_run_settings_checks_name_the_fix():
+    from memstep.schedules import check_run_settings
+
+    with pytest.raises(MemstepError, match="at most 100"):
+        check_run_settings("imdc", 100, 512, 64, 4)
+    with pytest.raises(MemstepError, match="at least 4"):
+        check_run_settings("fm", 1000, 64, 2, 4)
+    check_run_settings("full", 100, 512, 0, 4)  # full ignores chunk and memory
+    check_run_settings("im", 1000, 64, 4, 4)

@@ -17,6 +17,7 @@ from memstep.documents import tokenize_document
 from memstep.errors import MemstepError
 from memstep.generate import prompt_parts
 from memstep.runner import DocumentRun
+from memstep.schedules import check_run_settings
 
 from ui.documents import DocumentSource, needle_tokens, token_spans
 from ui.models import get_model
@@ -76,14 +77,7 @@ def settings_from(schedule, chunk, memory, growth, scorer, sinks) -> RunSettings
 def check_settings(settings: RunSettings, tokens: int) -> None:
     """The checks DocumentRun makes on construction, for the preview (no model needed).
     ``tokens`` counts the prompt head and the document, as the run does."""
-    if settings.schedule == "full":
-        return
-    if settings.chunk > tokens:
-        raise MemstepError(f"chunk size {settings.chunk} is larger than the document ({tokens} tokens with "
-                           f"the prompt): use a chunk of at most {tokens}, or schedule 'full'")
-    if settings.memory < settings.sinks:
-        raise MemstepError(f"memory size {settings.memory} is smaller than the {settings.sinks} sink tokens: "
-                           f"use a memory of at least {settings.sinks}")
+    check_run_settings(settings.schedule, tokens, settings.chunk, settings.memory, settings.sinks)
 
 
 @dataclass
