@@ -24,7 +24,7 @@ from pathlib import Path
 
 from memstep.errors import MemstepError
 from memstep.memory import ATTENTIONS, DTYPE_BYTES, PARTS, SCORE_BYTES, ModelShape, step_bytes
-from memstep.schedules import GROWTHS, Schedule, make_schedule
+from memstep.schedules import GROWTHS, Schedule, largest_true, make_schedule
 
 PLAN_SCHEDULES = ("fm", "im", "imdc", "full")
 DTYPES = ("bf16", "fp16", "fp32")
@@ -585,14 +585,7 @@ def longest_context(model, gpu, schedule: str = "imdc", **settings) -> Longest:
             return Longest(cap, True, cap)
     if not fits(1):
         return Longest(0, False, cap)
-    lo, hi = 1, cap
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return Longest(lo, False, cap)
+    return Longest(largest_true(fits, 1, cap), False, cap)
 
 
 def summary_rows(plans: dict[str, Plan], longest: dict[str, Longest] | None = None) -> list[dict]:

@@ -131,6 +131,18 @@ def _first_empty_chunk(chunks: list[int]) -> int | None:
     return next((i for i, c in enumerate(chunks) if c < 1), None)
 
 
+def largest_true(predicate, lo: int, hi: int) -> int:
+    """Bisection: the largest n in [lo, hi] with predicate(n), given predicate(lo) holds and
+    the predicate turns false at most once as n grows."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if predicate(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def _imdc_max_memory(tokens: int, chunk: int, growth: str, memory: int) -> int | None:
     """Largest memory <= ``memory`` whose IMDC schedule has no empty chunk (None if none).
     Binary search on the (nearly monotone) failure boundary, then checked downwards."""
@@ -139,15 +151,9 @@ def _imdc_max_memory(tokens: int, chunk: int, growth: str, memory: int) -> int |
     def ok(m: int) -> bool:
         return _first_empty_chunk(_imdc_chunks(tokens, growth_budgets(m, n, growth))) is None
 
-    lo, hi = 0, memory
-    if not ok(lo):
+    if not ok(0):
         return None
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid - 1
+    lo = largest_true(ok, 0, memory)
     while lo > 0 and not ok(lo):
         lo -= 1
     return lo
