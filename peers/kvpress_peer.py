@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # memstep's mod
 
 import torch  # noqa: E402
 
-from memstep.evaluation.process import emit, load_job, peak_resident_bytes, resident_bytes  # noqa: E402
+from memstep.evaluation.process import load_job, serve_cases  # noqa: E402
 
 
 def make_press(name: str | None, window: int):
@@ -113,21 +113,7 @@ def main(argv: list[str]) -> int:
     press = make_press(config.get("scorer"), settings.get("peer_window", 64))
     if config.get("scorer") == "observed-attention":  # needs the attention weights
         lm.model.set_attn_implementation("eager")
-    with torch.inference_mode():  # warm-up, as the memstep worker does
-        lm.model(torch.tensor([job["cases"][0]["case"]["head_ids"][:8] or [0]], device=lm.model.device))
-    import transformers
-
-    emit("ready", baseline_rss_bytes=resident_bytes(), load_seconds=time.perf_counter() - began,
-         transformers=transformers.__version__)
-    for item in job["cases"]:
-        try:
-            out = run_case(lm.model, lm.tokenizer, press, settings, item["case"])
-        except Exception as err:  # report and go on
-            emit("error", key=item["key"], message=f"{type(err).__name__}: {err}")
-            continue
-        emit("cell", key=item["key"], peak_rss_bytes=peak_resident_bytes(),
-             peak_device_bytes=torch.cuda.max_memory_allocated() if lm.device.startswith("cuda") else None, **out)
-    return 0
+    return serve_cases(lm, job, lambda case: run_case(lm.model, lm.tokenizer, press, settings, case), began)
 
 
 if __name__ == "__main__":

@@ -60,3 +60,27 @@ def parse_line(line: str) -> dict | None:
 def load_job(path: str) -> dict:
     with open(path, encoding="utf-8") as handle:
         return json.load(handle)
+
+
+def serve_cases(lm, job: dict, run_case, began: float) -> int:
+    """The worker loop both sides share: one warm-up forward (so the first cell's seconds
+    are not start-up costs), the baseline, then one protocol line per case. ``run_case(case)``
+    returns the cell's fields; an error in one case is reported and the others go on."""
+    import time
+
+    import torch
+
+    with torch.inference_mode():
+        lm.model(torch.tensor([job["cases"][0]["case"]["head_ids"][:8] or [0]], device=lm.model.device))
+    emit("ready", baseline_rss_bytes=resident_bytes(), load_seconds=time.perf_counter() - began,
+         transformers=__import__("transformers").__version__)
+    on_cuda = lm.device.startswith("cuda")
+    for item in job["cases"]:
+        try:
+            out = run_case(item["case"])
+        except Exception as err:  # report and go on: one bad cell must not lose the others
+            emit("error", key=item["key"], message=f"{type(err).__name__}: {err}")
+            continue
+        emit("cell", key=item["key"], peak_rss_bytes=peak_resident_bytes(),
+             peak_device_bytes=torch.cuda.max_memory_allocated() if on_cuda else None, **out)
+    return 0

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from memstep.evaluation.process import emit, load_job, peak_resident_bytes, resident_bytes
+from memstep.evaluation.process import load_job, serve_cases
 
 
 def retention_per_layer(kept_positions: np.ndarray, positions: range) -> list[float]:
@@ -59,19 +59,7 @@ def main(argv: list[str]) -> int:
 
     began = time.perf_counter()
     lm = load_model(job.get("model") or "embedded", device=job.get("device", "cpu"), dtype=job.get("dtype", "float32"))
-    with torch.inference_mode():  # warm-up, so the first cell's seconds are not start-up costs
-        lm.model(torch.tensor([job["cases"][0]["case"]["head_ids"][:8] or [0]], device=lm.model.device))
-    emit("ready", baseline_rss_bytes=resident_bytes(), load_seconds=time.perf_counter() - began,
-         transformers=__import__("transformers").__version__)
-    for item in job["cases"]:
-        try:
-            out = run_case(lm, job["config"], job["settings"], item["case"])
-        except Exception as err:  # report and go on: one bad cell must not lose the others
-            emit("error", key=item["key"], message=f"{type(err).__name__}: {err}")
-            continue
-        emit("cell", key=item["key"], peak_rss_bytes=peak_resident_bytes(),
-             peak_device_bytes=torch.cuda.max_memory_allocated() if lm.device.startswith("cuda") else None, **out)
-    return 0
+    return serve_cases(lm, job, lambda case: run_case(lm, job["config"], job["settings"], case), began)
 
 
 if __name__ == "__main__":
