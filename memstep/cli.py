@@ -138,11 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _extensions():
-    """Subcommands that live in their own modules (planner, evaluation)."""
+    """Subcommands that live in their own modules (planner, evaluation, compression)."""
     import importlib
 
     out = []
-    for module in ("memstep.plan_cli", "memstep.eval_cli"):
+    for module in ("memstep.plan_cli", "memstep.eval_cli", "memstep.compress_cli"):
         try:
             out.append(importlib.import_module(module).register)
         except ModuleNotFoundError as err:

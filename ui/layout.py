@@ -4,6 +4,7 @@ Evaluate tabs. Reads top to bottom like the page; the work is in ui/handlers.py.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 
 import gradio as gr
@@ -23,7 +24,7 @@ from ui.views import answer_markdown
 SCHEDULE_CHOICES = [("full", "full"), ("FM", "fm"), ("IM", "im"), ("IMDC", "imdc")]
 QUEUE_SIZE = int(os.environ.get("MEMSTEP_QUEUE_SIZE", "16"))  # waiting line for runs
 COMPARE_DEFAULTS = [(True, "fm", "linear"), (True, "im", "linear"), (True, "imdc", "linear")]
-OPTIONAL_TABS = [("Plan", "ui.plan_tab"), ("Evaluate", "ui.eval_tab")]
+OPTIONAL_TABS = [("Plan", "ui.plan_tab"), ("Evaluate", "ui.eval_tab"), ("Compress", "ui.compress_tab")]
 
 CSS = """
 .gradio-container { max-width: 1480px !important; }
@@ -95,7 +96,7 @@ def build_app() -> gr.Blocks:
         gr.HTML(HEADER)
         doc_state = gr.State(document)
         view_state = gr.State(None)
-        with gr.Tabs():
+        with gr.Tabs() as tabs:
             with gr.Tab("Run", id="run"):
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=4, min_width=330, elem_id="memstep-controls"):
@@ -184,7 +185,10 @@ def build_app() -> gr.Blocks:
                 tab_module = _optional(module)
                 if tab_module is not None:
                     with gr.Tab(title, id=title.lower()):
-                        tab_module.build_tab()
+                        if "model_box" in inspect.signature(tab_module.build_tab).parameters:
+                            tab_module.build_tab(model_box=model, tabs=tabs)  # it can load a model into Run
+                        else:
+                            tab_module.build_tab()
 
         # ---- events -----------------------------------------------------------------
         preview_inputs = [doc_state, model, schedule, growth, chunk, memory, sinks, max_tokens]
