@@ -1,0 +1,77 @@
+"""Calibration data, held-out text and perplexity, shared by the compression methods.
+
+Calibration comes from *Persuasion* (assets/persuasion_excerpt.txt); held-out perplexity is
+measured on *Pride and Prejudice* (assets/pride_and_prejudice_ch1-12.txt): two different
+public-domain novels, so a method cannot look good by fitting the text it is scored on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+from memstep.errors import MemstepError
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+CALIBRATION_FILE = ASSETS / "persuasion_excerpt.txt"
+HELD_OUT_FILE = ASSETS / "pride_and_prejudice_ch1-12.txt"
+
+
+def _paragraphs(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if len(line.strip()) > 80]
+
+
+def calibration_texts(count: int = 8, path: str | Path | None = None, min_chars: int = 200) -> list[str]:
+    """``count`` paragraphs of at least ``min_chars`` characters (from the start of the file)."""
+    source = Path(path) if path else CALIBRATION_FILE
+    if not source.is_file():
+        raise MemstepError(f"calibration file not found: {source.name}")
+    texts = [p for p in _paragraphs(source) if len(p) >= min_chars][:count]
+    if not texts:
+        raise MemstepError(f"calibration file {source.name} has no paragraph of {min_chars}+ characters")
+    return texts
+
+
+def held_out_text() -> str:
+    return HELD_OUT_FILE.read_text(encoding="utf-8")
+
+
+def token_windows(tokenizer, text: str, seq_len: int, count: int) -> list[list[int]]:
+    """Up to ``count`` consecutive windows of ``seq_len`` token ids from ``text``."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return [ids[i:i + seq_len] for i in range(0, min(len(ids), seq_len * count), seq_len)
+            if len(ids[i:i + seq_len]) == seq_len]
+
+
+def perplexity(model, windows: list[list[int]]) -> float:
+    """exp(mean next-token NLL) over the windows (each scored on its own)."""
+    import torch
+
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    with torch.inference_mode():
+        for ids in windows:
+            x = torch.tensor([ids], device=device)
+            logits = model(input_ids=x).logits[0, :-1].float()
+            total += torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum").item()
+            count += len(ids) - 1
+    if count == 0:
+        raise MemstepError("no text to measure perplexity on")
+    return math.exp(total / count)
+
+
+def save_model(model, tokenizer, folder: str | Path, info: dict | None = None) -> Path:
+    """Save so that ``from_pretrained`` / ``memstep run --model FOLDER`` load it; ``info`` goes
+    to memstep_compress.json beside the weights (how the model was made)."""
+    folder = Path(folder)
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    if info is not None:
+        (partial / "memstep_compress.json").write_text(json.dumps(info, indent=1))
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    return folder
