@@ -1,0 +1,232 @@
+"""Prune a causal LM block by block with reconstruction-error minimization (Shin et al.,
+EMNLP 2024, "Rethinking Pruning Large Language Models").
+
+For every decoder block, in order:
+1. the dense block's copy runs on the block's inputs from the pruned model so far; hooks
+   collect each linear layer's input Gram matrix X^T X (Wanda's feature norms are its diagonal,
+   SparseGPT's Hessian is the matrix itself);
+2. each linear layer gets its mask (magnitude, Wanda or SparseGPT, which also updates the
+   surviving weights); embeddings and the LM head are never pruned;
+3. reconstruction with the mask fixed:
+   none; LR (each linear layer to the dense layer's output on the same inputs);
+   BR (the block's output on the pruned model's inputs to the dense block's output on those
+   same inputs); BR+GP (the target is the dense *model's* output at this block: inputs come
+   from the pruned model, targets from the dense one); BR+GP+CR (the window of this block and
+   the previous one trained together towards the dense model's output, so the windows overlap
+   and stitch the blocks);
+4. the pruned model's hidden states move on to the next block, and the dense model's too.
+
+``SparsePruning`` is iterable: it yields one BlockRecord per block as it goes (the CLI's
+progress bar, the app's curves and the benchmark all read the same records), then holds the
+SparseResult.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from memstep.compress.data import perplexity, save_model
+from memstep.compress.sparse.blocks import (decoder_layers, embed, layer_kwargs, linear_layers,
+                                            normalized_error, run_block)
+from memstep.compress.sparse.calibration import SOURCES, calibration_windows, held_out_windows
+from memstep.compress.sparse.masks import (METHODS, Pattern, magnitude_mask, parse_nm, sparsegpt_prune,
+                                           wanda_mask)
+from memstep.compress.sparse.records import BlockRecord, SparseResult
+from memstep.compress.sparse.reconstruct import TrainOptions, train_blocks, train_layer
+from memstep.compress.sparse.sparsity import count_sparsity, pruned_matrices, verify_saved
+from memstep.errors import MemstepError
+
+RECONSTRUCTIONS = ("none", "lr", "br", "br+gp", "br+gp+cr")
+
+
+@dataclass
+class SparseConfig:
+    """Defaults sized for the embedded 135M model on a 2-core CPU: a few minutes for BR+GP."""
+
+    method: str = "wanda"
+    sparsity: float = 0.5
+    nm: str | None = None  # "2:4": N:M instead of unstructured
+    reconstruct: str = "br+gp"
+    calibration: str = "text"
+    samples: int = 16
+    seq_len: int = 128
+    held_out_samples: int = 8
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    steps: int = 20
+    batch_size: int = 4
+    damp: float = 0.01  # SparseGPT: damping, a fraction of the Hessian's mean diagonal
+    block_columns: int = 128  # SparseGPT: columns per block of the OBS update
+    seed: int = 0
+
+    @property
+    def pattern(self) -> Pattern:
+        return parse_nm(self.nm) if self.nm else Pattern(sparsity=self.sparsity).validate()
+
+    @property
+    def train(self) -> TrainOptions:
+        return TrainOptions(self.optimizer, self.lr, self.steps, self.batch_size, self.seed)
+
+    def validate(self) -> "SparseConfig":
+        if self.method not in METHODS:
+            raise MemstepError(f"unknown pruning method '{self.method}': choose one of {', '.join(METHODS)}")
+        if self.reconstruct not in RECONSTRUCTIONS:
+            raise MemstepError(f"unknown reconstruction '{self.reconstruct}': choose one of "
+                               f"{', '.join(RECONSTRUCTIONS)}")
+        if self.calibration not in SOURCES:
+            raise MemstepError(f"unknown calibration '{self.calibration}': choose one of {', '.join(SOURCES)}")
+        if self.samples < 1 or self.held_out_samples < 1:
+            raise MemstepError("--samples and --held-out-samples must be at least 1")
+        if self.seq_len < 2:
+            raise MemstepError(f"--seq-len must be at least 2 tokens (got {self.seq_len})")
+        if self.damp <= 0 or self.block_columns < 1:
+            raise MemstepError("--damp must be positive and --block-columns at least 1")
+        self.pattern  # noqa: B018 (raises on a bad sparsity or N:M)
+        if self.reconstruct != "none":
+            self.train.validate()
+        return self
+
+
+def _collect_grams(block, x: torch.Tensor, kwargs: list[dict], idx: int, batch_size: int):
+    """Run the (dense) block on x; return its outputs and each linear layer's input Gram matrix."""
+    grams: dict[str, torch.Tensor] = {}
+
+    def hook(name):
+        def record(module, args):
+            inp = args[0].detach().reshape(-1, args[0].shape[-1]).float()
+            grams[name] = grams.get(name, 0) + inp.T @ inp
+        return record
+
+    handles = [lin.register_forward_pre_hook(hook(name)) for name, lin in linear_layers(block).items()]
+    try:
+        out = run_block([block], x, kwargs, idx, batch_size)
+    finally:
+        for h in handles:
+            h.remove()
+    return out, grams
+
+
+def prune_block(block, grams: dict, tokens: int, config: SparseConfig) -> dict[str, torch.Tensor]:
+    """Mask every linear layer of ``block`` in place; return the keep masks by layer name."""
+    pattern, masks = config.pattern, {}
+    with torch.no_grad():
+        for name, linear in linear_layers(block).items():
+            w = linear.weight
+            if config.method == "magnitude":
+                keep = magnitude_mask(w, pattern)
+            elif config.method == "wanda":
+                keep = wanda_mask(w, torch.diag(grams[name]).clamp_min(0).sqrt(), pattern)
+            else:
+                new, keep = sparsegpt_prune(w, grams[name] / tokens, pattern, config.block_columns, config.damp)
+                w.copy_(new)
+            w.mul_(keep.to(w.device))
+            masks[name] = keep.to(w.device)
+    return masks
+
+
+class SparsePruning:
+    """Iterate to prune ``lm`` (a memstep LoadedModel, changed in place) block by block."""
+
+    def __init__(self, lm, config: SparseConfig, output: str | None = None, info: dict | None = None):
+        self.lm, self.config, self.output = lm, config.validate(), output
+        self.info = info or {}
+        self.records: list[BlockRecord] = []
+        self.result: SparseResult | None = None
+        self.phase = "starting"
+
+    def __iter__(self):
+        cfg, model, tok = self.config, self.lm.model, self.lm.tokenizer
+        started = time.perf_counter()
+        layers = decoder_layers(model)
+        model.requires_grad_(False)
+        self.phase = "calibration data"
+        calib = calibration_windows(model, tok, cfg.calibration, cfg.samples, cfg.seq_len, cfg.seed)
+        held = held_out_windows(tok, cfg.held_out_samples, cfg.seq_len)
+        self.phase = "dense perplexity"
+        ppl_dense = {"calibration": perplexity(model, calib), "held_out": perplexity(model, held)}
+        kwargs = layer_kwargs(model, cfg.seq_len)
+        xp = xd = embed(model, calib)  # calibration: pruned model's / dense model's hidden states
+        hp = hd = embed(model, held)  # held-out: the same
+        xp_prev = hp_prev = None
+        masks: list[dict] = []
+        bs = max(1, cfg.batch_size)
+        tokens = xp.shape[0] * xp.shape[1]
+        for idx, block in enumerate(layers):
+            self.phase = f"block {idx + 1}/{len(layers)}"
+            t0 = time.perf_counter()
+            dense = copy.deepcopy(block)
+            y_local, grams = _collect_grams(dense, xp, kwargs, idx, bs)  # dense block on pruned inputs
+            yd = run_block([dense], xd, kwargs, idx, bs)  # the dense model's output at this block
+            hyd = run_block([dense], hd, kwargs, idx, bs)
+            masks.append(prune_block(block, grams, tokens, cfg))
+            err_cal_masked = normalized_error(run_block([block], xp, kwargs, idx, bs), yd)
+            err_held_masked = normalized_error(run_block([block], hp, kwargs, idx, bs), hyd)
+            t1 = time.perf_counter()
+            losses, window = self._reconstruct(idx, block, dense, masks, grams, kwargs, xp, xp_prev, y_local, yd)
+            if window[0] < idx:  # CR changed the previous block too: re-run the window from its input
+                xp_next = run_block(layers[idx - 1:idx + 1], xp_prev, kwargs, idx - 1, bs)
+                hp_next = run_block(layers[idx - 1:idx + 1], hp_prev, kwargs, idx - 1, bs)
+            else:
+                xp_next = run_block([block], xp, kwargs, idx, bs)
+                hp_next = run_block([block], hp, kwargs, idx, bs)
+            t2 = time.perf_counter()
+            matrices = {name: count_sparsity(lin.weight) for name, lin in linear_layers(block).items()}
+            zeros = sum(int((lin.weight == 0).sum()) for lin in linear_layers(block).values())
+            weights = sum(lin.weight.numel() for lin in linear_layers(block).values())
+            record = BlockRecord(
+                block=idx, blocks=len(layers), window=window,
+                error_calibration_masked=err_cal_masked, error_calibration=normalized_error(xp_next, yd),
+                error_held_out_masked=err_held_masked, error_held_out=normalized_error(hp_next, hyd),
+                sparsity=zeros / weights, matrices=matrices, losses=losses,
+                seconds_mask=t1 - t0, seconds_reconstruct=t2 - t1, seconds=t2 - t0)
+            self.records.append(record)
+            xp_prev, hp_prev = xp, hp
+            xp, hp, xd, hd = xp_next, hp_next, yd, hyd
+            del dense, grams, y_local
+            yield record
+        self.phase = "pruned perplexity"
+        ppl_pruned = {"calibration": perplexity(model, calib), "held_out": perplexity(model, held)}
+        weights = pruned_matrices(model)
+        matrices = {name: count_sparsity(w) for name, w in weights.items()}
+        all_zeros = sum(int((w == 0).sum()) for w in weights.values())
+        all_weights = sum(w.numel() for w in weights.values())
+        self.result = SparseResult(
+            model=self.lm.name, settings=asdict(cfg), records=self.records,
+            perplexity={k: {"dense": ppl_dense[k], "pruned": ppl_pruned[k]} for k in ppl_dense},
+            sparsity=all_zeros / all_weights, matrices=matrices,
+            calibration_tokens=len(calib) * cfg.seq_len, held_out_tokens=len(held) * cfg.seq_len,
+            calibration_preview=[tok.decode(ids[:48]) for ids in calib[-2:]],
+            seconds=time.perf_counter() - started)
+        if self.output:
+            self.phase = "saving"
+            info = {"method": "sparse", "source_model": self.lm.name, "settings": asdict(cfg),
+                    "sparsity": self.result.sparsity, "perplexity": self.result.perplexity, **self.info}
+            save_model(model, tok, self.output, info)
+            self.result.output = str(self.output)
+            self.result.verified = verify_saved(self.output, model)
+            if not self.result.verified:
+                raise MemstepError(f"the saved model in {self.output} lost zeros: its sparsity does not match")
+        self.phase = "done"
+
+    def _reconstruct(self, idx, block, dense, masks, grams, kwargs, xp, xp_prev, y_local, yd):
+        """Apply the configured reconstruction; returns (step losses, the window of blocks changed)."""
+        cfg, opts = self.config, self.config.train
+        if cfg.reconstruct == "none":
+            return [], [idx]
+        if cfg.reconstruct == "lr":
+            dense_layers = linear_layers(dense)
+            losses = []
+            for name, linear in linear_layers(block).items():
+                losses += train_layer(linear, dense_layers[name].weight, grams[name], masks[idx][name], opts)[-1:]
+            return losses, [idx]
+        if cfg.reconstruct == "br":
+            return train_blocks([block], idx, kwargs, [masks[idx]], xp, y_local, opts), [idx]
+        if cfg.reconstruct == "br+gp" or idx == 0:
+            return train_blocks([block], idx, kwargs, [masks[idx]], xp, yd, opts), [idx]
+        layers = decoder_layers(self.lm.model)  # br+gp+cr: the window (idx-1, idx)
+        return (train_blocks([layers[idx - 1], block], idx - 1, kwargs, masks[idx - 1:idx + 1], xp_prev, yd, opts),
+                [idx - 1, idx])

@@ -1,0 +1,129 @@
+"""Reconstruction with the mask fixed: fit the surviving weights to the dense model's outputs.
+
+- LR (layer-wise): each linear layer alone, min ||(m*W) X - W_dense X||^2. The objective only
+  needs the Gram matrix X^T X of the layer's inputs, so every step is full-batch and its cost
+  does not grow with the calibration tokens.
+- BR (block-wise) and CR (cross-block, a window of consecutive blocks): train the blocks'
+  surviving weights on mini-batches so their output matches a target (the dense block's
+  output; with GP the dense *model's* output, see process.py).
+
+Zeros stay zeros: gradients of pruned weights are masked before each step (so Adam's moments
+never move them) and the mask is re-applied after each step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from memstep.compress.sparse.blocks import call_block, linear_layers
+from memstep.errors import MemstepError
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    steps: int = 20
+    batch_size: int = 4
+    seed: int = 0
+
+    def validate(self) -> "TrainOptions":
+        if self.optimizer not in OPTIMIZERS:
+            raise MemstepError(f"unknown optimizer '{self.optimizer}': choose one of {', '.join(OPTIMIZERS)}")
+        if not self.lr > 0:
+            raise MemstepError(f"--lr must be positive (got {self.lr:g})")
+        if self.steps < 1:
+            raise MemstepError(f"--steps must be at least 1 (got {self.steps})")
+        if self.batch_size < 1:
+            raise MemstepError(f"--batch-size must be at least 1 (got {self.batch_size})")
+        return self
+
+
+def make_optimizer(params: list, options: TrainOptions):
+    """torch.optim with the paper's settings (no weight decay), the learning rate decaying
+    linearly to zero over the steps."""
+    if options.optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=options.lr, momentum=0.9)
+    elif options.optimizer == "adamw":
+        opt = torch.optim.AdamW(params, lr=options.lr)
+    else:
+        opt = torch.optim.Adam(params, lr=options.lr)
+    return opt, torch.optim.lr_scheduler.LinearLR(opt, 1.0, 0.0, total_iters=options.steps)
+
+
+def _masked_step(opt, sched, pairs) -> None:
+    for weight, keep in pairs:
+        weight.grad.mul_(keep)
+    opt.step()
+    sched.step()
+    with torch.no_grad():
+        for weight, keep in pairs:
+            weight.mul_(keep)
+
+
+def train_blocks(blocks: list, first: int, kwargs: list[dict], masks: list[dict], x: torch.Tensor,
+                 target: torch.Tensor, options: TrainOptions) -> list[float]:
+    """BR (one block) or CR (a window): train the surviving linear weights of ``blocks`` (decoder
+    layers ``first``, ``first+1``, ...) so that blocks(x) matches ``target``. Returns the
+    normalized error of each step's mini-batch."""
+    pairs = []
+    for block, keeps in zip(blocks, masks):
+        block.requires_grad_(False)
+        for name, linear in linear_layers(block).items():
+            linear.weight.requires_grad_(True)
+            pairs.append((linear.weight, keeps[name]))
+    opt, sched = make_optimizer([w for w, _ in pairs], options)
+    generator = torch.Generator().manual_seed(options.seed + first)
+    batch = min(options.batch_size, x.shape[0])
+    order: list[int] = []
+    losses = []
+    try:
+        with torch.enable_grad():
+            for _ in range(options.steps):
+                if len(order) < batch:  # a fresh shuffled pass over the calibration samples
+                    order += torch.randperm(x.shape[0], generator=generator).tolist()
+                idx, order = order[:batch], order[batch:]
+                h = x[idx]
+                for offset, block in enumerate(blocks):
+                    h = call_block(block, h, kwargs[first + offset])
+                t = target[idx]
+                loss = ((h - t) ** 2).mean() / (t ** 2).mean().clamp_min(1e-30)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                _masked_step(opt, sched, pairs)
+                losses.append(float(loss.detach()))
+    finally:
+        for weight, _ in pairs:
+            weight.requires_grad_(False)
+            weight.grad = None
+    return losses
+
+
+def train_layer(linear, dense_weight: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor,
+                options: TrainOptions) -> list[float]:
+    """LR for one linear layer: min tr(D G D^T) / tr(W G W^T) with D = m*W - W_dense and
+    G = X^T X, i.e. the normalized output error over all calibration tokens."""
+    dense = dense_weight.detach().float()
+    gram = gram.float()
+    scale = ((dense @ gram) * dense).sum().clamp_min(1e-30)
+    weight = linear.weight
+    weight.requires_grad_(True)
+    opt, sched = make_optimizer([weight], options)
+    losses = []
+    try:
+        with torch.enable_grad():
+            for _ in range(options.steps):
+                diff = weight.float() - dense
+                loss = ((diff @ gram) * diff).sum() / scale
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                _masked_step(opt, sched, [(weight, keep)])
+                losses.append(float(loss.detach()))
+    finally:
+        weight.requires_grad_(False)
+        weight.grad = None
+    return losses

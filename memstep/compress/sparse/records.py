@@ -1,0 +1,62 @@
+"""Plain-data records of a pruning run: one per decoder block, and the run's result."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class BlockRecord:
+    """One pruned (and reconstructed) decoder block.
+
+    Errors are normalized, ||pruned model's hidden state - dense model's||^2 / ||dense's||^2,
+    after this block: the error accumulated through every block so far (the seed paper's
+    Figure 3 quantity). ``*_masked`` is the same right after masking, before reconstruction.
+    With CR the window (block-1, block) was reconstructed together, so the values describe
+    both blocks' final weights."""
+
+    block: int
+    blocks: int
+    window: list[int]
+    error_calibration_masked: float
+    error_calibration: float
+    error_held_out_masked: float
+    error_held_out: float
+    sparsity: float  # zeros / weights over this block's pruned matrices
+    matrices: dict[str, float]  # sparsity of each pruned matrix (q_proj, ..., down_proj)
+    losses: list[float] = field(default_factory=list)  # reconstruction steps' normalized errors
+    seconds_mask: float = 0.0
+    seconds_reconstruct: float = 0.0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SparseResult:
+    """The whole run: settings, per-block records, perplexities before/after, sparsity."""
+
+    model: str
+    settings: dict
+    records: list[BlockRecord]
+    perplexity: dict  # {"calibration": {"dense": x, "pruned": y}, "held_out": {...}}
+    sparsity: float  # zeros / weights over every pruned matrix of the model
+    matrices: dict[str, float]  # every pruned matrix by parameter name
+    calibration_tokens: int
+    held_out_tokens: int
+    calibration_preview: list[str]  # the first calibration samples, decoded (see what self-generation made)
+    seconds: float
+    output: str | None = None
+    verified: bool | None = None  # the saved folder's zeros recounted equal the model's
+
+    @property
+    def final_error(self) -> dict:
+        last = self.records[-1]
+        return {"calibration": last.error_calibration, "held_out": last.error_held_out}
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["records"] = [r.to_dict() for r in self.records]
+        out["final_error"] = self.final_error
+        return out
