@@ -1,0 +1,332 @@
+"""Pruning with reconstruction (memstep compress sparse): masks reach the requested sparsity and
+N:M pattern, Wanda and SparseGPT on hand-made layers, BR and GP on a tiny model (zeros stay zeros),
+every block pruned, self-generated calibration, saving keeps the zeros, bad parameters."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import make_tiny_model
+
+from memstep.compress.sparse import SparseConfig, SparsePruning
+from memstep.compress.sparse import process as process_module
+from memstep.compress.sparse.blocks import (decoder_layers, embed, layer_kwargs, linear_layers,
+                                            normalized_error, run_block)
+from memstep.compress.sparse.calibration import first_token_pool, self_generated_windows
+from memstep.compress.sparse.masks import (Pattern, magnitude_mask, parse_nm, sparsegpt_prune, wanda_mask,
+                                           wanda_scores)
+from memstep.compress.sparse.reconstruct import TrainOptions, train_blocks, train_layer
+from memstep.errors import MemstepError
+from memstep.models import LoadedModel
+
+FAST = dict(samples=4, seq_len=24, held_out_samples=2, steps=6, batch_size=2, lr=3e-3)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from memstep import models
+
+    try:
+        return AutoTokenizer.from_pretrained(str(models.embedded_model_folder()))
+    except MemstepError as err:
+        pytest.skip(str(err))
+
+
+def tiny_lm(tokenizer, layers=3, seed=0) -> LoadedModel:
+    model = make_tiny_model("llama", layers=layers, seed=seed, vocab_size=len(tokenizer))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return LoadedModel(model, tokenizer, "tiny", "cpu", "float32")
+
+
+def zeros_by_matrix(model) -> dict:
+    return {(i, name): (lin.weight == 0).clone() for i, block in enumerate(decoder_layers(model))
+            for name, lin in linear_layers(block).items()}
+
+
+# ---- masks ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sparsity", [0.5, 0.3, 0.75])
+def test_unstructured_masks_reach_the_requested_sparsity_exactly(sparsity):
+    torch.manual_seed(0)
+    w, x = torch.randn(24, 256), torch.randn(64, 256)
+    pattern = Pattern(sparsity=sparsity)
+    assert int((~magnitude_mask(w, pattern)).sum()) == round(sparsity * w.numel())
+    wanda = wanda_mask(w, x.norm(dim=0), pattern)
+    assert ((~wanda).sum(dim=1) == round(sparsity * 256)).all()  # Wanda: within every output row
+    new, keep = sparsegpt_prune(w, x.T @ x / 64, pattern, block_columns=128)
+    for start in (0, 128):  # SparseGPT: within every block of columns
+        assert int((~keep[:, start:start + 128]).sum()) == round(sparsity * 24 * 128)
+    assert torch.equal(new == 0, ~keep)
+
+
+@pytest.mark.parametrize("nm", ["2:4", "4:8", "1:4"])
+def test_nm_masks_respect_every_group(nm):
+    torch.manual_seed(1)
+    pattern = parse_nm(nm)
+    w, x = torch.randn(16, 64), torch.randn(40, 64)
+    masks = [magnitude_mask(w, pattern), wanda_mask(w, x.norm(dim=0), pattern),
+             sparsegpt_prune(w, x.T @ x / 40, pattern, block_columns=32)[1]]
+    for keep in masks:
+        groups = keep.reshape(16, 64 // pattern.m, pattern.m).sum(dim=-1)
+        assert (groups == pattern.n).all()
+        assert math.isclose(float((~keep).float().mean()), 1 - pattern.n / pattern.m)
+
+
+def test_wanda_scores_on_a_hand_made_layer():
+    w = torch.tensor([[1.0, -2.0], [10.0, 20.0]])
+    x = torch.tensor([[3.0, 0.0], [4.0, 1.0]])  # column norms: 5 and 1
+    assert torch.allclose(wanda_scores(w, x.norm(dim=0)), torch.tensor([[5.0, 2.0], [50.0, 20.0]]))
+    keep = wanda_mask(w, x.norm(dim=0), Pattern(sparsity=0.5))
+    # compared within each row: row 0 drops its second weight (2 < 5), row 1 too (20 < 50),
+    # although a whole-matrix threshold would have dropped both of row 0
+    assert keep.tolist() == [[True, False], [True, False]]
+    assert magnitude_mask(w, Pattern(sparsity=0.5)).tolist() == [[False, False], [True, True]]
+
+
+def test_sparsegpt_update_lowers_the_output_error_versus_plain_masking():
+    torch.manual_seed(2)
+    x = torch.randn(512, 8) @ torch.randn(8, 32) + 0.1 * torch.randn(512, 32)  # correlated input features
+    w = torch.randn(16, 32)
+    new, keep = sparsegpt_prune(w, x.T @ x / 512, Pattern(sparsity=0.5), block_columns=32)
+    updated = ((x @ (new - w).T) ** 2).sum()
+    masked_only = ((x @ (w * keep - w).T) ** 2).sum()  # the same mask without the OBS update
+    assert updated < 0.2 * masked_only
+    best = torch.zeros_like(w)  # the least-squares optimum for this mask bounds it from below
+    for row in range(16):
+        best[row, keep[row]] = torch.linalg.lstsq(x[:, keep[row]], x @ w[row]).solution
+    assert updated >= ((x @ (best - w).T) ** 2).sum() * 0.999
+    assert torch.equal(new == 0, ~keep)
+
+
+def test_parse_nm_and_bad_patterns():
+    assert parse_nm("2:4") == Pattern(n=2, m=4)
+    for bad in ("4:4", "5:4", "0:4", "2-4", "a:b"):
+        with pytest.raises(MemstepError):
+            parse_nm(bad)
+    for sparsity in (0.0, 1.0, -0.2, 1.5):
+        with pytest.raises(MemstepError, match="between 0 and 1"):
+            Pattern(sparsity=sparsity).validate()
+
+
+# ---- reconstruction ------------------------------------------------------------------------
+
+def test_br_lowers_a_block_error_and_keeps_zeros(tokenizer):
+    lm = tiny_lm(tokenizer)
+    model = lm.model
+    windows = torch.randint(0, 1000, (6, 24)).tolist()
+    kwargs = layer_kwargs(model, 24)
+    x = embed(model, windows)
+    block = decoder_layers(model)[0]
+    target = run_block([block], x, kwargs, 0)
+    masks = {name: magnitude_mask(lin.weight, Pattern(sparsity=0.5)) for name, lin in linear_layers(block).items()}
+    with torch.no_grad():
+        for name, lin in linear_layers(block).items():
+            lin.weight.mul_(masks[name])
+    zeros_before = {name: (lin.weight == 0).clone() for name, lin in linear_layers(block).items()}
+    before = normalized_error(run_block([block], x, kwargs, 0), target)
+    losses = train_blocks([block], 0, kwargs, [masks], x, target, TrainOptions(lr=3e-3, steps=15, batch_size=3))
+    after = normalized_error(run_block([block], x, kwargs, 0), target)
+    assert after < 0.7 * before and losses[-1] < losses[0]
+    for name, lin in linear_layers(block).items():
+        assert torch.equal(lin.weight == 0, zeros_before[name])  # zeros stay zeros, nothing else becomes 0
+        assert not lin.weight.requires_grad
+
+
+def test_lr_fits_a_layer_to_the_dense_output_and_keeps_zeros():
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(32, 8, bias=False)
+    dense = lin.weight.detach().clone()
+    x = torch.randn(200, 4) @ torch.randn(4, 32) + 0.1 * torch.randn(200, 32)  # correlated features
+    keep = magnitude_mask(dense, Pattern(sparsity=0.5))
+    with torch.no_grad():
+        lin.weight.mul_(keep)
+    err = lambda: float(((x @ (lin.weight.detach() - dense).T) ** 2).sum() / ((x @ dense.T) ** 2).sum())  # noqa: E731
+    before = err()
+    losses = train_layer(lin, dense, x.T @ x, keep, TrainOptions(lr=1e-2, steps=40))
+    assert err() < 0.8 * before and math.isclose(losses[0], before, rel_tol=1e-4)
+    assert torch.equal(lin.weight == 0, ~keep)
+
+
+def test_gp_inputs_come_from_the_pruned_model_and_targets_from_the_dense_one(tokenizer, monkeypatch):
+    lm = tiny_lm(tokenizer)
+    dense_model = make_tiny_model("llama", layers=3, seed=0, vocab_size=len(tokenizer))  # the same weights
+    calls = []
+    real = process_module.train_blocks
+
+    def spy(blocks, first, kwargs, masks, x, target, options):
+        calls.append((first, len(blocks), x.clone(), target.clone()))
+        return real(blocks, first, kwargs, masks, x, target, options)
+
+    monkeypatch.setattr(process_module, "train_blocks", spy)
+    for reconstruct in ("br+gp", "br"):
+        calls.clear()
+        lm = tiny_lm(tokenizer)
+        run = SparsePruning(lm, SparseConfig(method="magnitude", reconstruct=reconstruct, **FAST))
+        records = iter(run)
+        next(records)  # block 0 pruned and reconstructed
+        first_out = {}
+        pruned_block0 = decoder_layers(lm.model)[0]
+        next(records)  # block 1
+        first, count, x, target = calls[1]
+        assert (first, count) == (1, 1)
+        from memstep.compress.sparse.calibration import calibration_windows
+
+        windows = calibration_windows(lm.model, tokenizer, "text", FAST["samples"], FAST["seq_len"])
+        kwargs = layer_kwargs(dense_model, FAST["seq_len"])
+        emb = embed(dense_model, windows)
+        pruned_in = run_block([pruned_block0], emb, kwargs, 0)
+        assert torch.allclose(x, pruned_in, atol=1e-5)  # inputs: the pruned model's
+        dense_layers = decoder_layers(dense_model)
+        if reconstruct == "br+gp":  # targets: the dense model's own hidden states after block 1
+            expected = run_block(dense_layers[:2], emb, kwargs, 0)
+        else:  # BR: the dense block 1 on the pruned model's inputs
+            expected = run_block([dense_layers[1]], pruned_in, kwargs, 1)
+        assert torch.allclose(target, expected, atol=1e-5)
+        first_out[reconstruct] = target
+    assert not torch.allclose(run_block(dense_layers[:2], emb, kwargs, 0),
+                              run_block([dense_layers[1]], pruned_in, kwargs, 1), atol=1e-4)
+
+
+def test_cr_trains_overlapping_windows_of_two_blocks(tokenizer, monkeypatch):
+    calls = []
+    real = process_module.train_blocks
+
+    def spy(blocks, first, kwargs, masks, x, target, options):
+        calls.append((first, len(blocks)))
+        return real(blocks, first, kwargs, masks, x, target, options)
+
+    monkeypatch.setattr(process_module, "train_blocks", spy)
+    run = SparsePruning(tiny_lm(tokenizer), SparseConfig(method="wanda", reconstruct="br+gp+cr", **FAST))
+    records = list(run)
+    assert calls == [(0, 1), (0, 2), (1, 2)]
+    assert [r.window for r in records] == [[0], [0, 1], [1, 2]]
+
+
+# ---- the whole process -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("reconstruct", ["none", "lr", "br+gp+cr"])
+def test_every_block_is_pruned(tokenizer, reconstruct):
+    lm = tiny_lm(tokenizer, layers=3)
+    run = SparsePruning(lm, SparseConfig(method="sparsegpt", nm="2:4", reconstruct=reconstruct, **FAST))
+    records = list(run)
+    assert [r.block for r in records] == [0, 1, 2]
+    for i, block in enumerate(decoder_layers(lm.model)):
+        for name, lin in linear_layers(block).items():
+            groups = (lin.weight != 0).reshape(lin.weight.shape[0], -1, 4).sum(-1)
+            assert (groups <= 2).all() and float((lin.weight == 0).float().mean()) >= 0.5, (i, name)
+    assert run.result.sparsity >= 0.5 and len(run.result.matrices) == 3 * 7
+    for key in ("calibration", "held_out"):
+        assert all(math.isfinite(v) for v in run.result.perplexity[key].values())
+    assert lm.model.model.embed_tokens.weight.ne(0).all() and lm.model.lm_head.weight.ne(0).all()
+
+
+def test_reconstruction_lowers_the_error_against_no_reconstruction(tokenizer):
+    finals = {}
+    for reconstruct in ("none", "br", "br+gp"):
+        run = SparsePruning(tiny_lm(tokenizer), SparseConfig(method="magnitude", reconstruct=reconstruct, **FAST))
+        records = list(run)
+        finals[reconstruct] = records[-1].error_calibration
+        if reconstruct == "none":
+            assert all(r.error_calibration == r.error_calibration_masked for r in records)
+        else:  # block 0 has the same inputs and mask in every run: reconstruction alone lowers its error
+            assert records[0].error_calibration < records[0].error_calibration_masked
+    assert finals["br"] < finals["none"] and finals["br+gp"] < finals["none"]
+
+
+def test_self_generated_calibration_comes_from_the_model(tokenizer):
+    lm = tiny_lm(tokenizer, layers=1)
+    model = lm.model
+    with torch.no_grad():  # rig the model: after any token it can only say 7 or 8
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[7, 0], model.lm_head.weight[8, 0] = 1e4, -1e4
+    windows = self_generated_windows(model, tokenizer, samples=5, seq_len=12, seed=3, batch_size=2)
+    assert len(windows) == 5 and all(len(w) == 12 for w in windows)
+    pool = set(first_token_pool(tokenizer, model.config.vocab_size).tolist())
+    assert all(w[0] in pool for w in windows) and len({w[0] for w in windows}) > 1  # random first tokens
+    assert all(set(w[1:]) <= {7, 8} for w in windows)
+    assert windows == self_generated_windows(model, tokenizer, samples=5, seq_len=12, seed=3, batch_size=2)
+
+
+def test_both_calibration_mixes_text_and_self_generated(tokenizer):
+    from memstep.compress.sparse.calibration import calibration_windows, text_windows
+
+    lm = tiny_lm(tokenizer, layers=1)
+    windows = calibration_windows(lm.model, tokenizer, "both", samples=5, seq_len=16)
+    assert len(windows) == 5 and all(len(w) == 16 for w in windows)
+    assert windows[:2] == text_windows(tokenizer, 2, 16)
+
+
+def test_saving_and_reloading_keeps_the_zeros(tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from memstep.models import load_model
+
+    lm = tiny_lm(tokenizer)
+    out = tmp_path / "pruned"
+    run = SparsePruning(lm, SparseConfig(method="wanda", reconstruct="br+gp", **FAST), output=str(out))
+    list(run)
+    assert run.result.verified and (out / "memstep_compress.json").is_file()
+    zeros = zeros_by_matrix(lm.model)
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    for key, mask in zeros_by_matrix(reloaded).items():
+        assert torch.equal(mask, zeros[key]), key
+    assert load_model(str(out), device="cpu").name == str(out)  # memstep run --model FOLDER loads it
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(sparsity=1.0), "between 0 and 1"), (dict(sparsity=0.0), "between 0 and 1"),
+    (dict(nm="4:4"), "0 < N < M"), (dict(method="random"), "unknown pruning method"),
+    (dict(reconstruct="gp"), "unknown reconstruction"), (dict(calibration="web"), "unknown calibration"),
+    (dict(steps=0), "--steps"), (dict(lr=-1.0), "--lr"), (dict(optimizer="lion"), "unknown optimizer"),
+    (dict(seq_len=1), "--seq-len")])
+def test_bad_parameters_are_clear_errors(kwargs, words):
+    with pytest.raises(MemstepError, match=words.replace("+", r"\+")):
+        SparseConfig(**kwargs).validate()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--sparsity", "1.5"], "between 0 and 1"), (["--nm", "4:2"], "0 < N < M"),
+    (["--method", "random"], "unknown pruning method"), (["--samples", "0"], "--samples")])
+def test_cli_bad_parameters_exit_2_with_one_line(capsys, argv, words):
+    from memstep.cli import main
+
+    code = main(["compress", "sparse", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("memstep: error:") and words in err[0]
+
+
+def test_cli_prunes_saves_and_reports(capsys, tokenizer, tmp_path):
+    import json
+
+    from memstep.cli import main
+
+    src = tmp_path / "tiny"
+    lm = tiny_lm(tokenizer, layers=2)
+    lm.model.save_pretrained(src)
+    tokenizer.save_pretrained(src)
+    out = tmp_path / "pruned"
+    code = main(["compress", "sparse", "--model", str(src), "--method", "magnitude", "--nm", "2:4",
+                 "--reconstruct", "lr", "--samples", "2", "--seq-len", "16", "--held-out-samples", "1",
+                 "--steps", "2", "--output", str(out), "--json", "--quiet"])
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 0 and payload["verified"] and payload["output"] == str(out)
+    assert math.isclose(payload["sparsity"], 0.5) and len(payload["records"]) == 2
+    assert set(payload["perplexity"]) == {"calibration", "held_out"}
+
+
+@pytest.mark.slow
+def test_embedded_model_every_block_pruned(embedded):
+    import copy
+
+    lm = LoadedModel(copy.deepcopy(embedded.model), embedded.tokenizer, embedded.name, "cpu", "float32")
+    run = SparsePruning(lm, SparseConfig(method="wanda", reconstruct="none", samples=2, seq_len=32,
+                                         held_out_samples=1))
+    records = list(run)
+    assert len(records) == 30 and all(math.isclose(r.sparsity, 0.5) for r in records)
+    assert run.result.perplexity["held_out"]["pruned"] > run.result.perplexity["held_out"]["dense"]
