@@ -163,11 +163,14 @@ class SparsePruning:
             yd = run_block([dense], xd, kwargs, idx, bs)  # the dense model's output at this block
             hyd = run_block([dense], hd, kwargs, idx, bs)
             masks.append(prune_block(block, grams, tokens, cfg))
-            err_cal_masked = normalized_error(run_block([block], xp, kwargs, idx, bs), yd)
-            err_held_masked = normalized_error(run_block([block], hp, kwargs, idx, bs), hyd)
+            xp_masked = run_block([block], xp, kwargs, idx, bs)
+            hp_masked = run_block([block], hp, kwargs, idx, bs)
+            err_cal_masked, err_held_masked = normalized_error(xp_masked, yd), normalized_error(hp_masked, hyd)
             t1 = time.perf_counter()
             losses, window = self._reconstruct(idx, block, dense, masks, grams, kwargs, xp, xp_prev, y_local, yd)
-            if window[0] < idx:  # CR changed the previous block too: re-run the window from its input
+            if cfg.reconstruct == "none":
+                xp_next, hp_next = xp_masked, hp_masked
+            elif window[0] < idx:  # CR changed the previous block too: re-run the window from its input
                 xp_next = run_block(layers[idx - 1:idx + 1], xp_prev, kwargs, idx - 1, bs)
                 hp_next = run_block(layers[idx - 1:idx + 1], hp_prev, kwargs, idx - 1, bs)
             else:
@@ -186,7 +189,7 @@ class SparsePruning:
             self.records.append(record)
             xp_prev, hp_prev = xp, hp
             xp, hp, xd, hd = xp_next, hp_next, yd, hyd
-            del dense, grams, y_local
+            del dense, grams, y_local, xp_masked, hp_masked
             yield record
         self.phase = "pruned perplexity"
         ppl_pruned = {"calibration": perplexity(model, calib), "held_out": perplexity(model, held)}

@@ -1,0 +1,232 @@
+"""The Compress tab's "Pruning + reconstruction" section (memstep.compress.sparse).
+
+One click prunes the Run tab's model once per chosen reconstruction technique (none, LR, BR,
+BR+GP, BR+GP+CR), block by block; the per-block error curves stream as the blocks are done,
+one colour per technique, solid on the calibration data and dashed on held-out text, so a
+technique that fits the calibration data better but held-out text worse (overfitting) shows as
+solid and dashed lines moving apart. The table gives perplexities and error reductions; each
+technique's pruned model is saved under compressed_root() and loads into the Run tab in one click.
+
+Figures and the table are pure functions of the runs' records (tested without a browser).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import gradio as gr
+import plotly.graph_objects as go
+
+from memstep.compress import compressed_root
+from memstep.compress.sparse import RECONSTRUCTIONS, SparseConfig, SparsePruning
+from memstep.errors import MemstepError
+
+# Bounds on the work one request can cause (the app is meant to be public).
+MAX_SAMPLES = 32
+MAX_SEQ_LEN = 256
+MAX_STEPS = 50
+MAX_PARAMS = int(float(os.environ.get("MEMSTEP_PRUNE_MAX_PARAMS", 6e8)))
+HELD_OUT_SAMPLES = 8
+TECHNIQUE_LABELS = {"none": "none", "lr": "LR", "br": "BR", "br+gp": "BR+GP", "br+gp+cr": "BR+GP+CR"}
+TECHNIQUE_COLORS = {"none": "#94a3b8", "lr": "#f59e0b", "br": "#3b82f6", "br+gp": "#10b981", "br+gp+cr": "#db2777"}
+PATTERNS = ["unstructured", "2:4", "4:8"]
+FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
+TABLE_HEADERS = ["technique", "calib. ppl (dense → pruned)", "held-out ppl (dense → pruned)",
+                 "final error calib.", "final error held-out", "error cut vs none (calib. / held-out)",
+                 "sparsity", "seconds", "saved as"]
+DEFAULTS = dict(method="wanda", pattern="unstructured", sparsity=0.5, techniques=["none", "br+gp"],
+                calibration="text", samples=16, seq_len=128, steps=20, lr=1e-3)
+
+
+def saved_folder(technique: str):
+    """One folder per technique: re-runs overwrite it, so the disk a public app uses stays bounded."""
+    return compressed_root() / f"sparse-{technique.replace('+', '-')}"
+
+
+# ---- pure figure and table builders ----------------------------------------------------------
+def error_figure(runs: list[dict], blocks: int | None = None) -> go.Figure:
+    """Per-block normalized error, one colour per technique; solid calibration, dashed held-out.
+    ``runs``: [{"technique": ..., "records": [BlockRecord, ...], ...}]."""
+    fig = go.Figure()
+    for run in runs:
+        t, records = run["technique"], run["records"]
+        if not records:
+            continue
+        x = [r.block for r in records]
+        for split, key, dash in (("calibration", "error_calibration", "solid"),
+                                 ("held-out", "error_held_out", "dash")):
+            fig.add_trace(go.Scatter(
+                x=x, y=[getattr(r, key) for r in records], mode="lines+markers", name=f"{TECHNIQUE_LABELS[t]}, {split}",
+                line=dict(color=TECHNIQUE_COLORS[t], dash=dash, width=2), marker=dict(size=4),
+                hovertemplate=f"{TECHNIQUE_LABELS[t]} ({split})<br>block %{{x}}: error %{{y:.4g}}<extra></extra>"))
+    fig.update_layout(template="plotly_white", height=430, font=FONT, hovermode="closest",
+                      title=dict(text="Reconstruction error after each block (pruned vs dense hidden states)",
+                                 x=0.0, xanchor="left", font=dict(size=14)),
+                      margin=dict(l=64, r=24, t=96, b=56),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0.0,
+                                  font=dict(size=11)))
+    fig.update_xaxes(title_text="decoder block", range=[-0.5, (blocks or 1) - 0.5] if blocks else None,
+                     showline=True, linecolor="#9ca3af")
+    fig.update_yaxes(title_text="||pruned − dense||² / ||dense||²", type="log", showline=True,
+                     linecolor="#9ca3af", gridcolor="#eef0f3")
+    return fig
+
+
+def _cut(value: float, reference: float | None) -> str:
+    return "—" if reference in (None, 0) else f"{1 - value / reference:+.0%}"
+
+
+def table_rows(runs: list[dict]) -> list[list]:
+    """One row per technique; error cuts are against the 'none' run when it ran."""
+    finals = {run["technique"]: run["records"][-1] for run in runs if run["records"]}
+    none = finals.get("none")
+    rows = []
+    for run in runs:
+        result, records = run.get("result"), run["records"]
+        if not records:
+            continue
+        last = records[-1]
+        done = result is not None
+        ppl = result.perplexity if done else None
+        cut = "—" if none is None or run["technique"] == "none" else (
+            f"{_cut(last.error_calibration, none.error_calibration)} / {_cut(last.error_held_out, none.error_held_out)}")
+        rows.append([
+            TECHNIQUE_LABELS[run["technique"]] + ("" if done else f" (block {last.block + 1}/{last.blocks})"),
+            f"{ppl['calibration']['dense']:.2f} → {ppl['calibration']['pruned']:.2f}" if done else "…",
+            f"{ppl['held_out']['dense']:.2f} → {ppl['held_out']['pruned']:.2f}" if done else "…",
+            f"{last.error_calibration:.4g}", f"{last.error_held_out:.4g}", cut,
+            f"{result.sparsity:.2%}" if done else f"{last.sparsity:.2%}",
+            f"{(result.seconds if done else sum(r.seconds for r in records)):.0f}",
+            result.output if done and result.output else ""])
+    return rows
+
+
+# ---- handlers --------------------------------------------------------------------------------
+def make_config(method, pattern, sparsity, calibration, samples, seq_len, steps, lr, technique) -> SparseConfig:
+    """The settings of one run, with the app's caps; MemstepError on a bad value."""
+    samples, seq_len, steps = int(samples or 0), int(seq_len or 0), int(steps or 0)
+    if not 1 <= samples <= MAX_SAMPLES:
+        raise MemstepError(f"samples must be 1-{MAX_SAMPLES} in the app (the CLI takes more)")
+    if not 16 <= seq_len <= MAX_SEQ_LEN:
+        raise MemstepError(f"tokens per sample must be 16-{MAX_SEQ_LEN} in the app (the CLI takes more)")
+    if not 1 <= steps <= MAX_STEPS:
+        raise MemstepError(f"steps must be 1-{MAX_STEPS} in the app (the CLI takes more)")
+    nm = None if pattern == "unstructured" else pattern
+    if pattern not in PATTERNS:
+        raise MemstepError(f"unknown sparsity pattern '{pattern}': choose one of {', '.join(PATTERNS)}")
+    return SparseConfig(method=method, sparsity=float(sparsity or 0), nm=nm, reconstruct=technique,
+                        calibration=calibration, samples=samples, seq_len=seq_len,
+                        held_out_samples=HELD_OUT_SAMPLES, steps=steps, lr=float(lr or 0),
+                        batch_size=min(4, samples)).validate()
+
+
+def _source_model(spec):
+    """A private copy of the Run tab's model: pruning changes weights in place."""
+    from memstep.models import LoadedModel
+    from ui.models import get_model, normalize_spec
+
+    lm = get_model(normalize_spec(spec))
+    params = sum(p.numel() for p in lm.model.parameters())
+    if params > MAX_PARAMS:
+        raise MemstepError(f"{lm.name} has {params / 1e9:.1f}B parameters: the app prunes models up to "
+                           f"{MAX_PARAMS / 1e9:.1f}B (use `memstep compress sparse` for larger ones)")
+    return LoadedModel(copy.deepcopy(lm.model), lm.tokenizer, lm.name, lm.device, lm.dtype)
+
+
+def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq_len, steps, lr):
+    """Stream (status, figure, table, saved-model dropdown) while each technique prunes the model."""
+    techniques = [t for t in RECONSTRUCTIONS if t in (techniques or [])]
+    try:
+        if not techniques:
+            raise MemstepError("tick at least one reconstruction technique")
+        configs = [make_config(method, pattern, sparsity, calibration, samples, seq_len, steps, lr, t)
+                   for t in techniques]
+    except MemstepError as err:
+        raise gr.Error(str(err)) from err
+    runs: list[dict] = []
+    saved: list[str] = []
+    for i, (technique, config) in enumerate(zip(techniques, configs), start=1):
+        try:
+            lm = _source_model(spec)
+            folder = saved_folder(technique)
+            process = SparsePruning(lm, config, output=str(folder),
+                                    info={"app": True, "technique": technique})
+            run = {"technique": technique, "records": process.records, "result": None}
+            runs.append(run)
+            blocks = len(lm.model.model.layers)
+            head = f"**{TECHNIQUE_LABELS[technique]}** ({i}/{len(techniques)})"
+            yield (f"{head}: preparing calibration data and dense perplexity…", error_figure(runs, blocks),
+                   table_rows(runs), gr.update())
+            for record in process:
+                yield (f"{head}: block {record.block + 1}/{record.blocks} pruned to {record.sparsity:.1%} — error "
+                       f"{record.error_calibration:.4g} (calibration), {record.error_held_out:.4g} (held-out)",
+                       error_figure(runs, blocks), table_rows(runs), gr.update())
+            run["result"] = process.result
+            saved.append(str(folder))
+        except MemstepError as err:
+            raise gr.Error(str(err)) from err
+        del lm, process
+        yield (f"{head}: done, saved to `{folder}`", error_figure(runs, blocks), table_rows(runs),
+               gr.update(choices=saved, value=saved[-1]))
+    yield ("**Done.** Solid lines: calibration data; dashed: held-out text. Pick a pruned model below and load it "
+           "into the Run tab.", error_figure(runs, blocks), table_rows(runs), gr.update(choices=saved, value=saved[-1]))
+
+
+def load_into_run(folder):
+    if not folder:
+        raise gr.Error("prune first: there is no pruned model to load yet")
+    return gr.update(value=folder), gr.Tabs(selected="run")
+
+
+# ---- layout ----------------------------------------------------------------------------------
+def build_section(model_box=None, tabs=None) -> None:
+    gr.Markdown(
+        "Prunes every linear layer of every decoder block of the **Run tab's model** (embeddings and LM head are "
+        "kept), block by block, then fits the surviving weights to the dense model's outputs with the mask fixed "
+        "(*Rethinking Pruning LLMs*, EMNLP 2024). **LR**: each layer alone; **BR**: the whole block; **GP**: the "
+        "block's targets come from the dense model instead of the dense block on the pruned inputs; **CR**: two "
+        "consecutive blocks together. Each ticked technique runs once, one after another.",
+        elem_classes="memstep-note")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=4, min_width=320, elem_id="sparse-controls"):
+            method = gr.Radio(["magnitude", "wanda", "sparsegpt"], value=DEFAULTS["method"], label="Mask",
+                              elem_id="sparse-method")
+            pattern = gr.Radio(PATTERNS, value=DEFAULTS["pattern"], label="Sparsity pattern", elem_id="sparse-pattern")
+            sparsity = gr.Slider(0.1, 0.9, value=DEFAULTS["sparsity"], step=0.05, label="Sparsity (unstructured)",
+                                 elem_id="sparse-sparsity")
+            techniques = gr.CheckboxGroup([(TECHNIQUE_LABELS[t], t) for t in RECONSTRUCTIONS],
+                                          value=DEFAULTS["techniques"], label="Reconstruction techniques",
+                                          elem_id="sparse-techniques")
+            calibration = gr.Radio([("Persuasion (text)", "text"), ("self-generated", "self"), ("both", "both")],
+                                   value=DEFAULTS["calibration"], label="Calibration data",
+                                   elem_id="sparse-calibration")
+            with gr.Row():
+                samples = gr.Number(DEFAULTS["samples"], label="Samples", minimum=1, maximum=MAX_SAMPLES, precision=0,
+                                    elem_id="sparse-samples", min_width=80)
+                seq_len = gr.Number(DEFAULTS["seq_len"], label="Tokens each", minimum=16, maximum=MAX_SEQ_LEN,
+                                    precision=0, elem_id="sparse-seq-len", min_width=80)
+            with gr.Row():
+                steps = gr.Number(DEFAULTS["steps"], label="Steps per block", minimum=1, maximum=MAX_STEPS,
+                                  precision=0, elem_id="sparse-steps", min_width=80)
+                lr = gr.Number(DEFAULTS["lr"], label="Learning rate (Adam)", minimum=0, elem_id="sparse-lr",
+                               min_width=80)
+            with gr.Row():
+                start = gr.Button("Prune", variant="primary", elem_id="sparse-run")
+                stop = gr.Button("Stop", elem_id="sparse-stop")
+        with gr.Column(scale=9):
+            status = gr.Markdown("Pick a mask, a pattern and the techniques to compare, then **Prune**. The embedded "
+                                 "model takes a few minutes per technique on a 2-core CPU.", elem_id="sparse-status")
+            plot = gr.Plot(error_figure([]), elem_id="sparse-plot", show_label=False)
+            table = gr.Dataframe(headers=TABLE_HEADERS, interactive=False, wrap=True, elem_id="sparse-table")
+            with gr.Row(equal_height=True):
+                pruned = gr.Dropdown([], label="Pruned model", elem_id="sparse-pruned", scale=4)
+                load = gr.Button("Load into the Run tab", elem_id="sparse-load", scale=1)
+    running = start.click(prune, [model_box if model_box is not None else gr.State(None), method, pattern, sparsity,
+                                  techniques, calibration, samples, seq_len, steps, lr],
+                          [status, plot, table, pruned], concurrency_id="prefill", concurrency_limit=1,
+                          show_progress="minimal", show_progress_on=[status], api_visibility="private")
+    stop.click(lambda: "**Stopped.** The curves show the blocks done so far.", None, [status], cancels=[running],
+               concurrency_limit=None, api_visibility="private")
+    if model_box is not None and tabs is not None:
+        load.click(load_into_run, [pruned], [model_box, tabs], concurrency_limit=None, api_visibility="private")
