@@ -330,3 +330,68 @@ def test_embedded_model_every_block_pruned(embedded):
     records = list(run)
     assert len(records) == 30 and all(math.isclose(r.sparsity, 0.5) for r in records)
     assert run.result.perplexity["held_out"]["pruned"] > run.result.perplexity["held_out"]["dense"]
+
+
+# ---- the app section's figures and table (no browser) ------------------------------------------
+
+def _records(errors_cal, errors_held):
+    from memstep.compress.sparse.records import BlockRecord
+
+    return [BlockRecord(block=i, blocks=len(errors_cal), window=[i], error_calibration_masked=c,
+                        error_calibration=c, error_held_out_masked=h, error_held_out=h, sparsity=0.5, matrices={})
+            for i, (c, h) in enumerate(zip(errors_cal, errors_held))]
+
+
+def _result(records, ppl_cal, ppl_held):
+    from memstep.compress.sparse.records import SparseResult
+
+    return SparseResult(model="m", settings={}, records=records,
+                        perplexity={"calibration": {"dense": 10.0, "pruned": ppl_cal},
+                                    "held_out": {"dense": 20.0, "pruned": ppl_held}},
+                        sparsity=0.5, matrices={}, calibration_tokens=0, held_out_tokens=0, calibration_preview=[],
+                        seconds=12.0)
+
+
+def test_error_figure_has_one_curve_per_technique_and_split():
+    from ui.compress_sparse import TECHNIQUE_COLORS, error_figure
+
+    runs = [{"technique": "none", "records": _records([0.1, 0.2], [0.1, 0.3]), "result": None},
+            {"technique": "br+gp", "records": _records([0.01], [0.05]), "result": None}]  # still running
+    fig = error_figure(runs, blocks=2)
+    assert [t.name for t in fig.data] == ["none, calibration", "none, held-out", "BR+GP, calibration",
+                                          "BR+GP, held-out"]
+    assert [t.line.dash for t in fig.data] == ["solid", "dash"] * 2
+    assert fig.data[2].line.color == TECHNIQUE_COLORS["br+gp"] and list(fig.data[3].y) == [0.05]
+    assert fig.layout.yaxis.type == "log" and len(error_figure([]).data) == 0
+
+
+def test_table_rows_give_perplexities_and_cuts_against_none():
+    from ui.compress_sparse import table_rows
+
+    none = _records([0.1, 0.2], [0.1, 0.4])
+    br = _records([0.01, 0.05], [0.05, 0.3])
+    rows = table_rows([{"technique": "none", "records": none, "result": _result(none, 11.0, 25.0)},
+                       {"technique": "br+gp", "records": br, "result": _result(br, 10.5, 30.0)},
+                       {"technique": "br+gp+cr", "records": br[:1], "result": None}])
+    assert rows[0][:3] == ["none", "10.00 → 11.00", "20.00 → 25.00"] and rows[0][5] == "—"
+    assert rows[1][5] == "+75% / +25%"  # 1 - 0.05/0.2 on calibration, 1 - 0.3/0.4 held-out
+    assert rows[2][0] == "BR+GP+CR (block 1/2)" and rows[2][1] == "…"
+
+
+def test_app_caps_and_settings():
+    import gradio as gr
+
+    from ui.compress_sparse import MAX_SAMPLES, load_into_run, make_config
+
+    config = make_config("sparsegpt", "2:4", 0.5, "self", 8, 64, 5, 1e-3, "br+gp+cr")
+    assert (config.nm, config.method, config.calibration, config.reconstruct) == ("2:4", "sparsegpt", "self", "br+gp+cr")
+    for bad in [dict(samples=MAX_SAMPLES + 1), dict(seq_len=4096), dict(steps=0), dict(pattern="3:9x")]:
+        args = dict(method="wanda", pattern="unstructured", sparsity=0.5, calibration="text", samples=8, seq_len=64,
+                    steps=5, lr=1e-3, technique="br")
+        args.update(bad)
+        with pytest.raises(MemstepError):
+            make_config(**args)
+    with pytest.raises(gr.Error):
+        load_into_run(None)
+    update, tabs = load_into_run("/x/sparse-br")
+    assert update["value"] == "/x/sparse-br"

@@ -34,7 +34,7 @@ PATTERNS = ["unstructured", "2:4", "4:8"]
 FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
 TABLE_HEADERS = ["technique", "calib. ppl (dense → pruned)", "held-out ppl (dense → pruned)",
                  "final error calib.", "final error held-out", "error cut vs none (calib. / held-out)",
-                 "sparsity", "seconds", "saved as"]
+                 "sparsity", "seconds"]
 DEFAULTS = dict(method="wanda", pattern="unstructured", sparsity=0.5, techniques=["none", "br+gp"],
                 calibration="text", samples=16, seq_len=128, steps=20, lr=1e-3)
 
@@ -66,8 +66,9 @@ def error_figure(runs: list[dict], blocks: int | None = None) -> go.Figure:
                       margin=dict(l=64, r=24, t=96, b=56),
                       legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0.0,
                                   font=dict(size=11)))
-    fig.update_xaxes(title_text="decoder block", range=[-0.5, (blocks or 1) - 0.5] if blocks else None,
-                     showline=True, linecolor="#9ca3af")
+    fig.update_xaxes(title_text="decoder block", range=[-0.5, blocks - 0.5] if blocks else None,
+                     tickmode="linear", tick0=0, dtick=max(1, (blocks or 1) // 15), showline=True,
+                     linecolor="#9ca3af")
     fig.update_yaxes(title_text="||pruned − dense||² / ||dense||²", type="log", showline=True,
                      linecolor="#9ca3af", gridcolor="#eef0f3")
     return fig
@@ -97,8 +98,7 @@ def table_rows(runs: list[dict]) -> list[list]:
             f"{ppl['held_out']['dense']:.2f} → {ppl['held_out']['pruned']:.2f}" if done else "…",
             f"{last.error_calibration:.4g}", f"{last.error_held_out:.4g}", cut,
             f"{result.sparsity:.2%}" if done else f"{last.sparsity:.2%}",
-            f"{(result.seconds if done else sum(r.seconds for r in records)):.0f}",
-            result.output if done and result.output else ""])
+            f"{(result.seconds if done else sum(r.seconds for r in records)):.0f}"])
     return rows
 
 
@@ -202,14 +202,12 @@ def build_section(model_box=None, tabs=None) -> None:
                                    value=DEFAULTS["calibration"], label="Calibration data",
                                    elem_id="sparse-calibration")
             with gr.Row():
-                samples = gr.Number(DEFAULTS["samples"], label="Samples", minimum=1, maximum=MAX_SAMPLES, precision=0,
+                samples = gr.Number(DEFAULTS["samples"], label=f"Samples (1-{MAX_SAMPLES})", precision=0,
                                     elem_id="sparse-samples", min_width=80)
-                seq_len = gr.Number(DEFAULTS["seq_len"], label="Tokens each", minimum=16, maximum=MAX_SEQ_LEN,
-                                    precision=0, elem_id="sparse-seq-len", min_width=80)
+                seq_len = gr.Number(DEFAULTS["seq_len"], label=f"Tokens each (16-{MAX_SEQ_LEN})", precision=0, elem_id="sparse-seq-len", min_width=80)
             with gr.Row():
-                steps = gr.Number(DEFAULTS["steps"], label="Steps per block", minimum=1, maximum=MAX_STEPS,
-                                  precision=0, elem_id="sparse-steps", min_width=80)
-                lr = gr.Number(DEFAULTS["lr"], label="Learning rate (Adam)", minimum=0, elem_id="sparse-lr",
+                steps = gr.Number(DEFAULTS["steps"], label=f"Steps per block (1-{MAX_STEPS})", precision=0, elem_id="sparse-steps", min_width=80)
+                lr = gr.Number(DEFAULTS["lr"], label="Learning rate (Adam)", elem_id="sparse-lr",
                                min_width=80)
             with gr.Row():
                 start = gr.Button("Prune", variant="primary", elem_id="sparse-run")

@@ -1,0 +1,80 @@
+"""Screenshot of the Compress tab's pruning section after a real run (assets/screenshots/compress_sparse.png).
+
+Launches the app, opens Compress > Pruning + reconstruction, prunes the Run tab's model (the
+embedded SmolLM2-135M unless MEMSTEP_MODEL says otherwise) with Wanda 50% and the chosen
+techniques on small calibration settings, waits for the end and captures the section.
+
+    .venv/bin/python scripts/screenshot_sparse.py      # several minutes per technique on a 2-core CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scripts.screenshots import shrink  # noqa: E402
+from ui.browser import chromium_page, open_app, serve  # noqa: E402
+from ui.layout import build_app  # noqa: E402
+
+
+def open_section(page) -> None:
+    page.get_by_role("tab", name="Compress").click()
+    page.get_by_role("tab", name="Pruning + reconstruction").click()
+    page.locator("#sparse-run").wait_for(state="visible", timeout=30_000)
+
+
+def set_number(page, elem_id: str, value) -> None:
+    box = page.locator(f"#{elem_id} input").first
+    box.fill(str(value))
+    box.press("Tab")
+
+
+def set_techniques(page, techniques: list[str]) -> None:
+    for box in page.locator("#sparse-techniques label").all():
+        name = box.inner_text().strip()
+        checkbox = box.locator("input")
+        if (name in techniques) != checkbox.is_checked():
+            checkbox.click()
+
+
+def prune_in_app(page, techniques, samples, seq_len, steps, timeout_s=3600) -> float:
+    set_techniques(page, techniques)
+    set_number(page, "sparse-samples", samples)
+    set_number(page, "sparse-seq-len", seq_len)
+    set_number(page, "sparse-steps", steps)
+    began = time.perf_counter()
+    page.locator("#sparse-run").click()
+    page.wait_for_function("() => /Done\\./.test(document.querySelector('#sparse-status')?.innerText || '')",
+                           timeout=timeout_s * 1000)
+    page.wait_for_selector("#sparse-plot .js-plotly-plot .main-svg", timeout=30_000)
+    return time.perf_counter() - began
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "assets" / "screenshots" / "compress_sparse.png")
+    parser.add_argument("--techniques", nargs="+", default=["none", "LR", "BR+GP", "BR+GP+CR"])
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=6)
+    args = parser.parse_args(argv)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with serve(build_app()) as url, chromium_page({"width": 1440, "height": 1000}) as page:
+        open_app(page, url)
+        open_section(page)
+        seconds = prune_in_app(page, args.techniques, args.samples, args.seq_len, args.steps)
+        print(f"pruning: {seconds:.0f} s")
+        time.sleep(1)
+        page.mouse.move(0, 0)
+        page.screenshot(path=str(args.out), full_page=True)
+    print(f"{args.out}: {shrink(args.out) / 1000:.0f} KB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
