@@ -41,13 +41,15 @@ def parse_cell(cell: str) -> tuple[str, dict]:
     return method, ({"nm": pattern} if ":" in pattern else {"sparsity": float(pattern)})
 
 
-def run_one(base, config: SparseConfig) -> dict:
+def run_one(base, config: SparseConfig, dense_ppl: dict) -> dict:
+    """Prune a fresh copy; the dense perplexity is measured once per calibration source (same windows)."""
     lm = LoadedModel(copy.deepcopy(base.model), base.tokenizer, base.name, base.device, base.dtype)
     cpu0 = time.process_time()
-    process = SparsePruning(lm, config)
+    process = SparsePruning(lm, config, dense_perplexity=dense_ppl.get(config.calibration))
     for _ in process:
         pass
     r = process.result
+    dense_ppl[config.calibration] = {k: v["dense"] for k, v in r.perplexity.items()}
     return {"method": config.method, "pattern": config.nm or f"{config.sparsity:.0%}",
             "reconstruct": config.reconstruct, "calibration": config.calibration,
             "final_error": r.final_error, "perplexity": r.perplexity, "sparsity": r.sparsity,
@@ -105,11 +107,11 @@ def main(argv=None) -> int:
                   steps=args.steps, batch_size=args.batch_size, lr=args.lr)
     plan = [(cell, rec, "text") for cell in args.grid for rec in args.reconstructions]
     plan += [(args.grid[0], rec, "self") for rec in args.self_generated]
-    runs, started = [], time.perf_counter()
+    runs, started, dense_ppl = [], time.perf_counter(), {}
     for i, (cell, rec, calibration) in enumerate(plan, start=1):
         method, pattern = parse_cell(cell)
         run = run_one(base, SparseConfig(method=method, reconstruct=rec, calibration=calibration, **pattern,
-                                         **common).validate())
+                                         **common).validate(), dense_ppl)
         runs.append(run)
         print(f"[{i}/{len(plan)}] {cell} {rec} {calibration}: error {run['final_error']['calibration']:.4f} / "
               f"{run['final_error']['held_out']:.4f}, ppl held-out {run['perplexity']['held_out']['pruned']:.2f}, "

@@ -91,14 +91,21 @@ class SparseConfig:
         return self
 
 
-def _collect_grams(block, x: torch.Tensor, kwargs: list[dict], idx: int, batch_size: int):
-    """Run the (dense) block on x; return its outputs and each linear layer's input Gram matrix."""
+def _collect_inputs(block, x: torch.Tensor, kwargs: list[dict], idx: int, batch_size: int, want_grams: bool,
+                    keep_inputs: bool):
+    """Run the (dense) block on x; return its outputs, each linear layer's input Gram matrix X^T X
+    and, when ``keep_inputs``, the inputs themselves (samples, tokens, in) for LR."""
     grams: dict[str, torch.Tensor] = {}
+    inputs: dict[str, list] = {}
 
     def hook(name):
         def record(module, args):
-            inp = args[0].detach().reshape(-1, args[0].shape[-1]).float()
-            grams[name] = grams.get(name, 0) + inp.T @ inp
+            inp = args[0].detach()
+            flat = inp.reshape(-1, inp.shape[-1]).float()
+            if want_grams:
+                grams[name] = grams.get(name, 0) + flat.T @ flat
+            if keep_inputs:
+                inputs.setdefault(name, []).append(inp)
         return record
 
     handles = [lin.register_forward_pre_hook(hook(name)) for name, lin in linear_layers(block).items()]
@@ -107,7 +114,7 @@ def _collect_grams(block, x: torch.Tensor, kwargs: list[dict], idx: int, batch_s
     finally:
         for h in handles:
             h.remove()
-    return out, grams
+    return out, grams, {name: torch.cat(parts) for name, parts in inputs.items()}
 
 
 def prune_block(block, grams: dict, tokens: int, config: SparseConfig) -> dict[str, torch.Tensor]:
@@ -131,8 +138,12 @@ def prune_block(block, grams: dict, tokens: int, config: SparseConfig) -> dict[s
 class SparsePruning:
     """Iterate to prune ``lm`` (a memstep LoadedModel, changed in place) block by block."""
 
-    def __init__(self, lm, config: SparseConfig, output: str | None = None, info: dict | None = None):
+    def __init__(self, lm, config: SparseConfig, output: str | None = None, info: dict | None = None,
+                 dense_perplexity: dict | None = None):
+        """``dense_perplexity``: {"calibration": x, "held_out": y} measured before on the same windows
+        (a benchmark reuses it across runs); measured here when None."""
         self.lm, self.config, self.output = lm, config.validate(), output
+        self.dense_perplexity = dense_perplexity
         self.info = info or {}
         self.records: list[BlockRecord] = []
         self.result: SparseResult | None = None
@@ -147,7 +158,8 @@ class SparsePruning:
         calib = calibration_windows(model, tok, cfg.calibration, cfg.samples, cfg.seq_len, cfg.seed)
         held = held_out_windows(tok, cfg.held_out_samples, cfg.seq_len)
         self.phase = "dense perplexity"
-        ppl_dense = {"calibration": perplexity(model, calib), "held_out": perplexity(model, held)}
+        ppl_dense = self.dense_perplexity or {"calibration": perplexity(model, calib),
+                                              "held_out": perplexity(model, held)}
         kwargs = layer_kwargs(model, cfg.seq_len)
         xp = xd = embed(model, calib)  # calibration: pruned model's / dense model's hidden states
         hp = hd = embed(model, held)  # held-out: the same
@@ -159,7 +171,9 @@ class SparsePruning:
             self.phase = f"block {idx + 1}/{len(layers)}"
             t0 = time.perf_counter()
             dense = copy.deepcopy(block)
-            y_local, grams = _collect_grams(dense, xp, kwargs, idx, bs)  # dense block on pruned inputs
+            # the dense block on the pruned model's inputs: BR's target, the masks' statistics, LR's inputs
+            y_local, grams, inputs = _collect_inputs(dense, xp, kwargs, idx, bs, cfg.method != "magnitude",
+                                                       cfg.reconstruct == "lr")
             yd = run_block([dense], xd, kwargs, idx, bs)  # the dense model's output at this block
             hyd = run_block([dense], hd, kwargs, idx, bs)
             masks.append(prune_block(block, grams, tokens, cfg))
@@ -167,7 +181,7 @@ class SparsePruning:
             hp_masked = run_block([block], hp, kwargs, idx, bs)
             err_cal_masked, err_held_masked = normalized_error(xp_masked, yd), normalized_error(hp_masked, hyd)
             t1 = time.perf_counter()
-            losses, window = self._reconstruct(idx, block, dense, masks, grams, kwargs, xp, xp_prev, y_local, yd)
+            losses, window = self._reconstruct(idx, block, dense, masks, inputs, kwargs, xp, xp_prev, y_local, yd)
             if cfg.reconstruct == "none":
                 xp_next, hp_next = xp_masked, hp_masked
             elif window[0] < idx:  # CR changed the previous block too: re-run the window from its input
@@ -189,7 +203,7 @@ class SparsePruning:
             self.records.append(record)
             xp_prev, hp_prev = xp, hp
             xp, hp, xd, hd = xp_next, hp_next, yd, hyd
-            del dense, grams, y_local, xp_masked, hp_masked
+            del dense, grams, inputs, y_local, xp_masked, hp_masked
             yield record
         self.phase = "pruned perplexity"
         ppl_pruned = {"calibration": perplexity(model, calib), "held_out": perplexity(model, held)}
@@ -215,7 +229,7 @@ class SparsePruning:
                 raise MemstepError(f"the saved model in {self.output} lost zeros: its sparsity does not match")
         self.phase = "done"
 
-    def _reconstruct(self, idx, block, dense, masks, grams, kwargs, xp, xp_prev, y_local, yd):
+    def _reconstruct(self, idx, block, dense, masks, inputs, kwargs, xp, xp_prev, y_local, yd):
         """Apply the configured reconstruction; returns (step losses, the window of blocks changed)."""
         cfg, opts = self.config, self.config.train
         if cfg.reconstruct == "none":
@@ -224,7 +238,7 @@ class SparsePruning:
             dense_layers = linear_layers(dense)
             losses = []
             for name, linear in linear_layers(block).items():
-                losses += train_layer(linear, dense_layers[name].weight, grams[name], masks[idx][name], opts)[-1:]
+                losses += train_layer(linear, dense_layers[name].weight, inputs[name], masks[idx][name], opts)[-1:]
             return losses, [idx]
         if cfg.reconstruct == "br":
             return train_blocks([block], idx, kwargs, [masks[idx]], xp, y_local, opts), [idx]

@@ -1,8 +1,7 @@
 """Reconstruction with the mask fixed: fit the surviving weights to the dense model's outputs.
 
-- LR (layer-wise): each linear layer alone, min ||(m*W) X - W_dense X||^2. The objective only
-  needs the Gram matrix X^T X of the layer's inputs, so every step is full-batch and its cost
-  does not grow with the calibration tokens.
+- LR (layer-wise): each linear layer alone, min ||(m*W) X - W_dense X||^2 on the layer's
+  calibration inputs X, in mini-batches of samples like BR.
 - BR (block-wise) and CR (cross-block, a window of consecutive blocks): train the blocks'
   surviving weights on mini-batches so their output matches a target (the dense block's
   output; with GP the dense *model's* output, see process.py).
@@ -103,22 +102,27 @@ def train_blocks(blocks: list, first: int, kwargs: list[dict], masks: list[dict]
     return losses
 
 
-def train_layer(linear, dense_weight: torch.Tensor, gram: torch.Tensor, keep: torch.Tensor,
+def train_layer(linear, dense_weight: torch.Tensor, inputs: torch.Tensor, keep: torch.Tensor,
                 options: TrainOptions) -> list[float]:
-    """LR for one linear layer: min tr(D G D^T) / tr(W G W^T) with D = m*W - W_dense and
-    G = X^T X, i.e. the normalized output error over all calibration tokens."""
-    dense = dense_weight.detach().float()
-    gram = gram.float()
-    scale = ((dense @ gram) * dense).sum().clamp_min(1e-30)
+    """LR for one linear layer: on mini-batches of its calibration inputs (samples, tokens, in),
+    min ||(m*W - W_dense) x||^2 / ||W_dense x||^2. Returns each step's normalized error."""
+    dense = dense_weight.detach()
     weight = linear.weight
     weight.requires_grad_(True)
     opt, sched = make_optimizer([weight], options)
+    generator = torch.Generator().manual_seed(options.seed)
+    batch = min(options.batch_size, inputs.shape[0])
+    order: list[int] = []
     losses = []
     try:
         with torch.enable_grad():
             for _ in range(options.steps):
-                diff = weight.float() - dense
-                loss = ((diff @ gram) * diff).sum() / scale
+                if len(order) < batch:
+                    order += torch.randperm(inputs.shape[0], generator=generator).tolist()
+                idx, order = order[:batch], order[batch:]
+                x = inputs[idx]
+                target = x @ dense.T
+                loss = ((x @ weight.T - target) ** 2).sum() / (target ** 2).sum().clamp_min(1e-30)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 _masked_step(opt, sched, [(weight, keep)])
