@@ -64,33 +64,23 @@ def _masked_step(opt, sched, pairs) -> None:
             weight.mul_(keep)
 
 
-def train_blocks(blocks: list, first: int, kwargs: list[dict], masks: list[dict], x: torch.Tensor,
-                 target: torch.Tensor, options: TrainOptions) -> list[float]:
-    """BR (one block) or CR (a window): train the surviving linear weights of ``blocks`` (decoder
-    layers ``first``, ``first+1``, ...) so that blocks(x) matches ``target``. Returns the
-    normalized error of each step's mini-batch."""
-    pairs = []
-    for block, keeps in zip(blocks, masks):
-        block.requires_grad_(False)
-        for name, linear in linear_layers(block).items():
-            linear.weight.requires_grad_(True)
-            pairs.append((linear.weight, keeps[name]))
+def _fit(pairs: list, samples: int, options: TrainOptions, seed: int, batch_loss) -> list[float]:
+    """Train the weights of ``pairs`` [(weight, keep mask)] for ``options.steps`` steps on shuffled
+    mini-batches of sample indices; ``batch_loss(indices)`` gives a batch's loss. Returns the losses."""
+    for weight, _ in pairs:
+        weight.requires_grad_(True)
     opt, sched = make_optimizer([w for w, _ in pairs], options)
-    generator = torch.Generator().manual_seed(options.seed + first)
-    batch = min(options.batch_size, x.shape[0])
+    generator = torch.Generator().manual_seed(seed)
+    batch = min(options.batch_size, samples)
     order: list[int] = []
     losses = []
     try:
         with torch.enable_grad():
             for _ in range(options.steps):
                 if len(order) < batch:  # a fresh shuffled pass over the calibration samples
-                    order += torch.randperm(x.shape[0], generator=generator).tolist()
+                    order += torch.randperm(samples, generator=generator).tolist()
                 idx, order = order[:batch], order[batch:]
-                h = x[idx]
-                for offset, block in enumerate(blocks):
-                    h = call_block(block, h, kwargs[first + offset])
-                t = target[idx]
-                loss = ((h - t) ** 2).mean() / (t ** 2).mean().clamp_min(1e-30)
+                loss = batch_loss(idx)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 _masked_step(opt, sched, pairs)
@@ -102,32 +92,35 @@ def train_blocks(blocks: list, first: int, kwargs: list[dict], masks: list[dict]
     return losses
 
 
+def train_blocks(blocks: list, first: int, kwargs: list[dict], masks: list[dict], x: torch.Tensor,
+                 target: torch.Tensor, options: TrainOptions) -> list[float]:
+    """BR (one block) or CR (a window): train the surviving linear weights of ``blocks`` (decoder
+    layers ``first``, ``first+1``, ...) so that blocks(x) matches ``target``. Returns the
+    normalized error of each step's mini-batch."""
+    pairs = []
+    for block, keeps in zip(blocks, masks):
+        block.requires_grad_(False)
+        pairs += [(linear.weight, keeps[name]) for name, linear in linear_layers(block).items()]
+
+    def batch_loss(idx):
+        h = x[idx]
+        for offset, block in enumerate(blocks):
+            h = call_block(block, h, kwargs[first + offset])
+        t = target[idx]
+        return ((h - t) ** 2).mean() / (t ** 2).mean().clamp_min(1e-30)
+
+    return _fit(pairs, x.shape[0], options, options.seed + first, batch_loss)
+
+
 def train_layer(linear, dense_weight: torch.Tensor, inputs: torch.Tensor, keep: torch.Tensor,
                 options: TrainOptions) -> list[float]:
     """LR for one linear layer: on mini-batches of its calibration inputs (samples, tokens, in),
     min ||(m*W - W_dense) x||^2 / ||W_dense x||^2. Returns each step's normalized error."""
     dense = dense_weight.detach()
-    weight = linear.weight
-    weight.requires_grad_(True)
-    opt, sched = make_optimizer([weight], options)
-    generator = torch.Generator().manual_seed(options.seed)
-    batch = min(options.batch_size, inputs.shape[0])
-    order: list[int] = []
-    losses = []
-    try:
-        with torch.enable_grad():
-            for _ in range(options.steps):
-                if len(order) < batch:
-                    order += torch.randperm(inputs.shape[0], generator=generator).tolist()
-                idx, order = order[:batch], order[batch:]
-                x = inputs[idx]
-                target = x @ dense.T
-                loss = ((x @ weight.T - target) ** 2).sum() / (target ** 2).sum().clamp_min(1e-30)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                _masked_step(opt, sched, [(weight, keep)])
-                losses.append(float(loss.detach()))
-    finally:
-        weight.requires_grad_(False)
-        weight.grad = None
-    return losses
+
+    def batch_loss(idx):
+        x = inputs[idx]
+        target = x @ dense.T
+        return ((x @ linear.weight.T - target) ** 2).sum() / (target ** 2).sum().clamp_min(1e-30)
+
+    return _fit([(linear.weight, keep)], inputs.shape[0], options, options.seed, batch_loss)
