@@ -224,6 +224,17 @@ def test_every_block_is_pruned(tokenizer, reconstruct):
     assert lm.model.model.embed_tokens.weight.ne(0).all() and lm.model.lm_head.weight.ne(0).all()
 
 
+@pytest.mark.parametrize("family", ["qwen2", "gemma"])
+def test_other_families_run_block_by_block(tokenizer, family):
+    model = make_tiny_model(family, layers=2, vocab_size=len(tokenizer))
+    run = SparsePruning(LoadedModel(model, tokenizer, family, "cpu", "float32"),
+                        SparseConfig(method="wanda", reconstruct="br+gp", **FAST))
+    records = list(run)
+    assert len(records) == 2 and run.result.sparsity == 0.5
+    assert all(math.isfinite(r.error_calibration) and r.error_calibration < r.error_calibration_masked
+               for r in records[:1])
+
+
 def test_reconstruction_lowers_the_error_against_no_reconstruction(tokenizer):
     finals = {}
     for reconstruct in ("none", "br", "br+gp"):
