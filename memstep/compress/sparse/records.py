@@ -11,7 +11,8 @@ class BlockRecord:
 
     Errors are normalized, ||pruned model's hidden state - dense model's||^2 / ||dense's||^2,
     after this block: the error accumulated through every block so far (the seed paper's
-    Figure 3 quantity). ``*_masked`` is the same right after masking, before reconstruction.
+    Figure 3 quantity), the first position of each window (the attention sink) left out (see
+    blocks.normalized_error). ``*_masked`` is the same right after masking, before reconstruction.
     With CR the window (block-1, block) was reconstructed together, so the values describe
     both blocks' final weights."""
 
