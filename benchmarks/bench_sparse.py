@@ -61,13 +61,16 @@ def run_one(base, config: SparseConfig, dense_ppl: dict) -> dict:
 
 
 def add_reductions(runs: list[dict]) -> None:
-    """Error reduction against 'none' with the same mask, pattern and calibration."""
-    nones = {(r["method"], r["pattern"], r["calibration"]): r for r in runs if r["reconstruct"] == "none"}
+    """Error reduction against 'none' (text calibration) with the same mask and pattern. Runs on
+    self-generated data get the held-out reduction only: their calibration error is on other data."""
+    nones = {(r["method"], r["pattern"]): r for r in runs if r["reconstruct"] == "none" and r["calibration"] == "text"}
     for r in runs:
-        none = nones.get((r["method"], r["pattern"], "text"))
+        none = nones.get((r["method"], r["pattern"]))
         if none is None:
             continue
         r["reduction"] = {k: 1 - r["final_error"][k] / none["final_error"][k] for k in ("calibration", "held_out")}
+        if r["calibration"] != "text":
+            r["reduction"]["calibration"] = None
 
 
 def markdown(runs: list[dict]) -> str:
@@ -81,7 +84,7 @@ def markdown(runs: list[dict]) -> str:
     for r in runs:
         cut = r.get("reduction")
         cut_text = "" if not cut or r["reconstruct"] == "none" else \
-            f"{cut['calibration']:.0%} / {cut['held_out']:.0%}"
+            f"{'—' if cut['calibration'] is None else format(cut['calibration'], '.0%')} / {cut['held_out']:.0%}"
         lines.append(f"| {r['method']} | {r['pattern']} | {r['calibration']} | {LABELS[r['reconstruct']]} | "
                      f"{r['final_error']['calibration']:.4f} | {r['final_error']['held_out']:.4f} | {cut_text} | "
                      f"{r['perplexity']['calibration']['pruned']:.2f} | {r['perplexity']['held_out']['pruned']:.2f} | "
@@ -101,7 +104,15 @@ def main(argv=None) -> int:
     p.add_argument("--reconstructions", nargs="+", default=list(RECONSTRUCTIONS))
     p.add_argument("--self-generated", nargs="*", default=list(SELF_GENERATED))
     p.add_argument("--output", default=None)
+    p.add_argument("--retable", default=None, help="re-render the table of an existing JSON result (no runs)")
     args = p.parse_args(argv)
+    if args.retable:
+        payload = json.loads(Path(args.retable).read_text())
+        add_reductions(payload["runs"])
+        payload["table"] = markdown(payload["runs"])
+        Path(args.retable).write_text(json.dumps(payload, indent=1))
+        print(payload["table"])
+        return 0
     base = load_model("embedded", device="cpu", dtype="float32")
     common = dict(samples=args.samples, seq_len=args.seq_len, held_out_samples=args.held_out_samples,
                   steps=args.steps, batch_size=args.batch_size, lr=args.lr)
