@@ -31,6 +31,7 @@ HELD_OUT_SAMPLES = 8
 TECHNIQUE_LABELS = {"none": "none", "lr": "LR", "br": "BR", "br+gp": "BR+GP", "br+gp+cr": "BR+GP+CR"}
 TECHNIQUE_COLORS = {"none": "#94a3b8", "lr": "#f59e0b", "br": "#3b82f6", "br+gp": "#10b981", "br+gp+cr": "#db2777"}
 PATTERNS = ["unstructured", "2:4", "4:8"]
+LOG_TICKS = [m * 10.0 ** e for e in range(-6, 2) for m in (1, 2, 5)]  # 1-2-5 labels on the log axis
 FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
 TABLE_HEADERS = ["technique", "calib. ppl (dense → pruned)", "held-out ppl (dense → pruned)",
                  "final error calib.", "final error held-out", "error cut vs none (calib. / held-out)",
@@ -60,17 +61,18 @@ def error_figure(runs: list[dict], blocks: int | None = None) -> go.Figure:
                 x=x, y=[getattr(r, key) for r in records], mode="lines+markers", name=f"{TECHNIQUE_LABELS[t]}, {split}",
                 line=dict(color=TECHNIQUE_COLORS[t], dash=dash, width=2), marker=dict(size=4),
                 hovertemplate=f"{TECHNIQUE_LABELS[t]} ({split})<br>block %{{x}}: error %{{y:.4g}}<extra></extra>"))
-    fig.update_layout(template="plotly_white", height=430, font=FONT, hovermode="closest",
+    fig.update_layout(template="plotly_white", height=450, font=FONT, hovermode="closest",
                       title=dict(text="Reconstruction error after each block (pruned vs dense hidden states)",
-                                 x=0.0, xanchor="left", font=dict(size=14)),
-                      margin=dict(l=64, r=24, t=96, b=56),
+                                 x=0.0, xanchor="left", y=0.985, yanchor="top", font=dict(size=14)),
+                      margin=dict(l=64, r=24, t=118, b=56),
                       legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0.0,
                                   font=dict(size=11)))
     fig.update_xaxes(title_text="decoder block", range=[-0.5, blocks - 0.5] if blocks else None,
                      tickmode="linear", tick0=0, dtick=max(1, (blocks or 1) // 15), showline=True,
                      linecolor="#9ca3af")
     fig.update_yaxes(title_text="||pruned − dense||² / ||dense||²", type="log", showline=True,
-                     linecolor="#9ca3af", gridcolor="#eef0f3")
+                     linecolor="#9ca3af", gridcolor="#eef0f3", tickvals=LOG_TICKS,
+                     ticktext=[f"{v:g}" for v in LOG_TICKS])
     return fig
 
 
