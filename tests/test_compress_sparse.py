@@ -152,8 +152,7 @@ def test_lr_fits_a_layer_to_the_dense_output_and_keeps_zeros():
 
 
 def test_gp_inputs_come_from_the_pruned_model_and_targets_from_the_dense_one(tokenizer, monkeypatch):
-    lm = tiny_lm(tokenizer)
-    dense_model = make_tiny_model("llama", layers=3, seed=0, vocab_size=len(tokenizer))  # the same weights
+    dense_model = make_tiny_model("llama", layers=3, seed=0, vocab_size=len(tokenizer))  # tiny_lm's weights
     calls = []
     real = process_module.train_blocks
 
@@ -168,7 +167,6 @@ def test_gp_inputs_come_from_the_pruned_model_and_targets_from_the_dense_one(tok
         run = SparsePruning(lm, SparseConfig(method="magnitude", reconstruct=reconstruct, **FAST))
         records = iter(run)
         next(records)  # block 0 pruned and reconstructed
-        first_out = {}
         pruned_block0 = decoder_layers(lm.model)[0]
         next(records)  # block 1
         first, count, x, target = calls[1]
@@ -186,7 +184,6 @@ def test_gp_inputs_come_from_the_pruned_model_and_targets_from_the_dense_one(tok
         else:  # BR: the dense block 1 on the pruned model's inputs
             expected = run_block([dense_layers[1]], pruned_in, kwargs, 1)
         assert torch.allclose(target, expected, atol=1e-5)
-        first_out[reconstruct] = target
     assert not torch.allclose(run_block(dense_layers[:2], emb, kwargs, 0),
                               run_block([dense_layers[1]], pruned_in, kwargs, 1), atol=1e-4)
 
@@ -336,7 +333,7 @@ def test_embedded_model_every_block_pruned(embedded):
     import copy
 
     lm = LoadedModel(copy.deepcopy(embedded.model), embedded.tokenizer, embedded.name, "cpu", "float32")
-    run = SparsePruning(lm, SparseConfig(method="wanda", reconstruct="none", samples=2, seq_len=32,
+    run = SparsePruning(lm, SparseConfig(method="wanda", reconstruct="none", samples=2, seq_len=16,
                                          held_out_samples=1))
     records = list(run)
     assert len(records) == 30 and all(math.isclose(r.sparsity, 0.5) for r in records)
@@ -406,3 +403,21 @@ def test_app_caps_and_settings():
         load_into_run(None)
     update, tabs = load_into_run("/x/sparse-br")
     assert update["value"] == "/x/sparse-br"
+
+
+def test_app_handler_streams_records_and_saves(tokenizer, tmp_path, monkeypatch):
+    from ui.compress_sparse import prune
+
+    src = tmp_path / "tiny"
+    lm = tiny_lm(tokenizer, layers=2)
+    lm.model.save_pretrained(src)
+    tokenizer.save_pretrained(src)
+    monkeypatch.setenv("MEMSTEP_COMPRESSED", str(tmp_path / "compressed"))
+    updates = list(prune(str(src), "magnitude", "2:4", 0.5, ["br", "none"], "self", 2, 16, 2, 1e-3))
+    statuses = [u[0] for u in updates]
+    assert any("block 2/2" in s for s in statuses) and statuses[-1].startswith("**Done.**")
+    assert "self-generated calibration sample" in statuses[-1]
+    figure, rows, dropdown = updates[-1][1:]
+    assert [t.name for t in figure.data][::2] == ["none, calibration", "BR, calibration"]  # in the listed order
+    assert [r[0] for r in rows] == ["none", "BR"]
+    assert dropdown["value"].endswith("sparse-br") and (tmp_path / "compressed" / "sparse-none").is_dir()

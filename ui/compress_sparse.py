@@ -13,7 +13,9 @@ Figures and the table are pure functions of the runs' records (tested without a 
 from __future__ import annotations
 
 import copy
+import html
 import os
+import re
 
 import gradio as gr
 import plotly.graph_objects as go
@@ -171,8 +173,12 @@ def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq
         del lm, process
         yield (f"{head}: done, saved to `{folder}`", error_figure(runs, blocks), table_rows(runs),
                gr.update(choices=saved, value=saved[-1]))
-    yield ("**Done.** Solid lines: calibration data; dashed: held-out text. Pick a pruned model below and load it "
-           "into the Run tab.", error_figure(runs, blocks), table_rows(runs), gr.update(choices=saved, value=saved[-1]))
+    done = ("**Done.** Solid lines: calibration data; dashed: held-out text. Pick a pruned model below and load it "
+            "into the Run tab.")
+    if calibration != "text":  # let the user see what the model wrote for itself
+        sample = re.sub(r"[\s*_`#\[\]<>|~\\]+", " ", runs[-1]["result"].calibration_preview[-1]).strip()
+        done += f" A self-generated calibration sample begins: *{html.escape(sample[:240])}…*"
+    yield done, error_figure(runs, blocks), table_rows(runs), gr.update(choices=saved, value=saved[-1])
 
 
 def load_into_run(folder):

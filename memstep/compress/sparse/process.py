@@ -147,17 +147,14 @@ class SparsePruning:
         self.info = info or {}
         self.records: list[BlockRecord] = []
         self.result: SparseResult | None = None
-        self.phase = "starting"
 
     def __iter__(self):
         cfg, model, tok = self.config, self.lm.model, self.lm.tokenizer
         started = time.perf_counter()
         layers = decoder_layers(model)
         model.requires_grad_(False)
-        self.phase = "calibration data"
         calib = calibration_windows(model, tok, cfg.calibration, cfg.samples, cfg.seq_len, cfg.seed)
         held = held_out_windows(tok, cfg.held_out_samples, cfg.seq_len)
-        self.phase = "dense perplexity"
         ppl_dense = self.dense_perplexity or {"calibration": perplexity(model, calib),
                                               "held_out": perplexity(model, held)}
         kwargs = layer_kwargs(model, cfg.seq_len)
@@ -168,7 +165,6 @@ class SparsePruning:
         bs = max(1, cfg.batch_size)
         tokens = xp.shape[0] * xp.shape[1]
         for idx, block in enumerate(layers):
-            self.phase = f"block {idx + 1}/{len(layers)}"
             t0 = time.perf_counter()
             dense = copy.deepcopy(block)
             # the dense block on the pruned model's inputs: BR's target, the masks' statistics, LR's inputs
@@ -205,7 +201,6 @@ class SparsePruning:
             xp, hp, xd, hd = xp_next, hp_next, yd, hyd
             del dense, grams, inputs, y_local, xp_masked, hp_masked
             yield record
-        self.phase = "pruned perplexity"
         ppl_pruned = {"calibration": perplexity(model, calib), "held_out": perplexity(model, held)}
         weights = pruned_matrices(model)
         matrices = {name: count_sparsity(w) for name, w in weights.items()}
@@ -219,7 +214,6 @@ class SparsePruning:
             calibration_preview=[tok.decode(ids[:48]) for ids in calib[-2:]],
             seconds=time.perf_counter() - started)
         if self.output:
-            self.phase = "saving"
             info = {"method": "sparse", "source_model": self.lm.name, "settings": asdict(cfg),
                     "sparsity": self.result.sparsity, "perplexity": self.result.perplexity, **self.info}
             save_model(model, tok, self.output, info)
@@ -227,7 +221,6 @@ class SparsePruning:
             self.result.verified = verify_saved(self.output, model)
             if not self.result.verified:
                 raise MemstepError(f"the saved model in {self.output} lost zeros: its sparsity does not match")
-        self.phase = "done"
 
     def _reconstruct(self, idx, block, dense, masks, inputs, kwargs, xp, xp_prev, y_local, yd):
         """Apply the configured reconstruction; returns (step losses, the window of blocks changed)."""
