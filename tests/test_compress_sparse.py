@@ -421,3 +421,16 @@ def test_app_handler_streams_records_and_saves(tokenizer, tmp_path, monkeypatch)
     assert [t.name for t in figure.data][::2] == ["none, calibration", "BR, calibration"]  # in the listed order
     assert [r[0] for r in rows] == ["none", "BR"]
     assert dropdown["value"].endswith("sparse-br") and (tmp_path / "compressed" / "sparse-none").is_dir()
+
+
+def test_the_cli_parser_stays_free_of_torch():
+    """`memstep plan` and `memstep schedule` answer instantly: registering `compress sparse` must
+    not import torch."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = "import sys; from memstep.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -13,10 +13,7 @@ SHOWN_MATRICES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "s
 
 
 def register(sub) -> None:
-    from memstep.compress.sparse.calibration import SOURCES
-    from memstep.compress.sparse.masks import METHODS
-    from memstep.compress.sparse.process import RECONSTRUCTIONS, SparseConfig
-    from memstep.compress.sparse.reconstruct import OPTIMIZERS
+    from memstep.compress.sparse.config import METHODS, OPTIMIZERS, RECONSTRUCTIONS, SOURCES, SparseConfig
 
     d = SparseConfig()
     p = sub.add_parser(
@@ -53,7 +50,7 @@ def register(sub) -> None:
 
 
 def config_from_args(args):
-    from memstep.compress.sparse.process import SparseConfig
+    from memstep.compress.sparse.config import SparseConfig
 
     return SparseConfig(method=args.method, sparsity=args.sparsity, nm=args.nm, reconstruct=args.reconstruct,
                         calibration=args.calibration, samples=args.samples, seq_len=args.seq_len,

@@ -11,9 +11,8 @@ from __future__ import annotations
 import torch
 
 from memstep.compress.data import calibration_texts, held_out_text, token_windows
+from memstep.compress.sparse.config import SOURCES
 from memstep.errors import MemstepError
-
-SOURCES = ("text", "self", "both")
 
 
 def text_windows(tokenizer, samples: int, seq_len: int) -> list[list[int]]:

@@ -12,51 +12,10 @@ input columns of a row, N weights survive). How "exactly the requested sparsity"
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from memstep.compress.sparse.config import METHODS, Pattern, parse_nm  # noqa: F401 (re-exported)
 from memstep.errors import MemstepError
-
-METHODS = ("magnitude", "wanda", "sparsegpt")
-
-
-@dataclass(frozen=True)
-class Pattern:
-    """Unstructured ``sparsity`` or N:M (``n`` of every ``m`` survive)."""
-
-    sparsity: float = 0.5
-    n: int = 0
-    m: int = 0
-
-    @property
-    def nm(self) -> bool:
-        return self.m > 0
-
-    @property
-    def target(self) -> float:
-        """The fraction of weights pruned."""
-        return 1 - self.n / self.m if self.nm else self.sparsity
-
-    def label(self) -> str:
-        return f"{self.n}:{self.m}" if self.nm else f"{self.sparsity:.0%} unstructured"
-
-    def validate(self) -> "Pattern":
-        if self.nm:
-            if not (0 < self.n < self.m):
-                raise MemstepError(f"N:M needs 0 < N < M (got {self.n}:{self.m}), e.g. --nm 2:4")
-        elif not (0 < self.sparsity < 1):
-            raise MemstepError(f"--sparsity must lie strictly between 0 and 1 (got {self.sparsity:g})")
-        return self
-
-
-def parse_nm(text: str) -> Pattern:
-    """'2:4' -> Pattern(n=2, m=4)."""
-    try:
-        n, m = (int(part) for part in str(text).split(":"))
-    except ValueError:
-        raise MemstepError(f"N:M must look like 2:4 (got '{text}')") from None
-    return Pattern(n=n, m=m).validate()
 
 
 def _prune_lowest(scores: torch.Tensor, count: int) -> torch.Tensor:

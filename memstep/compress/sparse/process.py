@@ -25,71 +25,20 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 
 from memstep.compress.data import perplexity, save_model
 from memstep.compress.sparse.blocks import (decoder_layers, embed, layer_kwargs, linear_layers,
                                             normalized_error, run_block)
-from memstep.compress.sparse.calibration import SOURCES, calibration_windows, held_out_windows
-from memstep.compress.sparse.masks import (METHODS, Pattern, magnitude_mask, parse_nm, sparsegpt_prune,
-                                           wanda_mask)
+from memstep.compress.sparse.calibration import calibration_windows, held_out_windows
+from memstep.compress.sparse.config import RECONSTRUCTIONS, SparseConfig  # noqa: F401 (re-exported)
+from memstep.compress.sparse.masks import magnitude_mask, sparsegpt_prune, wanda_mask
 from memstep.compress.sparse.records import BlockRecord, SparseResult
-from memstep.compress.sparse.reconstruct import TrainOptions, train_blocks, train_layer
+from memstep.compress.sparse.reconstruct import train_blocks, train_layer
 from memstep.compress.sparse.sparsity import count_sparsity, pruned_matrices, verify_saved
 from memstep.errors import MemstepError
-
-RECONSTRUCTIONS = ("none", "lr", "br", "br+gp", "br+gp+cr")
-
-
-@dataclass
-class SparseConfig:
-    """Defaults sized for the embedded 135M model on a 2-core CPU: a few minutes for BR+GP."""
-
-    method: str = "wanda"
-    sparsity: float = 0.5
-    nm: str | None = None  # "2:4": N:M instead of unstructured
-    reconstruct: str = "br+gp"
-    calibration: str = "text"
-    samples: int = 16
-    seq_len: int = 128
-    held_out_samples: int = 8
-    optimizer: str = "adam"
-    lr: float = 1e-3
-    steps: int = 20
-    batch_size: int = 4
-    damp: float = 0.01  # SparseGPT: damping, a fraction of the Hessian's mean diagonal
-    block_columns: int = 128  # SparseGPT: columns per block of the OBS update
-    seed: int = 0
-
-    @property
-    def pattern(self) -> Pattern:
-        return parse_nm(self.nm) if self.nm else Pattern(sparsity=self.sparsity).validate()
-
-    @property
-    def train(self) -> TrainOptions:
-        return TrainOptions(self.optimizer, self.lr, self.steps, self.batch_size, self.seed)
-
-    def validate(self) -> "SparseConfig":
-        if self.method not in METHODS:
-            raise MemstepError(f"unknown pruning method '{self.method}': choose one of {', '.join(METHODS)}")
-        if self.reconstruct not in RECONSTRUCTIONS:
-            raise MemstepError(f"unknown reconstruction '{self.reconstruct}': choose one of "
-                               f"{', '.join(RECONSTRUCTIONS)}")
-        if self.calibration not in SOURCES:
-            raise MemstepError(f"unknown calibration '{self.calibration}': choose one of {', '.join(SOURCES)}")
-        if self.samples < 1 or self.held_out_samples < 1:
-            raise MemstepError("--samples and --held-out-samples must be at least 1")
-        if self.seq_len < 2:
-            raise MemstepError(f"--seq-len must be at least 2 tokens (got {self.seq_len})")
-        if self.damp <= 0 or self.block_columns < 1:
-            raise MemstepError("--damp must be positive and --block-columns at least 1")
-        self.pattern  # noqa: B018 (raises on a bad sparsity or N:M)
-        if self.reconstruct != "none":
-            self.train.validate()
-        return self
-
 
 def _collect_inputs(block, x: torch.Tensor, kwargs: list[dict], idx: int, batch_size: int, want_grams: bool,
                     keep_inputs: bool):

@@ -12,35 +12,10 @@ never move them) and the mask is re-applied after each step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from memstep.compress.sparse.blocks import call_block, linear_layers
-from memstep.errors import MemstepError
-
-OPTIMIZERS = ("adam", "adamw", "sgd")
-
-
-@dataclass(frozen=True)
-class TrainOptions:
-    optimizer: str = "adam"
-    lr: float = 1e-3
-    steps: int = 20
-    batch_size: int = 4
-    seed: int = 0
-
-    def validate(self) -> "TrainOptions":
-        if self.optimizer not in OPTIMIZERS:
-            raise MemstepError(f"unknown optimizer '{self.optimizer}': choose one of {', '.join(OPTIMIZERS)}")
-        if not self.lr > 0:
-            raise MemstepError(f"--lr must be positive (got {self.lr:g})")
-        if self.steps < 1:
-            raise MemstepError(f"--steps must be at least 1 (got {self.steps})")
-        if self.batch_size < 1:
-            raise MemstepError(f"--batch-size must be at least 1 (got {self.batch_size})")
-        return self
-
+from memstep.compress.sparse.config import OPTIMIZERS, TrainOptions  # noqa: F401 (re-exported)
 
 def make_optimizer(params: list, options: TrainOptions):
     """torch.optim with the paper's settings (no weight decay), the learning rate decaying

@@ -1,0 +1,125 @@
+"""The settings of a pruning run, checked without torch (the CLI builds its parser from these
+names, and `memstep plan` / `memstep schedule` must stay free of torch imports)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memstep.errors import MemstepError
+
+METHODS = ("magnitude", "wanda", "sparsegpt")
+SOURCES = ("text", "self", "both")
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """Unstructured ``sparsity`` or N:M (``n`` of every ``m`` survive)."""
+
+    sparsity: float = 0.5
+    n: int = 0
+    m: int = 0
+
+    @property
+    def nm(self) -> bool:
+        return self.m > 0
+
+    @property
+    def target(self) -> float:
+        """The fraction of weights pruned."""
+        return 1 - self.n / self.m if self.nm else self.sparsity
+
+    def label(self) -> str:
+        return f"{self.n}:{self.m}" if self.nm else f"{self.sparsity:.0%} unstructured"
+
+    def validate(self) -> "Pattern":
+        if self.nm:
+            if not (0 < self.n < self.m):
+                raise MemstepError(f"N:M needs 0 < N < M (got {self.n}:{self.m}), e.g. --nm 2:4")
+        elif not (0 < self.sparsity < 1):
+            raise MemstepError(f"--sparsity must lie strictly between 0 and 1 (got {self.sparsity:g})")
+        return self
+
+
+def parse_nm(text: str) -> Pattern:
+    """'2:4' -> Pattern(n=2, m=4)."""
+    try:
+        n, m = (int(part) for part in str(text).split(":"))
+    except ValueError:
+        raise MemstepError(f"N:M must look like 2:4 (got '{text}')") from None
+    return Pattern(n=n, m=m).validate()
+
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    steps: int = 20
+    batch_size: int = 4
+    seed: int = 0
+
+    def validate(self) -> "TrainOptions":
+        if self.optimizer not in OPTIMIZERS:
+            raise MemstepError(f"unknown optimizer '{self.optimizer}': choose one of {', '.join(OPTIMIZERS)}")
+        if not self.lr > 0:
+            raise MemstepError(f"--lr must be positive (got {self.lr:g})")
+        if self.steps < 1:
+            raise MemstepError(f"--steps must be at least 1 (got {self.steps})")
+        if self.batch_size < 1:
+            raise MemstepError(f"--batch-size must be at least 1 (got {self.batch_size})")
+        return self
+
+
+RECONSTRUCTIONS = ("none", "lr", "br", "br+gp", "br+gp+cr")
+
+
+@dataclass
+class SparseConfig:
+    """Defaults sized for the embedded 135M model on a 2-core CPU: a few minutes for BR+GP."""
+
+    method: str = "wanda"
+    sparsity: float = 0.5
+    nm: str | None = None  # "2:4": N:M instead of unstructured
+    reconstruct: str = "br+gp"
+    calibration: str = "text"
+    samples: int = 16
+    seq_len: int = 128
+    held_out_samples: int = 8
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    steps: int = 20
+    batch_size: int = 4
+    damp: float = 0.01  # SparseGPT: damping, a fraction of the Hessian's mean diagonal
+    block_columns: int = 128  # SparseGPT: columns per block of the OBS update
+    seed: int = 0
+
+    @property
+    def pattern(self) -> Pattern:
+        return parse_nm(self.nm) if self.nm else Pattern(sparsity=self.sparsity).validate()
+
+    @property
+    def train(self) -> TrainOptions:
+        return TrainOptions(self.optimizer, self.lr, self.steps, self.batch_size, self.seed)
+
+    def validate(self) -> "SparseConfig":
+        if self.method not in METHODS:
+            raise MemstepError(f"unknown pruning method '{self.method}': choose one of {', '.join(METHODS)}")
+        if self.reconstruct not in RECONSTRUCTIONS:
+            raise MemstepError(f"unknown reconstruction '{self.reconstruct}': choose one of "
+                               f"{', '.join(RECONSTRUCTIONS)}")
+        if self.calibration not in SOURCES:
+            raise MemstepError(f"unknown calibration '{self.calibration}': choose one of {', '.join(SOURCES)}")
+        if self.samples < 1 or self.held_out_samples < 1:
+            raise MemstepError("--samples and --held-out-samples must be at least 1")
+        if self.seq_len < 2:
+            raise MemstepError(f"--seq-len must be at least 2 tokens (got {self.seq_len})")
+        if self.damp <= 0 or self.block_columns < 1:
+            raise MemstepError("--damp must be positive and --block-columns at least 1")
+        self.pattern  # noqa: B018 (raises on a bad sparsity or N:M)
+        if self.reconstruct != "none":
+            self.train.validate()
+        return self
+
+
