@@ -393,7 +393,7 @@ def test_app_caps_and_settings():
 
     config = make_config("sparsegpt", "2:4", 0.5, "self", 8, 64, 5, 1e-3, "br+gp+cr")
     assert (config.nm, config.method, config.calibration, config.reconstruct) == ("2:4", "sparsegpt", "self", "br+gp+cr")
-    for bad in [dict(samples=MAX_SAMPLES + 1), dict(seq_len=4096), dict(steps=0), dict(pattern="3:9x")]:
+    for bad in [dict(samples=MAX_SAMPLES + 1), dict(seq_len=4096), dict(steps=0), dict(pattern="3:9x"), dict(lr=5.0)]:
         args = dict(method="wanda", pattern="unstructured", sparsity=0.5, calibration="text", samples=8, seq_len=64,
                     steps=5, lr=1e-3, technique="br")
         args.update(bad)

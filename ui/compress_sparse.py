@@ -116,6 +116,8 @@ def make_config(method, pattern, sparsity, calibration, samples, seq_len, steps,
         raise MemstepError(f"tokens per sample must be 16-{MAX_SEQ_LEN} in the app (the CLI takes more)")
     if not 1 <= steps <= MAX_STEPS:
         raise MemstepError(f"steps must be 1-{MAX_STEPS} in the app (the CLI takes more)")
+    if not 0 < float(lr or 0) <= 0.1:
+        raise MemstepError("the learning rate must lie in (0, 0.1]")
     nm = None if pattern == "unstructured" else pattern
     if pattern not in PATTERNS:
         raise MemstepError(f"unknown sparsity pattern '{pattern}': choose one of {', '.join(PATTERNS)}")
