@@ -87,6 +87,22 @@ def test_wanda_scores_on_a_hand_made_layer():
     assert magnitude_mask(w, Pattern(sparsity=0.5)).tolist() == [[False, False], [True, True]]
 
 
+def test_wanda_in_the_process_uses_each_layer_input_norms(tokenizer):
+    model = tiny_lm(tokenizer, layers=1).model
+    kwargs = layer_kwargs(model, 12)
+    x = embed(model, torch.randint(0, 1000, (3, 12)).tolist())
+    block = decoder_layers(model)[0]
+    seen = {}
+    handle = block.mlp.down_proj.register_forward_pre_hook(lambda m, args: seen.setdefault("x", args[0].detach()))
+    _, grams, _ = process_module._collect_inputs(block, x, kwargs, 0, 8, want_grams=True, keep_inputs=False)
+    handle.remove()
+    norms = seen["x"].reshape(-1, seen["x"].shape[-1]).norm(dim=0)  # L2 norm of each input feature over tokens
+    expected = wanda_mask(block.mlp.down_proj.weight, norms, Pattern(sparsity=0.5))
+    masks = process_module.prune_block(block, grams, 36, SparseConfig(method="wanda"))
+    assert torch.equal(masks["mlp.down_proj"], expected)
+    assert torch.equal(block.mlp.down_proj.weight == 0, ~expected)
+
+
 def test_sparsegpt_update_lowers_the_output_error_versus_plain_masking():
     torch.manual_seed(2)
     x = torch.randn(512, 8) @ torch.randn(8, 32) + 0.1 * torch.randn(512, 32)  # correlated input features
