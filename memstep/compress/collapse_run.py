@@ -1,0 +1,84 @@
+"""One LaCo run as users see it: the search (one event per candidate), the collapsed model
+(saved when asked), then the dense model, LaCo and the layer-removal baselines at the same
+number of removed layers measured on the same probe. The CLI, the app and the benchmark
+iterate the same events (plain dicts, ``event`` says which)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from memstep.compress.baselines import lowest_influence, remove_layers, uniform_layers
+from memstep.compress.data import save_model
+from memstep.compress.laco import VARIANTS, LayerCollapse
+from memstep.compress.quality import Probe, measure, relative
+from memstep.errors import MemstepError
+from memstep.models import LoadedModel
+
+LABELS = {"dense": "dense", "laco-paper": "LaCo (paper formula)", "laco-notebook": "LaCo (released notebook)",
+          "block-influence": "block influence (ShortGPT)", "uniform": "uniform removal"}
+
+
+class CollapseRun:
+    """LaCo on ``lm`` for each of ``variants`` (the first one is saved to ``output``), then,
+    with a ``probe``, every model measured. Settings are checked on construction."""
+
+    def __init__(self, lm: LoadedModel, calibration: list[str], *, variants=("paper",), probe: Probe | None = None,
+                 baselines: bool = True, output: str | Path | None = None, repeats: int = 1, **settings):
+        if not variants or any(v not in VARIANTS for v in variants):
+            raise MemstepError(f"LaCo variants must be among {', '.join(VARIANTS)} (got {', '.join(variants) or 'none'})")
+        self.lm, self.probe, self.baselines, self.repeats = lm, probe, baselines, repeats
+        self.output = Path(output) if output else None
+        self.searches = {v: LayerCollapse(lm.model, lm.tokenizer, calibration, variant=v, **settings)
+                         for v in variants}
+        self.report: dict = {"model": lm.name, "variants": list(variants), "searches": {}, "models": {},
+                             "probe": probe.to_dict() if probe else None, "saved": None}
+
+    def _loaded(self, model, name: str) -> LoadedModel:
+        return LoadedModel(model, self.lm.tokenizer, name, self.lm.device, self.lm.dtype)
+
+    def _measure(self, key: str, model) -> dict:
+        began = time.perf_counter()
+        row = measure(self._loaded(model, LABELS[key]), self.probe, self.repeats)
+        row["label"], row["seconds_measuring"] = LABELS[key], time.perf_counter() - began
+        self.report["models"][key] = row
+        return {"event": "model", "key": key, **row}
+
+    def __iter__(self) -> Iterator[dict]:
+        collapsed = {}
+        first = None
+        for variant, search in self.searches.items():
+            for record in search:
+                yield {**record.to_dict(), "variant": variant}
+            result = search.result
+            self.report["searches"][variant] = result.to_dict()
+            yield {**result.to_dict(), "variant": variant}
+            first = first or search
+            if self.probe or (self.output and search is first):
+                collapsed[variant] = search.build()
+            if self.output and search is first:
+                self.report["saved"] = str(save_model(collapsed[variant], self.lm.tokenizer, self.output,
+                                                      info=collapsed[variant].config.memstep_compress))
+                yield {"event": "saved", "folder": self.report["saved"], "variant": variant}
+        if self.probe is None:
+            return
+        yield self._measure("dense", self.lm.model)
+        for variant in self.searches:
+            yield self._measure(f"laco-{variant}", collapsed.pop(variant))
+        removed = len(first.result.removed)
+        if self.baselines and removed:
+            scores = first.stack.block_influence()
+            self.report["block_influence"] = scores
+            depth = first.result.layers_before
+            for key, layers in (("block-influence", lowest_influence(scores, removed)),
+                                ("uniform", uniform_layers(depth, removed))):
+                model = remove_layers(self.lm.model, layers, info={"method": key, "removed": layers})
+                event = self._measure(key, model)
+                self.report["models"][key]["removed"] = event["removed"] = layers
+                del model
+                yield event
+        dense = self.report["models"]["dense"]
+        for row in self.report["models"].values():
+            row.update(relative(row, dense))
+        yield {"event": "done", **self.report}
