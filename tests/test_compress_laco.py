@@ -336,6 +336,7 @@ def test_cli_runs_search_measures_and_saves_on_a_tiny_model(tiny_folder, tmp_pat
     out_folder = tmp_path / "again"
     code = main(["compress", "laco", "--model", str(folder), "--C", "2", "--L", "0", "--I", "1", "--T", "0.01",
                  "--passkey-cases", "1", "--passkey-tokens", "200", "--prefill-tokens", "128", "--sentences", "2",
+                 "--perplexity-windows", "2",
                  "--calibration-tokens", "16", "--output", str(out_folder), "--json", "--quiet"])
     out, err = capsys.readouterr()
     assert code == 0, err
@@ -358,7 +359,7 @@ def test_cli_on_the_embedded_model(capsys):
     """A short real search (the top 8 layers, C=2) with the table; the numbers are the model's."""
     code = main(["compress", "laco", "--H", "30", "--L", "24", "--C", "2", "--I", "1", "--T", "0.5",
                  "--sentences", "2", "--calibration-tokens", "48", "--passkey-cases", "1", "--passkey-tokens",
-                 "400", "--prefill-tokens", "256", "--quiet"])
+                 "400", "--prefill-tokens", "256", "--perplexity-windows", "2", "--quiet"])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "LaCo (paper) on SmolLM2-135M-Instruct (embedded): 30 ->" in out

@@ -41,6 +41,8 @@ def register(sub) -> None:
     p.add_argument("--calibration-tokens", type=int, default=None, help="tokens per paragraph, at most (default 128)")
     p.add_argument("--no-eval", action="store_true", help="search (and save) only: no perplexity, passkey, timing")
     p.add_argument("--no-baselines", action="store_true", help="skip the block-influence and uniform baselines")
+    p.add_argument("--perplexity-windows", type=int, default=None,
+                   help="256-token held-out windows for perplexity (default 8)")
     p.add_argument("--passkey-cases", type=int, default=None, help="passkey documents (default 4)")
     p.add_argument("--passkey-tokens", type=int, default=None, help="tokens per passkey document (default 1024)")
     p.add_argument("--prefill-tokens", type=int, default=None, help="tokens of the timed prefill document (default 2048)")
@@ -63,10 +65,10 @@ def build_run(args, lm=None):
     from memstep.compress.collapse_run import CollapseRun
     from memstep.compress.data import calibration_texts
     from memstep.compress.laco import CALIBRATION_SENTENCES, CALIBRATION_TOKENS, check_settings
-    from memstep.compress.quality import PASSKEY_CASES, PASSKEY_TOKENS, PREFILL_TOKENS, make_probe
+    from memstep.compress.quality import PASSKEY_CASES, PASSKEY_TOKENS, PERPLEXITY_WINDOWS, PREFILL_TOKENS, make_probe
     from memstep.models import load_model
 
-    for name in ("sentences", "calibration_tokens", "passkey_cases", "passkey_tokens", "prefill_tokens", "repeats"):
+    for name in ("perplexity_windows", "sentences", "calibration_tokens", "passkey_cases", "passkey_tokens", "prefill_tokens", "repeats"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
     # the depth is known once the model is loaded (checked again then); check the rest now
     H = args.L + args.C if args.H is None else args.H
@@ -77,7 +79,7 @@ def build_run(args, lm=None):
                               **({"min_chars": 80} if args.calibration else {}))
     lm = lm or load_model(args.model, args.device, args.dtype)
     probe = None if args.no_eval else make_probe(
-        lm.tokenizer, passkey_cases=args.passkey_cases or PASSKEY_CASES,
+        lm.tokenizer, windows=args.perplexity_windows or PERPLEXITY_WINDOWS, passkey_cases=args.passkey_cases or PASSKEY_CASES,
         passkey_tokens=args.passkey_tokens or PASSKEY_TOKENS, prefill_tokens=args.prefill_tokens or PREFILL_TOKENS)
     return CollapseRun(lm, texts, variants=(args.variant,), probe=probe, baselines=not args.no_baselines,
                        output=args.output, repeats=args.repeats, C=args.C, L=args.L, H=args.H, I=args.I, T=args.T,
