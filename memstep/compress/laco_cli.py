@@ -12,7 +12,7 @@ from pathlib import Path
 from memstep.errors import MemstepError
 
 # Mirrors memstep.compress.laco.DEFAULTS (kept literal so the parser needs no torch import).
-C, L, I, T = 4, 1, 2, 0.85  # noqa: E741
+C, L, I, T = 2, 1, 1, 0.8  # noqa: E741
 
 
 def register(sub) -> None:
