@@ -37,19 +37,22 @@ from memstep.models import load_model  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 WIDER = dict(C=4, I=2, T=0.8)  # the paper's kind of window, for the variants' difference
+LABEL_OF = {"dense": "dense", "laco-paper": "paper formula's weights", "laco-notebook": "notebook's weights"}
 PAPER = "LaCo paper: about 80% of the average benchmark score kept at about 27% of the layers removed (7B-13B)"
 
 
-def run(lm, texts, probe, repeats, variants, baselines, **settings) -> dict:
+def run(lm, texts, probe, repeats, variants, baselines, dense=None, **settings) -> dict:
     began = time.perf_counter()
-    collapse = CollapseRun(lm, texts, variants=variants, probe=probe, baselines=baselines, repeats=repeats, **settings)
+    collapse = CollapseRun(lm, texts, variants=variants, probe=probe, baselines=baselines, repeats=repeats,
+                           dense=dense, **settings)
     for event in collapse:
         if event["event"] == "candidate":
             print(f"  [{event['variant']}] layers {event['layers']}: similarity {event['similarity']:.4f} "
                   f"{'merged' if event['accepted'] else 'kept'}", flush=True)
         elif event["event"] == "model":
+            same = f" (weights of {event['same_as']}: its measurements)" if "same_as" in event else ""
             print(f"  {event['label']}: {event['layers']} layers, perplexity {event['perplexity']:.2f}, passkey "
-                  f"{event['passkey_accuracy']:.0%}, prefill {event['prefill_seconds']:.2f} s", flush=True)
+                  f"{event['passkey_accuracy']:.0%}, prefill {event['prefill_seconds']:.2f} s{same}", flush=True)
     report = collapse.report
     report["seconds"] = time.perf_counter() - began
     return report
@@ -65,8 +68,11 @@ def table(reports: list[tuple[str, dict]]) -> str:
                 removed = report["searches"][key[5:]]["removed"]
             removed_text = "—" if key == "dense" else (", ".join(map(str, removed)) or "none")
             correct = row["passkey_correct"]
+            label = row["label"] + (f" (= {LABEL_OF[row['same_as']]})" if "same_as" in row else "")
+            if title != reports[0][0] and key == "dense":
+                continue  # the same dense row as above
             lines.append(
-                f"| {title} | {row['label']} | {row['layers']} | {removed_text} | {row['params'] / 1e6:.1f} M | "
+                f"| {title} | {label} | {row['layers']} | {removed_text} | {row['params'] / 1e6:.1f} M | "
                 f"{row['kv_bytes_per_token'] / 1024:.1f} KiB | {row['perplexity']:.2f} | "
                 f"x{row['perplexity_ratio']:.2f} | {sum(correct)}/{len(correct)} | "
                 f"{row['prefill_cpu_seconds']:.2f} | {row['prefill_cpu_seconds_saved']:.0%} |")
@@ -76,7 +82,7 @@ def table(reports: list[tuple[str, dict]]) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 passkey cases, 4 windows, 1024-token prefill")
-    parser.add_argument("--repeats", type=int, default=3, help="timed prefills per model (best counts)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed prefills per model (best counts)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU-time ratios are stable)")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -85,7 +91,7 @@ def main(argv=None) -> int:
     device = lm.device.split(":")[0]
     output = args.output or RESULTS / f"bench_laco_{device}.json"
     sizes = dict(windows=4, passkey_cases=2, prefill_tokens=1024) if args.quick else dict(
-        windows=8, passkey_cases=6, passkey_tokens=1024, prefill_tokens=2048)
+        windows=8, passkey_cases=5, passkey_tokens=1024, prefill_tokens=2048)
     probe = make_probe(lm.tokenizer, **sizes)
     texts = calibration_texts(CALIBRATION_SENTENCES)
     began = time.perf_counter()
@@ -94,7 +100,8 @@ def main(argv=None) -> int:
     main_report = run(lm, texts, probe, args.repeats, ("paper", "notebook"), True, **defaults)
     print(f"wider window {WIDER}, both variants", flush=True)
     wide = {**defaults, **WIDER}
-    wide_report = run(lm, texts, probe, args.repeats, ("paper", "notebook"), False, **wide)
+    wide_report = run(lm, texts, probe, args.repeats, ("paper", "notebook"), False,
+                      dense=main_report["models"]["dense"], **wide)
     reports = [(f"C={defaults['C']} I={defaults['I']} T={defaults['T']} (defaults)", main_report),
                (f"C={wide['C']} I={wide['I']} T={wide['T']}", wide_report)]
     markdown = table(reports)

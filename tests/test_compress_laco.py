@@ -364,3 +364,24 @@ def test_cli_on_the_embedded_model(capsys):
     assert code == 0, err
     assert "LaCo (paper) on SmolLM2-135M-Instruct (embedded): 30 ->" in out
     assert "block influence (ShortGPT)" in out and "uniform removal" in out and "perplexity" in out
+
+
+def test_variants_with_the_same_weights_share_their_measurements(tiny_folder):
+    """At C=2 the paper's formula and the notebook's give the same weights (within float
+    rounding): the second variant reuses the first one's row instead of measuring again."""
+    from memstep.compress.collapse_run import CollapseRun
+    from memstep.compress.quality import make_probe
+    from memstep.models import LoadedModel
+
+    _, _, _, model, tokenizer = tiny_folder
+    lm = LoadedModel(model, tokenizer, "tiny", "cpu", "float32")
+    probe = make_probe(tokenizer, windows=1, passkey_cases=1, passkey_tokens=200, prefill_tokens=64)
+    run = CollapseRun(lm, ["It was a truth universally acknowledged. " * 4] * 2, variants=("paper", "notebook"),
+                      probe=probe, baselines=False, C=2, L=0, I=1, T=0.01)
+    events = list(run)
+    models = run.report["models"]
+    assert run.report["searches"]["paper"]["removed"] == run.report["searches"]["notebook"]["removed"] != []
+    assert models["laco-notebook"]["same_as"] == "laco-paper"
+    assert 0 <= models["laco-notebook"]["max_weight_difference"] <= 1e-5
+    assert models["laco-notebook"]["perplexity"] == models["laco-paper"]["perplexity"]
+    assert [e["event"] for e in events].count("model") == 3 and events[-1]["event"] == "done"

@@ -24,8 +24,9 @@ MAP_COLORS = {"kept": "#e2e8f0", "base": "#16a34a", "merged": "#f59e0b", "remove
 MAX_SENTENCES, MAX_TOKENS = 16, 256  # bounds one request's calibration work
 # The app's probe: small, so a whole run (search + 4 models measured) stays around a minute on a CPU.
 APP_PROBE = dict(windows=4, passkey_cases=3, passkey_tokens=1024, prefill_tokens=2048)
-TABLE_HEADERS = ["model", "layers", "removed layers", "params", "weights", "KV / token", "perplexity",
-                 "vs dense", "passkey", "prefill s", "prefill saved"]
+TABLE_HEADERS = ["model", "layers", "removed", "params", "weights", "KV / token", "perplexity",
+                 "vs dense", "passkey", "prefill s", "saved"]
+TABLE_WIDTHS = ["20%", "6%", "16%", "8%", "8%", "9%", "9%", "7%", "6%", "6%", "5%"]
 INTRO = """**LaCo** (layer collapse, EMNLP 2024 Findings) merges rear layers into an earlier one and removes
 them: from layer l = H − C down to L, layers l+1 … l+C−1 are merged into layer l as
 θ<sub>l</sub> + Σ<sub>k</sub> (θ<sub>l+k</sub> − θ<sub>l</sub>) (attention and MLP weights; layer l's norms stay).
@@ -265,13 +266,13 @@ def build_section(model_box=None, tabs=None) -> dict:
     with gr.Row(equal_height=False):
         with gr.Column(scale=3, min_width=300):
             with gr.Row():
-                C = gr.Number(DEFAULTS["C"], label="C (layers per merge)", precision=0, minimum=2, elem_id="laco-c")
-                I = gr.Number(DEFAULTS["I"], label="I (step after a merge)", precision=0, minimum=1,  # noqa: E741
+                C = gr.Number(DEFAULTS["C"], label="C · layers per merge", precision=0, minimum=2, elem_id="laco-c")
+                I = gr.Number(DEFAULTS["I"], label="I · step after a merge", precision=0, minimum=1,  # noqa: E741
                               elem_id="laco-i")
             with gr.Row():
-                L = gr.Number(DEFAULTS["L"], label="L (lowest base)", precision=0, minimum=0, elem_id="laco-l")
-                H = gr.Number(0, label="H (top; 0 = all layers)", precision=0, minimum=0, elem_id="laco-h")
-            T = gr.Slider(0.01, 1.0, value=DEFAULTS["T"], step=0.01, label="T (similarity threshold)", elem_id="laco-t")
+                L = gr.Number(DEFAULTS["L"], label="L · lowest base layer", precision=0, minimum=0, elem_id="laco-l")
+                H = gr.Number(0, label="H · top (0: all layers)", precision=0, minimum=0, elem_id="laco-h")
+            T = gr.Slider(0.01, 1.0, value=DEFAULTS["T"], step=0.01, label="T · similarity threshold", elem_id="laco-t")
             variant = gr.Radio([("paper formula", "paper"), ("released notebook", "notebook")], value="paper",
                                label="merge", elem_id="laco-variant",
                                info="notebook: what the authors' code computes (the last merged layer's weights)")
@@ -298,6 +299,7 @@ def build_section(model_box=None, tabs=None) -> dict:
             sim_plot = gr.Plot(similarity_figure([], DEFAULTS["T"], 30), show_label=False, elem_id="laco-similarity")
             map_plot = gr.Plot(layer_map_figure(30, [[i] for i in range(30)]), show_label=False, elem_id="laco-map")
             table = gr.Dataframe(headers=TABLE_HEADERS, interactive=False, wrap=True, elem_id="laco-table",
+                                 column_widths=TABLE_WIDTHS,
                                  label="quality and cost against the dense model and the baselines")
     folder = gr.State(None)
     model_input = model_box if model_box is not None else gr.State(None)

@@ -22,13 +22,17 @@ LABELS = {"dense": "dense", "laco-paper": "LaCo (paper formula)", "laco-notebook
 
 class CollapseRun:
     """LaCo on ``lm`` for each of ``variants`` (the first one is saved to ``output``), then,
-    with a ``probe``, every model measured. Settings are checked on construction."""
+    with a ``probe``, every model measured: a variant whose collapsed model has the weights of
+    one measured before (or of the dense model, when nothing was removed) reuses its row
+    (``same_as``). Settings are checked on construction."""
 
     def __init__(self, lm: LoadedModel, calibration: list[str], *, variants=("paper",), probe: Probe | None = None,
-                 baselines: bool = True, output: str | Path | None = None, repeats: int = 1, **settings):
+                 baselines: bool = True, output: str | Path | None = None, repeats: int = 1,
+                 dense: dict | None = None, **settings):
         if not variants or any(v not in VARIANTS for v in variants):
             raise MemstepError(f"LaCo variants must be among {', '.join(VARIANTS)} (got {', '.join(variants) or 'none'})")
         self.lm, self.probe, self.baselines, self.repeats = lm, probe, baselines, repeats
+        self.dense = dense  # the dense model's row from an earlier run on the same probe: not measured again
         self.output = Path(output) if output else None
         self.searches = {v: LayerCollapse(lm.model, lm.tokenizer, calibration, variant=v, **settings)
                          for v in variants}
@@ -42,6 +46,24 @@ class CollapseRun:
         began = time.perf_counter()
         row = measure(self._loaded(model, LABELS[key]), self.probe, self.repeats)
         row["label"], row["seconds_measuring"] = LABELS[key], time.perf_counter() - began
+        self.report["models"][key] = row
+        return {"event": "model", "key": key, **row}
+
+    def _twin(self, model, groups, measured: dict) -> tuple[str, float] | None:
+        """A variant measured already whose collapsed model has the same layers and weights
+        within float rounding (the paper's formula and the notebook's coincide for two-layer
+        merges: theta_l + (theta_{l+1} - theta_l) = theta_{l+1}); its results are reused."""
+        for variant, (other, other_groups) in measured.items():
+            if other_groups == groups:
+                diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), other.parameters()))
+                if diff <= 1e-5:
+                    return f"laco-{variant}", diff
+        return None
+
+    def _reuse(self, key: str, twin: str, difference: float) -> dict:
+        """``twin``'s measurements for ``key``, whose weights equal twin's to ``difference``."""
+        row = {**self.report["models"][twin], "label": LABELS[key], "same_as": twin,
+               "max_weight_difference": difference, "seconds_measuring": 0.0}
         self.report["models"][key] = row
         return {"event": "model", "key": key, **row}
 
@@ -63,9 +85,20 @@ class CollapseRun:
                 yield {"event": "saved", "folder": self.report["saved"], "variant": variant}
         if self.probe is None:
             return
-        yield self._measure("dense", self.lm.model)
-        for variant in self.searches:
-            yield self._measure(f"laco-{variant}", collapsed.pop(variant))
+        if self.dense is None:
+            yield self._measure("dense", self.lm.model)
+        else:
+            self.report["models"]["dense"] = dict(self.dense)
+            yield {"event": "model", "key": "dense", **self.dense}
+        measured = {}  # variant -> its collapsed model, to spot a variant whose weights are another's
+        for variant, search in self.searches.items():
+            model = collapsed.pop(variant)
+            twin = ("dense", 0.0) if not search.result.removed else self._twin(model, search.result.groups, measured)
+            if twin is None:
+                yield self._measure(f"laco-{variant}", model)
+                measured[variant] = (model, search.result.groups)
+            else:
+                yield self._reuse(f"laco-{variant}", *twin)
         removed = len(first.result.removed)
         if self.baselines and removed:
             scores = first.stack.block_influence()
