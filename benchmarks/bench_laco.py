@@ -79,12 +79,21 @@ def table(reports: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+def write_readme(markdown: str, readme: Path = ROOT / "README.md") -> None:
+    start, end = "<!-- laco-results:start -->", "<!-- laco-results:end -->"
+    text = readme.read_text()
+    head, rest = text.split(start, 1)
+    readme.write_text(f"{head}{start}\n{markdown}\n{end}{rest.split(end, 1)[1]}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 passkey cases, 4 windows, 1024-token prefill")
     parser.add_argument("--repeats", type=int, default=2, help="timed prefills per model (best counts)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU-time ratios are stable)")
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--readme", action="store_true", help="also put the table into README.md (between its "
+                                                               "laco-results markers)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     lm = load_model("embedded", device="auto", dtype="float32")
@@ -114,6 +123,8 @@ def main(argv=None) -> int:
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=1))
     print(markdown)
+    if args.readme:
+        write_readme(markdown)
     print(f"wrote {output} in {result['seconds']:.0f} s")
     return 0
 
