@@ -47,7 +47,7 @@ def test_table_rows_ratios_against_dense():
                             "uniform": row("uniform removal", 24, 50.0, 3.0, [True, False], [1, 5])})
     assert rows[0][2] == "—" and rows[0][7] == "×1.00" and rows[0][8] == "2/2"
     assert rows[1][2] == "1, 5" and rows[1][7] == "×2.50" and rows[1][8] == "1/2" and rows[1][10] == "25%"
-    assert rows[1][5] == "36.0 KiB"
+    assert rows[1][5] == "36.0\u00a0KiB"  # units stay with their numbers
 
 
 def test_folder_name_and_bad_settings():

@@ -94,11 +94,14 @@ class CollapseRun:
         for variant, search in self.searches.items():
             model = collapsed.pop(variant)
             twin = ("dense", 0.0) if not search.result.removed else self._twin(model, search.result.groups, measured)
+            key = f"laco-{variant}"
             if twin is None:
-                yield self._measure(f"laco-{variant}", model)
+                event = self._measure(key, model)
                 measured[variant] = (model, search.result.groups)
             else:
-                yield self._reuse(f"laco-{variant}", *twin)
+                event = self._reuse(key, *twin)
+            self.report["models"][key]["removed"] = event["removed"] = list(search.result.removed)
+            yield event
         removed = len(first.result.removed)
         if self.baselines and removed:
             scores = first.stack.block_influence()
