@@ -356,10 +356,10 @@ def test_cli_runs_search_measures_and_saves_on_a_tiny_model(tiny_folder, tmp_pat
 
 @pytest.mark.slow
 def test_cli_on_the_embedded_model(capsys):
-    """A short real search (the top 8 layers, C=2) with the table; the numbers are the model's."""
-    code = main(["compress", "laco", "--H", "30", "--L", "24", "--C", "2", "--I", "1", "--T", "0.5",
-                 "--sentences", "2", "--calibration-tokens", "48", "--passkey-cases", "1", "--passkey-tokens",
-                 "400", "--prefill-tokens", "256", "--perplexity-windows", "2", "--quiet"])
+    """A short real search (l = 28 and 27, C=2) with the table; the numbers are the model's."""
+    code = main(["compress", "laco", "--H", "30", "--L", "27", "--C", "2", "--I", "1", "--T", "0.5",
+                 "--sentences", "1", "--calibration-tokens", "32", "--passkey-cases", "1", "--passkey-tokens",
+                 "300", "--prefill-tokens", "128", "--perplexity-windows", "1", "--quiet"])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "LaCo (paper) on SmolLM2-135M-Instruct (embedded): 30 ->" in out
