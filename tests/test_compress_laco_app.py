@@ -40,14 +40,15 @@ def test_table_rows_ratios_against_dense():
     def row(label, layers, ppl, seconds, correct, removed=None):
         out = {"label": label, "layers": layers, "params": layers * 1e6, "weight_bytes": layers * 4e6,
                "kv_bytes_per_token": layers * 1536, "perplexity": ppl, "passkey_accuracy": sum(correct) / 2,
-               "passkey_correct": correct, "prefill_seconds": seconds}
+               "passkey_correct": correct, "prefill_seconds": 9.0, "prefill_cpu_seconds": seconds}
         return out | ({"removed": removed} if removed is not None else {})
 
     rows = laco.table_rows({"dense": row("dense", 30, 20.0, 4.0, [True, True]),
                             "uniform": row("uniform removal", 24, 50.0, 3.0, [True, False], [1, 5])})
-    assert rows[0][2] == "—" and rows[0][7] == "×1.00" and rows[0][8] == "2/2"
-    assert rows[1][2] == "1, 5" and rows[1][7] == "×2.50" and rows[1][8] == "1/2" and rows[1][10] == "25%"
-    assert rows[1][5] == "36.0\u00a0KiB"  # units stay with their numbers
+    assert rows[0][2] == "—" and rows[0][5] == "20.00 (×1.00)" and rows[0][6] == "2/2" and rows[0][7] == "4.00"
+    assert rows[1][2] == "1, 5" and rows[1][5] == "50.00 (×2.50)" and rows[1][6] == "1/2"
+    assert rows[1][7] == "3.00 (25%)"  # CPU seconds and the share saved
+    assert rows[1][4] == "36.0\u00a0KiB" and rows[1][3] == "24.0\u00a0M · 92\u00a0MiB"  # units stay with numbers
 
 
 def test_folder_name_and_bad_settings():

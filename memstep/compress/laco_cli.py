@@ -103,16 +103,16 @@ def format_report(report: dict) -> str:
     if not models:
         return "\n".join(lines)
     lines.append(f"{'model':<28} {'layers':>6} {'params':>12} {'weights':>12} {'KV/token':>10} {'perplexity':>10} "
-                 f"{'passkey':>8} {'prefill s':>9}")
+                 f"{'passkey':>8} {'prefill s':>9} {'CPU s':>7}")
     for row in models.values():
         acc = "-" if row["passkey_accuracy"] is None else f"{row['passkey_accuracy']:.0%}"
         lines.append(f"{row['label']:<28} {row['layers']:>6} {row['params']:>12,} {_mib(row['weight_bytes']):>12} "
                      f"{row['kv_bytes_per_token'] / 1024:>7.1f} KiB {row['perplexity']:>10.2f} {acc:>8} "
-                     f"{row['prefill_seconds']:>9.2f}")
+                     f"{row['prefill_seconds']:>9.2f} {row['prefill_cpu_seconds']:>7.2f}")
     probe = report["probe"]
     lines.append(f"perplexity: {probe['perplexity_tokens']} held-out tokens (Pride and Prejudice); passkey: "
                  f"{len(probe['passkey_cases'])} cases at ~{probe['passkey_cases'][0]['tokens']} tokens; prefill: "
-                 f"{probe['prefill_tokens']} tokens, full cache (wall seconds on this machine)")
+                 f"{probe['prefill_tokens']} tokens, full cache (wall and process CPU seconds on this machine)")
     if "block-influence" not in models and search["removed"]:
         lines.append("baselines skipped (--no-baselines)")
     elif not search["removed"]:
