@@ -28,7 +28,8 @@ included. With L tokens, chunk size c and memory M there are n = ceil(L / c) ste
 - ``custom``: explicit chunk sizes and budgets.
 
 Budgets count tokens besides the always-kept sink tokens: after step i each layer's cache
-holds min(m_i + sinks, tokens seen) entries.
+holds min(m_i + sinks, entries before the step + c_i) entries (the tokens seen, unless an
+earlier step evicted).
 """
 
 from __future__ import annotations
@@ -90,10 +91,10 @@ class Schedule:
     def layer_cache_lengths(self, sinks: int) -> list[tuple[list[int], list[int]]]:
         """Per step, each layer's cache entries before and after the step (sinks included)."""
         layers = len(self.layer_memory_sizes[0]) if self.layer_memory_sizes else 1
-        out, before, seen = [], [0] * layers, 0
+        out, before = [], [0] * layers
         for step, chunk in enumerate(self.chunk_sizes):
-            seen += chunk
-            after = [min(budget + sinks, seen) for budget in self.layer_budgets(step, layers)]
+            # a layer holds at most what it had plus the chunk (a budget may grow faster than that)
+            after = [min(budget + sinks, b + chunk) for budget, b in zip(self.layer_budgets(step, layers), before)]
             out.append((before, after))
             before = after
         return out
