@@ -38,6 +38,7 @@ from transformers import DynamicCache
 from memstep.attention import switchable, use_memstep_attention
 from memstep.errors import MemstepError
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
+from memstep.presets import ROPE_MODES
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
@@ -60,9 +61,6 @@ def model_shape(model) -> ModelShape:
     params = sum(p.numel() for p in model.parameters())
     return ModelShape.from_config(model.config, dtype_bytes=param.element_size(), params=params,
                                   name=getattr(model, "name_or_path", None) or None)
-
-
-ROPE_MODES = ("compact", "document")
 
 
 def check_rope(rope: str) -> str:
