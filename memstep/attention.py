@@ -49,12 +49,12 @@ class StepContext:
         """Queries and keys as attention must see them (compact positions rotate here)."""
         return query, key
 
-    def score_rows(self, module, rows: int, keys: int) -> tuple[int, ...]:
-        """First query rows from which column sums are wanted (empty: none)."""
+    def score_rows(self, module, rows: int, keys: int) -> tuple[tuple[int, int], ...]:
+        """Ranges [start, stop) of query rows whose column sums are wanted (empty: none)."""
         return ()
 
-    def keep(self, module, query, key, sums: dict[int, torch.Tensor]) -> None:
-        """Receives the rotated queries and keys, and the column sums by first row."""
+    def keep(self, module, query, key, sums: dict[tuple[int, int], torch.Tensor]) -> None:
+        """Receives the rotated queries and keys, and the column sums by row range."""
 
 
 def lower_right_mask(rows: int, keys: int, device, prefer_bias: bool = True):
@@ -82,15 +82,15 @@ def sdpa_lower_right(query, key, value, scaling, prefer_bias: bool = True):
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
 
 
-def one_pass_attention(query, key, value, scaling: float, firsts=(0,), block: int | None = None):
+def one_pass_attention(query, key, value, scaling: float, ranges=((0, None),), block: int | None = None):
     """Attention output and column sums in one pass over blocks of query rows.
 
-    query (1, heads, rows, dim), key/value (1, kv_heads, keys, dim), the chunk's rows last
-    among the keys. Returns the output (1, heads, rows, dim) in the query's dtype and, for
-    each first row f in ``firsts``, the attention each key receives summed over the rows
-    from f on and over the query heads of its KV group: (kv_heads, keys), float32. Logits,
-    softmax and sums are float32 (bf16 inputs are accumulated in float32); one block of
-    logits exists at a time."""
+    query (1, heads, rows, dim), key/value (1, kv_heads, keys, dim), the query rows' own keys
+    last. Returns the output (1, heads, rows, dim) in the query's dtype and, for each row
+    range (start, stop) in ``ranges`` (stop None: the last row), the attention each key
+    receives summed over those rows and over the query heads of its KV group: (kv_heads,
+    keys), float32, keyed by the range as given. Logits, softmax and sums are float32 (bf16
+    inputs are accumulated in float32); one block of logits exists at a time."""
     _, heads, rows, dim = query.shape
     kv_heads, n = key.shape[1], key.shape[2]
     groups, memory = heads // kv_heads, n - rows
@@ -99,7 +99,7 @@ def one_pass_attention(query, key, value, scaling: float, firsts=(0,), block: in
     k = key[0].float().unsqueeze(1)  # (kv_heads, 1, keys, dim)
     v = value[0].float().unsqueeze(1)
     out = torch.empty(kv_heads, groups, rows, dim, dtype=torch.float32, device=query.device)
-    sums = {f: torch.zeros(kv_heads, n, dtype=torch.float32, device=query.device) for f in firsts}
+    sums = {r: torch.zeros(kv_heads, n, dtype=torch.float32, device=query.device) for r in ranges}
     index = torch.arange(rows, device=query.device)
     for start in range(0, rows, block):
         stop = min(start + block, rows)
@@ -110,15 +110,15 @@ def one_pass_attention(query, key, value, scaling: float, firsts=(0,), block: in
         probabilities = torch.softmax(logits, dim=-1)
         del logits
         out[:, :, start:stop] = torch.matmul(probabilities, v[:, :, :visible])
-        for first in firsts:
-            skip = max(first - start, 0)
-            if skip < stop - start:
-                sums[first][:, :visible] += probabilities[:, :, skip:].sum(dim=(1, 2))
+        for (lo, hi), total in sums.items():
+            lo, hi = max(lo - start, 0), min((rows if hi is None else hi) - start, stop - start)
+            if lo < hi:
+                total[:, :visible] += probabilities[:, :, lo:hi].sum(dim=(1, 2))
         del probabilities
     return out.view(1, heads, rows, dim).to(query.dtype), sums
 
 
-def padded_attention(query, key, value, scaling: float, firsts=(0,)):
+def padded_attention(query, key, value, scaling: float, ranges=((0, None),)):
     """The reference code's attention: the chunk's queries padded with zero rows to memory +
     chunk, the full (memory + chunk)^2 maps materialized (the model's dtype, softmax in
     float32 as eager attention does), the chunk's rows returned. Column sums as
@@ -137,7 +137,7 @@ def padded_attention(query, key, value, scaling: float, firsts=(0,)):
     del logits
     out = torch.matmul(probabilities, values)[:, :, n - rows:]
     chunk_rows = probabilities[0, :, n - rows:].float().view(kv_heads, groups, rows, n)
-    sums = {f: chunk_rows[:, :, f:].sum(dim=(1, 2)) for f in firsts}
+    sums = {(lo, hi): chunk_rows[:, :, lo:hi].sum(dim=(1, 2)) for lo, hi in ranges}
     return out, sums
 
 
@@ -152,11 +152,11 @@ def memstep_attention(module, query, key, value, attention_mask=None, dropout: f
     context = getattr(module, "memstep", None) or DEFAULT_CONTEXT
     query, key = context.rotate(module, query, key)
     rows, keys = query.shape[2], key.shape[2]
-    firsts = context.score_rows(module, rows, keys)
+    ranges = context.score_rows(module, rows, keys)
     if context.padded and rows > 1:
-        out, sums = padded_attention(query, key, value, scaling, firsts)
-    elif firsts:
-        out, sums = one_pass_attention(query, key, value, scaling, firsts)
+        out, sums = padded_attention(query, key, value, scaling, ranges)
+    elif ranges:
+        out, sums = one_pass_attention(query, key, value, scaling, ranges)
     else:
         out, sums = sdpa_lower_right(query, key, value, scaling), {}
     context.keep(module, query, key, sums)

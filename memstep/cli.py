@@ -69,7 +69,8 @@ def cmd_run(args) -> int:
                       scorer=args.scorer, sinks=args.sinks, seed=args.seed, window=args.window,
                       question=args.question, max_new_tokens=args.max_new_tokens,
                       continuation_tokens=args.continuation_tokens, notices=notices, rope=args.rope,
-                      kernel=args.kernel, attention=args.attention)
+                      kernel=args.kernel, attention=args.attention, question_aware=args.question_aware,
+                      question_weight=args.question_weight)
     for line in run.result.notices[len(notices):]:  # what the run adds (positions beyond training)
         print(line, file=sys.stderr)
     with tqdm(total=run.schedule.steps, desc=f"{args.schedule} prefill", unit="step", file=sys.stderr,
@@ -136,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "code's queries padded to memory + chunk and (m + c)^2 maps, for measurement)")
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--question", default=None)
+    p.add_argument("--question-aware", action="store_true",
+                   help="score each step with the question's attention too (its tokens are read after every "
+                        "chunk, then dropped): keeps what the question needs")
+    p.add_argument("--question-weight", type=float, default=0.75,
+                   help="question-aware: the question's share of the score, in (0, 1] (default 0.75)")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--continuation-tokens", type=int, default=0)
     p.add_argument("--device", default="auto")

@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache
 
 from memstep.attention import StepContext, switchable, use_memstep_attention
@@ -64,6 +65,36 @@ def model_shape(model) -> ModelShape:
 
 
 ENGINE_ATTENTIONS = ("sdpa", "padded")
+QUESTION_WEIGHT = 0.75  # share of the question's attention in a question-aware score (see question_mix)
+QUESTION_POOL = 15  # keys around each key whose question attention it takes (max-pooled)
+
+
+def check_question_aware(scorer: Scorer, question_tokens: int, weight: float) -> None:
+    if question_tokens < 1:
+        raise MemstepError("question-aware compression needs a question: type one, or untick question-aware")
+    if not scorer.attention_rows(1):
+        raise MemstepError(f"question-aware compression adds the question's attention to an attention-based "
+                           f"scorer (chunk-attention, conv, snapkv, vatp), not to '{scorer.name}'")
+    if not 0 < weight <= 1:
+        raise MemstepError(f"the question weight must be in (0, 1] (got {weight})")
+
+
+def question_mix(base: torch.Tensor, question: torch.Tensor, positions: torch.Tensor, sinks: int,
+                 weight: float) -> torch.Tensor:
+    """A question-aware score: (1 - weight) x the scorer's score + weight x the attention the
+    question's queries pay each key (max-pooled over its neighbours), each term divided by
+    its sum over the non-sink keys of the KV head, so that both are shares of one (the sinks
+    are kept anyway, and they draw most of the question's attention)."""
+    free = positions >= sinks
+
+    def share(scores):
+        scores = scores.float().clamp(min=0) * free
+        return scores / scores.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
+
+    # a key the question looks at carries its neighbours (the number after "the lighthouse is"), as
+    # SnapKV pools its window's scores: max over QUESTION_POOL keys around each key
+    question = F.max_pool1d(question.float()[:, None], QUESTION_POOL, stride=1, padding=QUESTION_POOL // 2)[:, 0]
+    return (1 - weight) * share(base) + weight * share(question)
 
 
 def check_rope(rope: str) -> str:
@@ -80,7 +111,8 @@ def cache_keyword(decoder) -> str:
 
 class ChunkedPrefill(StepContext):
     def __init__(self, model, scorer: Scorer | None = None, sinks: int = 4, attention: str = "sdpa",
-                 collect_hidden: bool = False, rope: str = "compact"):
+                 collect_hidden: bool = False, rope: str = "compact", question_ids: Sequence[int] | None = None,
+                 question_weight: float = QUESTION_WEIGHT):
         if sinks < 0:
             raise MemstepError(f"sinks must be 0 or more (got {sinks})")
         if attention not in ENGINE_ATTENTIONS:
@@ -93,6 +125,12 @@ class ChunkedPrefill(StepContext):
         self.attention = attention
         self.collect_hidden = collect_hidden
         self.rope = check_rope(rope)
+        self.question_ids = torch.as_tensor(list(question_ids or []), dtype=torch.long)
+        self.question_weight = float(question_weight)
+        if question_ids is not None:
+            check_question_aware(self.scorer, self.question_ids.numel(), self.question_weight)
+            if not switchable(model):
+                raise MemstepError("question-aware compression needs the model loaded with SDPA attention")
         self.shape = model_shape(model)
         self.device = self.decoder.embed_tokens.weight.device
         self._cache_kw = cache_keyword(self.decoder)
@@ -109,6 +147,8 @@ class ChunkedPrefill(StepContext):
         self._rope_table = None
         self._attended = self._queries = None
         self._prefilling = self._padded_run = False
+        self._question_step: list[int] = []  # question tokens carried by the current step
+        self._question_rows = None
 
     # ---- hooks -------------------------------------------------------------------------
     def _remember_queries(self, module, args, output):
@@ -124,9 +164,17 @@ class ChunkedPrefill(StepContext):
             l.keys.nbytes + l.values.nbytes for l in self.cache.layers if l.keys is not None))
         self._memory.sample()
         keep = self._keep[idx]
-        if positions.shape[1] > keep:
+        entries = positions.shape[1]  # memory + chunk: the question's own entries (after them) never stay
+        if keys.shape[2] > entries:
+            keys, values = keys[:, :, :entries], values[:, :, :entries]
+            layer.keys, layer.values = keys, values
+        if entries > keep:
             state = self._layer_state(module, kwargs, keys, values, positions)
-            kept = select_kept(self.scorer.score(state), positions, keep, self.sinks)
+            scores = self.scorer.score(state)
+            if self._question_rows:
+                question = self._attended[2][self._question_rows][:, :entries]
+                scores = question_mix(scores, question, positions, self.sinks, self.question_weight)
+            kept = select_kept(scores, positions, keep, self.sinks)
             index = kept[None, :, :, None].expand(1, -1, -1, keys.shape[-1])
             layer.keys = keys.gather(2, index)
             layer.values = values.gather(2, index)
@@ -140,10 +188,12 @@ class ChunkedPrefill(StepContext):
         and, for attention-based scorers, the column sums of its one pass), or, for a model
         that keeps its own attention (eager), with the queries rebuilt from q_proj's output."""
         rows = self._chunk_positions.shape[1]
+        entries = positions.shape[1]
         if self._attended is not None:
             query, rotated, sums = self._attended
-            state = LayerState(query[0], rotated[0], values[0], positions, module.scaling, module.layer_idx, rows=rows)
-            state._memo.update(sums)
+            state = LayerState(query[0, :, :rows], rotated[0, :, :entries], values[0], positions, module.scaling,
+                               module.layer_idx, rows=rows)
+            state._memo.update({lo: total[:, :entries] for (lo, hi), total in sums.items() if hi == rows})
             return state
         queries = self._layer_queries(module, kwargs) if self.scorer.needs_queries else None
         return LayerState(queries, keys[0], values[0], positions, module.scaling, module.layer_idx, rows=rows)
@@ -164,14 +214,19 @@ class ChunkedPrefill(StepContext):
         k, _ = self._rope(key.float(), key[:, :1, :1].float(), cos, sin)
         return q.to(query.dtype), k.to(key.dtype)
 
-    def score_rows(self, module, rows: int, keys: int) -> tuple[int, ...]:
-        """Column sums the scorer will read, when this layer is cut in this step."""
-        if not self._prefilling or keys <= self._keep[module.layer_idx]:
+    def score_rows(self, module, rows: int, keys: int) -> tuple[tuple[int, int], ...]:
+        """Column sums the scorer will read, when this layer is cut in this step: over the
+        chunk's rows from the scorer's first rows, and over the question's rows when the
+        step carries the question (question-aware)."""
+        question = len(self._question_step)
+        chunk = rows - question
+        if not self._prefilling or keys - question <= self._keep[module.layer_idx]:
             return ()
-        return self.scorer.attention_rows(rows)
+        ranges = tuple((first, chunk) for first in self.scorer.attention_rows(chunk))
+        return ranges + (((chunk, rows),) if question else ())
 
     def keep(self, module, query, key, sums) -> None:
-        if self._prefilling and key.shape[2] > self._keep[module.layer_idx]:
+        if self._prefilling and key.shape[2] - len(self._question_step) > self._keep[module.layer_idx]:
             self._attended = (query, key, sums)
 
     def _contiguous_rope(self, n: int, device):
@@ -269,10 +324,15 @@ class ChunkedPrefill(StepContext):
                 self._start_position = max(before) if self.rope == "compact" else start
                 self._next_position = max(after) if self.rope == "compact" else start + size
                 self._chunk_positions = torch.arange(start, start + size, device=self.device)[None]
+                # question-aware: the question's tokens ride after the chunk, their attention scores it
+                question = self.question_ids if self.question_ids.numel() and scoring else self.question_ids[:0]
+                self._question_step = question.tolist()
+                self._question_rows = (size, size + question.numel()) if question.numel() else None
                 self._kv_peak = 0
                 self._memory.start()
                 began = time.perf_counter()
-                hidden = self.forward(ids[None, start:start + size], self._start_position, scoring=True)
+                step_ids = torch.cat([ids[start:start + size], question])[None]
+                hidden = self.forward(step_ids, self._start_position, scoring=True)[:, :size]
                 self.last_hidden = hidden[:, -1]
                 if self.collect_hidden:
                     self.hidden_chunks.append(hidden[0])
@@ -284,7 +344,9 @@ class ChunkedPrefill(StepContext):
                 real = [p.shape[1] for p in self.positions]
                 if real != list(after):  # the schedule's arithmetic and the cache must agree
                     raise MemstepError(f"step {step}: cache holds {real} entries per layer, expected {after}")
-                parts = step_bytes(self.shape, before, size, after, attention=self.attention, scoring=scoring)
+                # the question's tokens are read with the chunk: they count in every step's bytes
+                parts = step_bytes(self.shape, before, size + question.numel(), after, attention=self.attention,
+                                   scoring=scoring)
                 yield StepRecord(
                     step=step, steps=schedule.steps, chunk_start=start, chunk_size=size,
                     memory_before=max(before), memory_budget=budget, memory_after=max(after), seconds=seconds,
@@ -294,9 +356,10 @@ class ChunkedPrefill(StepContext):
                     evicted=any(b + size > a for b, a in zip(before, after)),
                     layer_memory_after=list(after) if schedule.layerwise else None,
                     layer_budgets=schedule.layer_budgets(step, layers) if schedule.layerwise else None,
-                    first_position=self._start_position,
+                    first_position=self._start_position, question_tokens=question.numel(),
                 )
         finally:
+            self._question_step, self._question_rows = [], None
             for handle in handles:
                 handle.remove()
 

@@ -33,6 +33,7 @@ class StepRecord:
     layer_memory_after: list[int] | None = None  # layer-wise budgets: each layer's entries after the step
     layer_budgets: list[int] | None = None  # layer-wise budgets: each layer's budget after the step
     first_position: int | None = None  # RoPE position of the chunk's first token
+    question_tokens: int = 0  # question-aware: the question's tokens read after the chunk (then dropped)
 
     @property
     def layer_entries(self) -> list[int]:
@@ -65,6 +66,7 @@ class StepRecord:
             "kv_bytes_actual": self.kv_bytes_actual,
             "evicted": self.evicted,
             "first_position": self.first_position,
+            "question_tokens": self.question_tokens,
         }
         if self.layer_memory_after is not None:
             out["layer_budgets"] = list(self.layer_budgets or [])
@@ -95,6 +97,8 @@ class RunResult:
     notices: list[str] = field(default_factory=list)
     rope: str = "compact"  # RoPE positions: compact (contiguous, as the reference) or document
     attention: str = "sdpa"  # sdpa (memstep's) or padded (the reference code's (m + c)^2 maps)
+    question_aware: bool = False  # the question's attention also scored every step
+    question_weight: float | None = None
 
     @property
     def peak_bytes_measured(self) -> int | None:
@@ -117,6 +121,8 @@ class RunResult:
             "scorer": self.scorer,
             "rope": self.rope,
             "attention": self.attention,
+            "question_aware": self.question_aware,
+            "question_weight": self.question_weight,
             "sinks": self.sinks,
             "device": self.device,
             "dtype": self.dtype,

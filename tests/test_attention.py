@@ -30,22 +30,25 @@ def tensors(heads, kv_heads, rows, memory, dim=16, seed=0):
 @pytest.mark.parametrize("block", [3, 256])
 def test_one_pass_equals_sdpa_and_the_scorers_sums(heads, kv_heads, block):
     q, k, v = tensors(heads, kv_heads, rows=11, memory=9)
-    out, sums = attention.one_pass_attention(q, k, v, 0.25, firsts=(0, 6), block=block)
+    out, sums = attention.one_pass_attention(q, k, v, 0.25, ranges=((0, None), (6, None), (2, 5)), block=block)
     expected = attention.sdpa_lower_right(q, k, v, 0.25)
     torch.testing.assert_close(out, expected, **EXACT)
     state = LayerState(q[0], k[0], v[0], torch.arange(20).expand(kv_heads, -1), 0.25)
     for first in (0, 6):
-        torch.testing.assert_close(sums[first], state.attention_sum(first), **EXACT)
+        torch.testing.assert_close(sums[(first, None)], state.attention_sum(first), **EXACT)
+    # a middle range: rows 2..4 = rows from 2 on less rows from 5 on
+    torch.testing.assert_close(sums[(2, 5)], state.attention_sum(2) - state.attention_sum(5), **EXACT)
     # every query row's probabilities add up to one: rows x heads in all
-    assert torch.isclose(sums[0].sum(), torch.tensor(11.0 * heads))
+    assert torch.isclose(sums[(0, None)].sum(), torch.tensor(11.0 * heads))
 
 
 def test_padded_attention_equals_the_chunk_rows_of_full_attention():
     q, k, v = tensors(4, 2, rows=5, memory=7)
-    out, sums = attention.padded_attention(q, k, v, 0.25, firsts=(0,))
+    out, sums = attention.padded_attention(q, k, v, 0.25, ranges=((0, None), (1, 3)))
     torch.testing.assert_close(out, attention.sdpa_lower_right(q, k, v, 0.25), **EXACT)
-    _, one_pass = attention.one_pass_attention(q, k, v, 0.25, firsts=(0,))
-    torch.testing.assert_close(sums[0], one_pass[0], **EXACT)
+    _, one_pass = attention.one_pass_attention(q, k, v, 0.25, ranges=((0, None), (1, 3)))
+    for key in ((0, None), (1, 3)):
+        torch.testing.assert_close(sums[key], one_pass[key], **EXACT)
 
 
 def test_fallbacks_without_the_causal_bias_or_native_gqa(monkeypatch):
