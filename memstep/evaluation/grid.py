@@ -47,7 +47,7 @@ class Config:
         if self.schedule == "full":
             return "memstep full"
         name = self.schedule if self.growth in (None, "linear") else f"{self.schedule}-{self.growth}"
-        return f"{name} {self.scorer} M={self.budget} {self.rope}"
+        return f"{name} {self.scorer} M={self.budget}" + (f" {self.rope}" if self.rope else "")
 
     @property
     def is_peer(self) -> bool:
