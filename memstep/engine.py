@@ -2,13 +2,25 @@
 
 Each step runs one chunk through the decoder together with the memory (the cache entries
 kept from earlier chunks). Right after a layer's attention has run, a forward hook scores
-that layer's cache (memory + chunk) and cuts it, per KV head, to the step's budget plus
-the sinks. Keys keep the RoPE of their true document positions; the chunk's position_ids
-are its true positions too, while the causal mask is built over the compressed cache.
+that layer's cache (memory + chunk) and cuts it, per KV head, to the layer's budget plus
+the sinks. Attention runs through memstep's own function (memstep/attention.py): causal
+from the lower right of each layer's own cache, so layers may hold different numbers of
+entries (layer-wise budgets).
+
+RoPE positions, two modes:
+- ``compact`` (the reference code's): the cache sits at contiguous positions and the chunk's
+  queries right after the memory, so positions never exceed sinks + M + c. The reference
+  keeps keys before RoPE and rotates them anew every step; memstep keeps rotated keys and,
+  after each eviction, rotates the kept keys by their position shift (RoPE is a rotation:
+  R(q) R(p)^-1 = R(q - p)), in float32. With layer-wise budgets the layers' memories end
+  at the same position right before the chunk (only relative positions matter to RoPE).
+- ``document``: keys keep the RoPE of their true document positions, and the chunk's
+  position_ids are its true positions.
 
 ``ChunkedPrefill.run`` is a generator of StepRecord; after it finishes, ``cache``,
-``positions`` (per layer, (kv_heads, entries) document positions), ``tokens_seen`` and
-``last_hidden`` hold the compressed memory for question answering or scoring.
+``positions`` (per layer, (kv_heads, entries) document positions), ``tokens_seen``,
+``position`` (the RoPE position of the next token) and ``last_hidden`` hold the compressed
+memory for question answering or scoring.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from memstep.attention import switchable, use_memstep_attention
 from memstep.errors import MemstepError
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
 from memstep.records import StepRecord
@@ -48,6 +61,16 @@ def model_shape(model) -> ModelShape:
                                   name=getattr(model, "name_or_path", None) or None)
 
 
+ROPE_MODES = ("compact", "document")
+
+
+def check_rope(rope: str) -> str:
+    if rope not in ROPE_MODES:
+        raise MemstepError(f"unknown RoPE position mode '{rope}': choose compact (contiguous positions, as the "
+                           "reference code) or document (true document positions)")
+    return rope
+
+
 def cache_keyword(decoder) -> str:
     """transformers 5.x renamed ``past_key_values`` to ``cache``; accept either."""
     return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
@@ -55,7 +78,7 @@ def cache_keyword(decoder) -> str:
 
 class ChunkedPrefill:
     def __init__(self, model, scorer: Scorer | None = None, sinks: int = 4, attention: str = "sdpa",
-                 collect_hidden: bool = False):
+                 collect_hidden: bool = False, rope: str = "compact"):
         if sinks < 0:
             raise MemstepError(f"sinks must be 0 or more (got {sinks})")
         self.model = model
@@ -64,6 +87,7 @@ class ChunkedPrefill:
         self.sinks = sinks
         self.attention = attention
         self.collect_hidden = collect_hidden
+        self.rope = check_rope(rope)
         self.shape = model_shape(model)
         self.device = self.decoder.embed_tokens.weight.device
         self._cache_kw = cache_keyword(self.decoder)
@@ -74,6 +98,7 @@ class ChunkedPrefill:
         self.cache = None
         self.positions: list[torch.Tensor] = []
         self.tokens_seen = 0
+        self.position = 0  # RoPE position of the next token
         self.last_hidden: torch.Tensor | None = None
         self.hidden_chunks: list[torch.Tensor] = []
 
@@ -90,17 +115,44 @@ class ChunkedPrefill:
         self._kv_peak = max(self._kv_peak, sum(
             l.keys.nbytes + l.values.nbytes for l in self.cache.layers if l.keys is not None))
         self._memory.sample()
-        if positions.shape[1] > self._keep:
+        keep = self._keep[idx]
+        kept = None
+        if positions.shape[1] > keep:
             state = LayerState(self._layer_queries(module, kwargs) if self.scorer.needs_queries else None,
                                keys[0], values[0], positions, module.scaling, idx)
-            kept = select_kept(self.scorer.score(state), positions, self._keep, self.sinks)
+            kept = select_kept(self.scorer.score(state), positions, keep, self.sinks)
             index = kept[None, :, :, None].expand(1, -1, -1, keys.shape[-1])
             layer.keys = keys.gather(2, index)
             layer.values = values.gather(2, index)
             positions = positions.gather(1, kept)
             del state
+        if self.rope == "compact":
+            self._compact(layer, idx, kept, positions.shape[1])
         self.positions[idx] = positions
         self._queries = None
+
+    def _compact(self, layer, idx: int, kept: torch.Tensor | None, entries: int) -> None:
+        """Move the layer's kept keys to contiguous positions ending right before the next
+        chunk: entry j of a layer with a entries goes to next_start - a + j."""
+        device = layer.keys.device
+        index = torch.arange(layer.keys.shape[2], device=device)
+        old_index = index.expand(layer.keys.shape[1], -1) if kept is None else kept
+        current = self._start_position - self._before[idx] + old_index
+        target = self._next_position - entries + index
+        shift = target - current
+        if bool(shift.any()):
+            layer.keys = self.rerotate(layer.keys, shift)
+
+    def rerotate(self, keys: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+        """Keys (1, kv_heads, n, dim) rotated by ``shift`` (kv_heads, n) positions, in float32."""
+        x = keys[0].float()
+        rotary = self.decoder.rotary_emb
+        cos, sin = rotary(x, shift)
+        scale = getattr(rotary, "attention_scaling", 1.0) or 1.0
+        if scale != 1.0:  # a rotation must not scale twice
+            cos, sin = cos / scale, sin / scale
+        rotated, _ = self._rope(x[:, None], x[:1, None], cos, sin)
+        return rotated[:, 0][None].to(keys.dtype)
 
     def _layer_queries(self, module, kwargs) -> torch.Tensor:
         """The chunk's queries after RoPE (heads, chunk, head_dim), rebuilt from q_proj's output."""
@@ -123,6 +175,14 @@ class ChunkedPrefill:
         return handles
 
     # ---- the prefill -------------------------------------------------------------------
+    def forward(self, ids: torch.Tensor, position: int) -> torch.Tensor:
+        """Run token ids (1, n) after the cache at RoPE positions position..position+n-1."""
+        positions = torch.arange(position, position + ids.shape[1], device=self.device)[None]
+        with torch.inference_mode(), use_memstep_attention(self.model):
+            out = self.decoder(input_ids=ids.to(self.device), position_ids=positions, use_cache=True,
+                               **{self._cache_kw: self.cache})
+        return out.last_hidden_state
+
     def run(self, input_ids: Sequence[int] | torch.Tensor, schedule: Schedule) -> Iterator[StepRecord]:
         ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1)
         if ids.numel() != schedule.tokens:
@@ -132,48 +192,70 @@ class ChunkedPrefill:
         # Plain full-attention layers: a config-built cache gives sliding-window models (Mistral)
         # layers that size the mask by tokens seen, which breaks once entries are evicted.
         self.cache = DynamicCache()
-        kv_heads = self.shape.kv_heads
+        kv_heads, layers = self.shape.kv_heads, len(self.decoder.layers)
         self.positions = [torch.zeros(kv_heads, 0, dtype=torch.long, device=self.device)
                           for _ in self.decoder.layers]
         self._memory = DeviceMemory(self.device)
         scoring = schedule.name != "full"
+        lengths = self._layer_lengths(schedule, layers)
         handles = self._install_hooks()
         try:
-            before = 0
-            for step, (start, size, budget) in enumerate(
-                    zip(schedule.chunk_starts, schedule.chunk_sizes, schedule.memory_sizes)):
-                self._keep = min(budget + self.sinks, start + size)
+            for step, ((before, after), start, size, budget) in enumerate(
+                    zip(lengths, schedule.chunk_starts, schedule.chunk_sizes, schedule.memory_sizes)):
+                self._before, self._keep = before, after
+                self._start_position = max(before) if self.rope == "compact" else start
+                self._next_position = max(after) if self.rope == "compact" else start + size
                 self._chunk_positions = torch.arange(start, start + size, device=self.device)[None]
                 self._kv_peak = 0
                 self._memory.start()
                 began = time.perf_counter()
-                with torch.inference_mode():
-                    out = self.decoder(input_ids=ids[None, start:start + size].to(self.device),
-                                       position_ids=self._chunk_positions, use_cache=True,
-                                       **{self._cache_kw: self.cache})
-                    hidden = out.last_hidden_state
-                    self.last_hidden = hidden[:, -1]
-                    if self.collect_hidden:
-                        self.hidden_chunks.append(hidden[0])
+                hidden = self.forward(ids[None, start:start + size], self._start_position)
+                self.last_hidden = hidden[:, -1]
+                if self.collect_hidden:
+                    self.hidden_chunks.append(hidden[0])
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 seconds = time.perf_counter() - began
                 self.tokens_seen = start + size
-                after = self.positions[0].shape[1]
+                self.position = self._next_position
+                real = [p.shape[1] for p in self.positions]
+                if real != list(after):  # the schedule's arithmetic and the cache must agree
+                    raise MemstepError(f"step {step}: cache holds {real} entries per layer, expected {after}")
                 parts = step_bytes(self.shape, before, size, after, attention=self.attention, scoring=scoring)
                 yield StepRecord(
                     step=step, steps=schedule.steps, chunk_start=start, chunk_size=size,
-                    memory_before=before, memory_budget=budget, memory_after=after, seconds=seconds,
+                    memory_before=max(before), memory_budget=budget, memory_after=max(after), seconds=seconds,
                     bytes_measured=self._memory.peak(), bytes_modeled=parts.pop("total"),
                     bytes_modeled_parts=parts, kv_bytes_actual=self._kv_peak,
-                    kept_positions=np.stack([p.cpu().numpy() for p in self.positions]),
-                    evicted=before + size > after,
+                    kept_positions=_stack_padded([p.cpu().numpy() for p in self.positions]),
+                    evicted=any(b + size > a for b, a in zip(before, after)),
+                    layer_memory_after=list(after) if schedule.layerwise else None,
+                    layer_budgets=schedule.layer_budgets(step, layers) if schedule.layerwise else None,
+                    first_position=self._start_position,
                 )
-                before = after
         finally:
             for handle in handles:
                 handle.remove()
 
+    def _layer_lengths(self, schedule: Schedule, layers: int) -> list[tuple[list[int], list[int]]]:
+        if schedule.layerwise and len(schedule.layer_memory_sizes[0]) != layers:
+            raise MemstepError(f"the layer-wise schedule was made for {len(schedule.layer_memory_sizes[0])} "
+                               f"layers but the model has {layers}")
+        if schedule.layerwise:
+            if not switchable(self.model):
+                raise MemstepError("layer-wise budgets need the model loaded with SDPA attention "
+                                   f"(it runs '{self.model.config._attn_implementation}')")
+            return schedule.layer_cache_lengths(self.sinks)
+        return [([b] * layers, [a] * layers) for b, a in schedule.cache_lengths(self.sinks)]
+
     def cache_bytes(self) -> int:
         """Bytes of the real cache tensors now."""
         return sum(l.keys.nbytes + l.values.nbytes for l in self.cache.layers if l.keys is not None)
+
+
+def _stack_padded(arrays: list[np.ndarray]) -> np.ndarray:
+    """(layers, kv_heads, entries) positions; layers holding fewer entries are padded with -1."""
+    width = max(a.shape[1] for a in arrays)
+    if all(a.shape[1] == width for a in arrays):
+        return np.stack(arrays)
+    return np.stack([np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=-1) for a in arrays])

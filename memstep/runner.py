@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from memstep.engine import ChunkedPrefill
 from memstep.errors import MemstepError
-from memstep.generate import answer, continuation_nll, crop_memory, prompt_parts
+from memstep.generate import answer, continuation_nll, crop_memory, memory_mark, prompt_parts
 from memstep.models import LoadedModel
 from memstep.records import RunResult, StepRecord
 from memstep.schedules import check_run_settings, make_schedule
@@ -26,7 +26,8 @@ class DocumentRun:
                  chunk: int = 512, memory: int = 512, growth: str = "linear",
                  scorer: str = "chunk-attention", sinks: int = 4, seed: int = 0, window: int = 32,
                  question: str | None = None, max_new_tokens: int = 32, continuation_tokens: int = 0,
-                 notices: list[str] | None = None, attention: str = "sdpa"):
+                 notices: list[str] | None = None, attention: str = "sdpa", rope: str = "compact",
+                 kernel: int = 5):
         if sinks < 0:
             raise MemstepError(f"sinks must be 0 or more (got {sinks})")
         if max_new_tokens < 1:
@@ -43,12 +44,14 @@ class DocumentRun:
         self.input_ids = self.head + kept
         tokens = len(self.input_ids)
         check_run_settings(schedule, tokens, chunk, memory, sinks)
-        self.schedule = make_schedule(schedule, tokens, chunk, memory, growth)
-        self.engine = ChunkedPrefill(lm.model, make_scorer(scorer, seed, window), sinks, attention)
+        self.schedule = make_schedule(schedule, tokens, chunk, memory, growth,
+                                      layers=lm.model.config.num_hidden_layers)
+        self.engine = ChunkedPrefill(lm.model, make_scorer(scorer, seed, window, kernel), sinks, attention,
+                                     rope=rope)
         self.result = RunResult(
             model=lm.name, tokens=tokens, prefix_tokens=len(self.head), schedule=self.schedule.to_dict(),
             scorer=scorer, sinks=sinks, device=lm.device, dtype=lm.dtype, question=self.question,
-            continuation_tokens=continuation_tokens, notices=list(notices or []))
+            continuation_tokens=continuation_tokens, notices=list(notices or []), rope=rope)
 
     def __iter__(self) -> Iterator[StepRecord]:
         began = time.perf_counter()
@@ -56,7 +59,7 @@ class DocumentRun:
             self.result.steps.append(record)
             yield record
         self.result.seconds = time.perf_counter() - began
-        self._memory_entries, self._memory_tokens = self.engine.cache.get_seq_length(), self.engine.tokens_seen
+        self._mark = memory_mark(self.engine)
         if self.held_out:
             self.result.continuation_nll = continuation_nll(self.engine, self.held_out)
             self._restore()
@@ -80,4 +83,4 @@ class DocumentRun:
             self._restore()
 
     def _restore(self) -> None:
-        crop_memory(self.engine, self._memory_entries, self._memory_tokens)
+        crop_memory(self.engine, self._mark)

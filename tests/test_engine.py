@@ -35,8 +35,8 @@ def full_prefill(model, ids, positions=None):
         return model.model(input_ids=torch.as_tensor(ids)[None], position_ids=pos).last_hidden_state[0]
 
 
-def run_engine(model, ids, schedule, scorer="chunk-attention", sinks=4, **kwargs):
-    engine = ChunkedPrefill(model, make_scorer(scorer), sinks=sinks, **kwargs)
+def run_engine(model, ids, schedule, scorer="chunk-attention", sinks=4, rope="document", **kwargs):
+    engine = ChunkedPrefill(model, make_scorer(scorer), sinks=sinks, rope=rope, **kwargs)
     return engine, list(engine.run(ids, schedule))
 
 
@@ -64,17 +64,20 @@ def test_budget_covering_the_document_reproduces_full_prefill(family_model):
 
 
 # ---- eviction: the next chunk sees exactly the kept entries at their true positions -------
+@pytest.mark.parametrize("rope", ["document", "compact"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_recency_eviction_equals_full_prefill_over_kept_tokens(family):
+def test_recency_eviction_equals_full_prefill_over_kept_tokens(family, rope):
     """With one layer, a cache entry's key and value depend only on its token and position, so
     after eviction a chunk must see exactly what a full prefill over [sinks + kept tokens +
-    chunk] at the original position ids sees. Fails if eviction drops the wrong entries,
-    re-RoPEs kept keys, or masks the compressed cache wrongly."""
+    chunk] sees: at the original position ids (document), or at contiguous positions 0..n-1
+    (compact). Fails if eviction drops the wrong entries, rotates kept keys wrongly, or masks
+    the compressed cache wrongly."""
     model = make_tiny_model(family, layers=1, seed=1)
     ids = random_ids(170, seed=1)
     sinks, memory = 4, 24
     schedule = make_schedule("fm", 170, 32, memory)
-    engine, records = run_engine(model, ids, schedule, scorer="recency", sinks=sinks, collect_hidden=True)
+    engine, records = run_engine(model, ids, schedule, scorer="recency", sinks=sinks, collect_hidden=True,
+                                 rope=rope)
     for step, record in enumerate(records):
         seen = record.tokens_seen
         expected = list(range(sinks)) + list(range(seen - memory, seen)) if seen > memory + sinks else list(
@@ -84,8 +87,12 @@ def test_recency_eviction_equals_full_prefill_over_kept_tokens(family):
             continue
         kept = records[step - 1].kept_positions[0, 0].tolist()
         positions = kept + list(range(record.chunk_start, seen))
-        reference = full_prefill(model, ids[positions], positions)[-record.chunk_size:]
+        rope_positions = positions if rope == "document" else list(range(len(positions)))
+        assert record.first_position == rope_positions[len(kept)]
+        reference = full_prefill(model, ids[positions], rope_positions)[-record.chunk_size:]
         torch.testing.assert_close(engine.hidden_chunks[step], reference, **TOL)
+    # compact positions never exceed sinks + M + c; document positions reach the document's end
+    assert engine.position == (sinks + memory if rope == "compact" else 170)
     # and not merely because any context gives the same answer: the full context differs
     assert not torch.allclose(engine.hidden_chunks[-1], full_prefill(model, ids)[-records[-1].chunk_size:],
                               atol=1e-3)
