@@ -67,18 +67,24 @@ def tradeoff_figure(summary: dict, length: int | None = None):
             x=[r["peak_rss_bytes"] / 2**20 for r in group], y=[100 * r["accuracy"] for r in group],
             error_y=_wilson_bars(group),
             mode="markers", name=kind if kind != "hf" else "HF full cache",
-            marker={"symbol": PEER_SYMBOLS[kind], "color": KIND_COLORS[kind], "opacity": 0.75,
+            marker={"symbol": [_symbol(r) for r in group], "color": KIND_COLORS[kind], "opacity": 0.75,
                     "size": [10 + 30 * (r["seconds"] or 0) / slowest for r in group],
                     "line": {"width": 1, "color": "black"}},
             text=[r["label"] for r in group],
             customdata=[[r["seconds"] or 0, r["nll_gap"] if r["nll_gap"] is not None else float("nan")] for r in group],
             hovertemplate="%{text}<br>peak %{x:.0f} MiB<br>accuracy %{y:.0f}%<br>%{customdata[0]:.1f} s"
                           "<br>NLL gap %{customdata[1]:.3f}<extra></extra>"))
-    fig.update_layout(title=f"Quality vs peak memory vs seconds at {length} tokens (marker size = seconds; "
-                            "bars: 95% Wilson interval)",
+    fig.update_layout(title=f"Quality vs peak memory vs seconds at {length} tokens<br><sup>marker size = seconds; "
+                            "bars: 95% Wilson interval; memstep open = document RoPE positions</sup>",
                       xaxis_title="peak resident memory of the worker (MiB)", yaxis_title="passkey accuracy (%)",
                       yaxis_range=[-5, 105], height=480, margin={"l": 60, "r": 20, "t": 60, "b": 50})
     return fig
+
+
+def _symbol(row: dict) -> str:
+    """Peers by shape; memstep filled at compact RoPE positions, open at document positions."""
+    kind = row["config"]["kind"]
+    return ROPE_SYMBOLS.get(row["config"].get("rope"), "circle") if kind == "memstep" else PEER_SYMBOLS[kind]
 
 
 def _wilson_bars(rows: list[dict]) -> dict:
@@ -121,14 +127,13 @@ def intervals_figure(summary: dict, lengths: list[int] | None = None):
     fig.update_annotations(font_size=12)
     fig.update_layout(title="Quality with 95% intervals (filled = compact RoPE positions, open = document)",
                       height=160 + 24 * sum(counts) + 50 * len(lengths), margin={"l": 20, "r": 20, "t": 80, "b": 40},
-                      legend={"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "yref": "container"})
+                      legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 0.99, "yanchor": "top", "yref": "container"})
     return fig
 
 
 def _interval_traces(fig, go, group: list[dict], kind: str, row: int, legend: bool) -> None:
     name = kind if kind != "hf" else "HF full cache"
-    symbols = [ROPE_SYMBOLS.get(r["config"].get("rope"), "circle") if kind == "memstep" else PEER_SYMBOLS[kind]
-               for r in group]
+    symbols = [_symbol(r) for r in group]
     marker = {"color": KIND_COLORS[kind], "size": 9, "line": {"width": 1.5, "color": KIND_COLORS[kind]}}
     fig.add_trace(go.Scatter(
         x=[100 * r["accuracy"] for r in group], y=[r["label"] for r in group], error_x=_wilson_bars(group),
