@@ -40,6 +40,9 @@ def memstep_attention(module, query, key, value, attention_mask=None, dropout: f
     attention-function signature; returns (output (batch, rows, heads, dim), None)."""
     if kwargs.get("softcap") is not None:
         raise ValueError("memstep attention does not support logit soft-capping")
+    rope = getattr(module, "memstep_rope", None)
+    if rope is not None:  # compact positions: the cache holds keys before RoPE (memstep/engine.py)
+        query, key = rope(module, query, key)
     rows, keys = query.shape[2], key.shape[2]
     gqa = query.shape[1] != key.shape[1]
     if rows == keys:

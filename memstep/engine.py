@@ -8,14 +8,14 @@ from the lower right of each layer's own cache, so layers may hold different num
 entries (layer-wise budgets).
 
 RoPE positions, two modes:
-- ``compact`` (the reference code's): the cache sits at contiguous positions and the chunk's
-  queries right after the memory, so positions never exceed sinks + M + c. The reference
-  keeps keys before RoPE and rotates them anew every step; memstep keeps rotated keys and,
-  after each eviction, rotates the kept keys by their position shift (RoPE is a rotation:
-  R(q) R(p)^-1 = R(q - p)), in float32. With layer-wise budgets the layers' memories end
-  at the same position right before the chunk (only relative positions matter to RoPE).
-- ``document``: keys keep the RoPE of their true document positions, and the chunk's
-  position_ids are its true positions.
+- ``compact`` (the reference code's): the cache keeps keys *before* RoPE, and at every step
+  each layer's attention rotates its whole cache (sinks, kept memory in document order,
+  then the chunk) at contiguous positions 0..n-1, the chunk's queries at the last rows, so
+  positions never exceed sinks + M + c and no rounding accumulates across steps. The
+  decoder runs with position ids 0 (RoPE is the identity there); memstep's attention
+  function does the rotation, and hands the rotated queries and keys to the scorer.
+- ``document``: keys keep the RoPE of their true document positions (rotated once, by the
+  model), and the chunk's position_ids are its true positions.
 
 ``ChunkedPrefill.run`` is a generator of StepRecord; after it finishes, ``cache``,
 ``positions`` (per layer, (kv_heads, entries) document positions), ``tokens_seen``,
@@ -25,6 +25,7 @@ memory for question answering or scoring.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 import time
@@ -37,6 +38,7 @@ from transformers import DynamicCache
 from memstep.attention import switchable, use_memstep_attention
 from memstep.errors import MemstepError
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
+from memstep.presets import ROPE_MODES
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
@@ -59,9 +61,6 @@ def model_shape(model) -> ModelShape:
     params = sum(p.numel() for p in model.parameters())
     return ModelShape.from_config(model.config, dtype_bytes=param.element_size(), params=params,
                                   name=getattr(model, "name_or_path", None) or None)
-
-
-ROPE_MODES = ("compact", "document")
 
 
 def check_rope(rope: str) -> str:
@@ -101,6 +100,9 @@ class ChunkedPrefill:
         self.position = 0  # RoPE position of the next token
         self.last_hidden: torch.Tensor | None = None
         self.hidden_chunks: list[torch.Tensor] = []
+        self._rope_table = None
+        self._rotated = self._queries = None
+        self._scoring_now = False
 
     # ---- hooks -------------------------------------------------------------------------
     def _remember_queries(self, module, args, output):
@@ -116,43 +118,50 @@ class ChunkedPrefill:
             l.keys.nbytes + l.values.nbytes for l in self.cache.layers if l.keys is not None))
         self._memory.sample()
         keep = self._keep[idx]
-        kept = None
         if positions.shape[1] > keep:
-            state = LayerState(self._layer_queries(module, kwargs) if self.scorer.needs_queries else None,
-                               keys[0], values[0], positions, module.scaling, idx)
+            queries, rotated_keys = self._scored_tensors(module, kwargs, keys)
+            state = LayerState(queries, rotated_keys[0], values[0], positions, module.scaling, idx)
             kept = select_kept(self.scorer.score(state), positions, keep, self.sinks)
             index = kept[None, :, :, None].expand(1, -1, -1, keys.shape[-1])
             layer.keys = keys.gather(2, index)
             layer.values = values.gather(2, index)
             positions = positions.gather(1, kept)
-            del state
-        if self.rope == "compact":
-            self._compact(layer, idx, kept, positions.shape[1])
+            del state, queries, rotated_keys
         self.positions[idx] = positions
-        self._queries = None
+        self._queries = self._rotated = None
 
-    def _compact(self, layer, idx: int, kept: torch.Tensor | None, entries: int) -> None:
-        """Move the layer's kept keys to contiguous positions ending right before the next
-        chunk: entry j of a layer with a entries goes to next_start - a + j."""
-        device = layer.keys.device
-        index = torch.arange(layer.keys.shape[2], device=device)
-        old_index = index.expand(layer.keys.shape[1], -1) if kept is None else kept
-        current = self._start_position - self._before[idx] + old_index
-        target = self._next_position - entries + index
-        shift = target - current
-        if bool(shift.any()):
-            layer.keys = self.rerotate(layer.keys, shift)
+    def _scored_tensors(self, module, kwargs, keys):
+        """The chunk's queries after RoPE (heads, chunk, dim; None when the scorer needs none)
+        and the layer's keys after RoPE, at the positions the attention used."""
+        if self.rope == "compact":  # rotated by the attention call that just ran
+            queries, rotated = self._rotated
+            return (queries[0] if self.scorer.needs_queries else None), rotated
+        return (self._layer_queries(module, kwargs) if self.scorer.needs_queries else None), keys
 
-    def rerotate(self, keys: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-        """Keys (1, kv_heads, n, dim) rotated by ``shift`` (kv_heads, n) positions, in float32."""
-        x = keys[0].float()
-        rotary = self.decoder.rotary_emb
-        cos, sin = rotary(x, shift)
-        scale = getattr(rotary, "attention_scaling", 1.0) or 1.0
-        if scale != 1.0:  # a rotation must not scale twice
-            cos, sin = cos / scale, sin / scale
-        rotated, _ = self._rope(x[:, None], x[:1, None], cos, sin)
-        return rotated[:, 0][None].to(keys.dtype)
+    def _rotate_contiguous(self, module, query, key):
+        """memstep attention's RoPE under compact positions: keys at 0..n-1, the query rows at
+        the last positions. Called by memstep/attention.py with the layer's pre-RoPE tensors."""
+        rows, n = query.shape[2], key.shape[2]
+        cos, sin = self._contiguous_rope(n, key.device)
+        q, _ = self._rope(query.float(), query[:, :1, :1].float(), cos[:, n - rows:], sin[:, n - rows:])
+        k, _ = self._rope(key.float(), key[:, :1, :1].float(), cos, sin)
+        q, k = q.to(query.dtype), k.to(key.dtype)
+        if self._scoring_now:
+            self._rotated = (q, k)
+        return q, k
+
+    def _contiguous_rope(self, n: int, device):
+        """cos, sin (1, n, dim) in float32 for positions 0..n-1 (one table, grown on demand)."""
+        if self._rope_table is None or self._rope_table[0].shape[1] < n:
+            have = self._rope_table[0].shape[1] if self._rope_table is not None else 0
+            rotary = self.decoder.rotary_emb
+            x = torch.zeros(1, dtype=torch.float32, device=device)
+            cos, sin = rotary(x, torch.arange(max(n, 2 * have), device=device)[None])
+            scale = getattr(rotary, "attention_scaling", 1.0) or 1.0
+            # the decoder's identity rotation at position 0 already scaled q and k once
+            self._rope_table = (cos.float() / scale, sin.float() / scale)
+        cos, sin = self._rope_table
+        return cos[:, :n], sin[:, :n]
 
     def _layer_queries(self, module, kwargs) -> torch.Tensor:
         """The chunk's queries after RoPE (heads, chunk, head_dim), rebuilt from q_proj's output."""
@@ -169,18 +178,43 @@ class ChunkedPrefill:
         handles = []
         for layer in self.decoder.layers:
             attn = layer.self_attn
-            if self.scorer.needs_queries:
+            if self.scorer.needs_queries and self.rope == "document":
                 handles.append(attn.q_proj.register_forward_hook(self._remember_queries))
             handles.append(attn.register_forward_hook(self._after_attention, with_kwargs=True))
         return handles
 
+    @contextlib.contextmanager
+    def _positions_mode(self):
+        """Compact: memstep's attention rotates each layer's cache (see _rotate_contiguous)."""
+        attentions = [layer.self_attn for layer in self.decoder.layers]
+        if self.rope == "compact":
+            if not switchable(self.model):
+                raise MemstepError("compact RoPE positions need the model loaded with SDPA attention "
+                                   f"(it runs '{self.model.config._attn_implementation}'): use rope 'document'")
+            for attn in attentions:
+                attn.memstep_rope = self._rotate_contiguous
+        try:
+            yield
+        finally:
+            for attn in attentions:
+                attn.__dict__.pop("memstep_rope", None)
+
     # ---- the prefill -------------------------------------------------------------------
-    def forward(self, ids: torch.Tensor, position: int) -> torch.Tensor:
-        """Run token ids (1, n) after the cache at RoPE positions position..position+n-1."""
-        positions = torch.arange(position, position + ids.shape[1], device=self.device)[None]
-        with torch.inference_mode(), use_memstep_attention(self.model):
-            out = self.decoder(input_ids=ids.to(self.device), position_ids=positions, use_cache=True,
-                               **{self._cache_kw: self.cache})
+    def forward(self, ids: torch.Tensor, position: int, scoring: bool = False) -> torch.Tensor:
+        """Run token ids (1, n) after the cache: at RoPE positions position..position+n-1
+        (document), or right after each layer's cache (compact: ``position`` only counts)."""
+        n = ids.shape[1]
+        if self.rope == "compact":  # the identity rotation in the model; memstep's attention rotates
+            positions = torch.zeros(1, n, dtype=torch.long, device=self.device)
+        else:
+            positions = torch.arange(position, position + n, device=self.device)[None]
+        self._scoring_now = scoring
+        try:
+            with torch.inference_mode(), use_memstep_attention(self.model), self._positions_mode():
+                out = self.decoder(input_ids=ids.to(self.device), position_ids=positions, use_cache=True,
+                                   **{self._cache_kw: self.cache})
+        finally:
+            self._scoring_now = False
         return out.last_hidden_state
 
     def run(self, input_ids: Sequence[int] | torch.Tensor, schedule: Schedule) -> Iterator[StepRecord]:
@@ -209,7 +243,7 @@ class ChunkedPrefill:
                 self._kv_peak = 0
                 self._memory.start()
                 began = time.perf_counter()
-                hidden = self.forward(ids[None, start:start + size], self._start_position)
+                hidden = self.forward(ids[None, start:start + size], self._start_position, scoring=scoring)
                 self.last_hidden = hidden[:, -1]
                 if self.collect_hidden:
                     self.hidden_chunks.append(hidden[0])

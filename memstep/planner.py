@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from memstep.errors import MemstepError
@@ -329,6 +330,7 @@ class StepPlan:
     peak_bytes: int
     flops: int
     seconds_parts: dict[str, float]
+    layer_memory_after: list[int] | None = None  # layer-wise budgets: each layer's entries after the step
 
     @property
     def kv_bytes(self) -> int:
@@ -346,6 +348,7 @@ class StepPlan:
             "kv_bytes": self.kv_bytes, "peak_bytes": self.peak_bytes, "parts": dict(self.parts),
             "flops": self.flops, "seconds": self.seconds,
             "seconds_parts": {k: v for k, v in self.seconds_parts.items()},
+            **({"layer_memory_after": self.layer_memory_after} if self.layer_memory_after else {}),
         }
 
 
@@ -365,6 +368,14 @@ class Plan:
     bandwidth_efficiency: float
     steps: list[StepPlan]
     notices: list[str] = field(default_factory=list)
+    rope: str = "compact"  # RoPE positions of the engine: compact (contiguous) or document
+
+    @property
+    def largest_position(self) -> int:
+        """How many RoPE positions the run uses (0..n-1): compact positions stop at the widest step."""
+        if self.rope == "compact" and self.schedule.name != "full":
+            return max(s.memory_before + s.chunk_size for s in self.steps)
+        return self.schedule.tokens
 
     @property
     def peak_bytes(self) -> int:
@@ -402,8 +413,9 @@ class Plan:
             "dtype": self.dtype,
             "gpu": self.gpu.to_dict(),
             "schedule": {"name": s.name, "growth": s.growth, "tokens": s.tokens, "steps": s.steps,
-                         **{k: v for k, v in s.settings.items() if k in ("chunk", "memory")}},
+                         **{k: v for k, v in s.settings.items() if k in ("chunk", "memory", "layers")}},
             "attention": self.attention, "sinks": self.sinks, "evict_per_layer": self.evict_per_layer,
+            "rope": self.rope, "largest_position": self.largest_position,
             "keep_maps": self.keep_maps, "efficiency": self.efficiency,
             "bandwidth_efficiency": self.bandwidth_efficiency,
             "peak_bytes": self.peak_bytes, "peak_step": self.peak_step, "kv_peak_bytes": self.kv_peak_bytes,
@@ -444,35 +456,69 @@ def retained_maps_bytes(shape: ModelShape, before: int, chunk: int) -> int:
     return (shape.layers - 1) * shape.heads * keys * keys * shape.dtype_bytes
 
 
+def _lengths(schedule: Schedule, sinks: int) -> list:
+    """(before, after) per step: entries per layer as ints, or as tuples under layer-wise budgets."""
+    if schedule.layerwise:
+        return [(tuple(b), tuple(a)) for b, a in schedule.layer_cache_lengths(sinks)]
+    return schedule.cache_lengths(sinks)
+
+
+def _widest(entries) -> int:
+    return entries if isinstance(entries, int) else max(entries)
+
+
+def _pairs(before, after) -> list[tuple[int, int]]:
+    if isinstance(before, int):
+        return [(before, after)]
+    return list(zip(before, after))
+
+
+def layer_step_work(shape: ModelShape, before, chunk: int, after, attention: str = "sdpa",
+                    scoring: bool = True) -> dict[str, tuple[int, int]]:
+    """step_work, where ``before``/``after`` may differ per layer (layer-wise budgets): the
+    layers are grouped by their sizes and each group's work is added up."""
+    if isinstance(before, int):
+        return step_work(shape, before, chunk, after, attention, scoring)
+    groups = Counter(_pairs(before, after))
+    total: dict[str, tuple[int, int]] = {}
+    for (b, a), count in groups.items():
+        for part, (flops, moved) in step_work(replace(shape, layers=count), b, chunk, a, attention, scoring).items():
+            f0, m0 = total.get(part, (0, 0))
+            total[part] = (f0 + flops, m0 + moved)
+    return total
+
+
 def plan_schedule(shape: ModelShape, gpu: Gpu, schedule: Schedule, *, dtype: str = "bf16",
                   attention: str = "sdpa", sinks: int = 4, evict_per_layer: bool | None = None,
                   keep_maps: bool = False, efficiency: float = DEFAULT_EFFICIENCY,
-                  bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY) -> Plan:
+                  bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY, rope: str = "compact") -> Plan:
     """Plan an already-built schedule. ``evict_per_layer`` defaults to the engine's per-layer
-    eviction, except for the padded reference code, which evicts after the whole forward."""
+    eviction, except for the padded reference code, which evicts after the whole forward.
+    ``rope`` only decides which positions the tokens get (for the trained-positions notice)."""
     dtype = dtype_name(dtype)
     if evict_per_layer is None:
         evict_per_layer = attention != "padded"
     scoring = schedule.name != "full"
-    memo: dict[tuple[int, int, int], tuple] = {}  # FM repeats the same step thousands of times
+    memo: dict[tuple, tuple] = {}  # FM repeats the same step thousands of times
     steps = []
     for i, ((before, after), start, chunk) in enumerate(
-            zip(schedule.cache_lengths(sinks), schedule.chunk_starts, schedule.chunk_sizes)):
+            zip(_lengths(schedule, sinks), schedule.chunk_starts, schedule.chunk_sizes)):
         key = (before, chunk, after)
         if key not in memo:
             parts = step_bytes(shape, before, chunk, after, attention=attention,
                                evict_per_layer=evict_per_layer, scoring=scoring)
             if keep_maps and attention == "padded":
-                parts["attention"] += retained_maps_bytes(shape, before, chunk)
+                parts["attention"] += retained_maps_bytes(shape, _widest(before), chunk)
             total = sum(parts[p] for p in PARTS)
-            work = step_work(shape, before, chunk, after, attention, scoring)
-            seconds = step_seconds(work, gpu, dtype, shape.layers, scoring and before + chunk > after,
-                                   efficiency, bandwidth_efficiency)
+            work = layer_step_work(shape, before, chunk, after, attention, scoring)
+            evicts = scoring and any(b + chunk > a for b, a in _pairs(before, after))
+            seconds = step_seconds(work, gpu, dtype, shape.layers, evicts, efficiency, bandwidth_efficiency)
             memo[key] = ({p: parts[p] for p in PARTS}, total, sum(f for f, _ in work.values()), seconds)
         parts, total, flops, seconds = memo[key]
-        steps.append(StepPlan(i, start, chunk, before, after, dict(parts), total, flops, dict(seconds)))
+        steps.append(StepPlan(i, start, chunk, _widest(before), _widest(after), dict(parts), total, flops,
+                              dict(seconds), list(after) if isinstance(after, tuple) else None))
     plan = Plan(shape, gpu, dtype, schedule, attention, sinks, evict_per_layer, keep_maps, efficiency,
-                bandwidth_efficiency, steps)
+                bandwidth_efficiency, steps, rope=rope)
     plan.notices.extend(_notices(plan))
     return plan
 
@@ -480,9 +526,14 @@ def plan_schedule(shape: ModelShape, gpu: Gpu, schedule: Schedule, *, dtype: str
 def _notices(plan: Plan) -> list[str]:
     out = []
     limit = plan.model.max_positions
-    if limit and plan.schedule.tokens > limit:
-        out.append(f"{plan.schedule.tokens} tokens exceed {plan.model.name}'s {limit} positions: positions "
-                   "beyond it were not trained (RoPE scaling needed); the plan still counts them.")
+    if limit and plan.largest_position > limit:
+        what = (f"{plan.schedule.tokens} tokens" if plan.largest_position == plan.schedule.tokens
+                else f"the widest step ({plan.largest_position} entries)")
+        out.append(f"{plan.rope} positions: {what} go beyond {plan.model.name}'s {limit} trained positions "
+                   "(RoPE scaling needed); the plan still counts them.")
+    elif limit and plan.schedule.tokens > limit:
+        out.append(f"{plan.schedule.tokens} tokens are more than {plan.model.name}'s {limit} trained positions, "
+                   f"but with compact RoPE positions no step uses more than {plan.largest_position} positions.")
     if plan.dtype == "bf16" and plan.gpu.bf16_tflops is None:
         out.append(f"{plan.gpu.name} has no bf16 tensor cores: bf16 runs at FP32 speed; plan with fp16 instead.")
     if not plan.fits:
@@ -495,16 +546,20 @@ def plan(model="llama-3.1-8b", gpu="h100-80gb", *, schedule: str = "imdc", token
          chunk: int | None = 1024, memory: int | None = 1024, growth: str = "linear", attention: str = "sdpa",
          dtype: str = "bf16", sinks: int = 4, evict_per_layer: bool | None = None, keep_maps: bool = False,
          efficiency: float = DEFAULT_EFFICIENCY,
-         bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY) -> Plan:
+         bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY, rope: str = "compact") -> Plan:
     """Plan one schedule; ``model`` and ``gpu`` take anything resolve_model/resolve_gpu take."""
     schedule = str(schedule).lower()
     _check_settings(tokens, chunk, memory, sinks, schedule, attention, growth, efficiency, bandwidth_efficiency)
     shape = resolve_model(model, dtype)
     gpu = gpu if isinstance(gpu, Gpu) else resolve_gpu(gpu)
-    built = make_schedule(schedule, tokens, chunk, memory, growth)
+    if rope not in ("compact", "document"):
+        raise MemstepError(f"unknown RoPE position mode '{rope}': choose compact or document")
+    # FM and full have no growth curve: planned beside IM/IMDC, they ignore the growth
+    built = make_schedule(schedule, tokens, chunk, memory, growth if schedule in ("im", "imdc") else "linear",
+                          layers=shape.layers)
     return plan_schedule(shape, gpu, built, dtype=dtype, attention=attention, sinks=sinks,
                          evict_per_layer=evict_per_layer, keep_maps=keep_maps, efficiency=efficiency,
-                         bandwidth_efficiency=bandwidth_efficiency)
+                         bandwidth_efficiency=bandwidth_efficiency, rope=rope)
 
 
 def compare(model="llama-3.1-8b", gpu="h100-80gb", schedules=("fm", "imdc", "full"), **settings) -> dict[str, Plan]:
@@ -528,8 +583,9 @@ def ratios(plans: dict[str, Plan], reference: Plan | None) -> dict[str, dict[str
 def _peak_at(shape: ModelShape, gpu: Gpu, schedule: str, tokens: int, settings: dict) -> int | None:
     """Peak bytes of a schedule at ``tokens`` (None when the schedule cannot be built there)."""
     try:
-        built = make_schedule(schedule, tokens, settings.get("chunk"), settings.get("memory"),
-                              settings.get("growth", "linear"))
+        growth = settings.get("growth", "linear") if schedule in ("im", "imdc") else "linear"
+        built = make_schedule(schedule, tokens, settings.get("chunk"), settings.get("memory"), growth,
+                              layers=shape.layers)
     except MemstepError:
         return None
     attention = settings.get("attention", "sdpa")
@@ -537,14 +593,14 @@ def _peak_at(shape: ModelShape, gpu: Gpu, schedule: str, tokens: int, settings: 
     evict = attention != "padded" if evict is None else evict
     scoring = schedule != "full"
     peak, seen = 0, set()
-    for (before, after), chunk in zip(built.cache_lengths(settings.get("sinks", 4)), built.chunk_sizes):
+    for (before, after), chunk in zip(_lengths(built, settings.get("sinks", 4)), built.chunk_sizes):
         if (before, chunk, after) in seen:
             continue
         seen.add((before, chunk, after))
         parts = step_bytes(shape, before, chunk, after, attention=attention, evict_per_layer=evict, scoring=scoring)
         total = parts["total"]
         if settings.get("keep_maps") and attention == "padded":
-            total += retained_maps_bytes(shape, before, chunk)
+            total += retained_maps_bytes(shape, _widest(before), chunk)
         peak = max(peak, total)
     return peak
 

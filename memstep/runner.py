@@ -18,6 +18,9 @@ from memstep.schedules import check_run_settings, make_schedule
 from memstep.scorers import make_scorer
 
 
+QUESTION_ROOM = 64  # positions left for a question and its answer after the memory
+
+
 class DocumentRun:
     """Prefill ``document_ids`` under a schedule; iterate to get one StepRecord per step.
     Settings are checked on construction, so bad ones fail before any model work."""
@@ -48,10 +51,26 @@ class DocumentRun:
                                       layers=lm.model.config.num_hidden_layers)
         self.engine = ChunkedPrefill(lm.model, make_scorer(scorer, seed, window, kernel), sinks, attention,
                                      rope=rope)
+        notices = list(notices or []) + self._positions_notice(lm.model.config, rope)
         self.result = RunResult(
             model=lm.name, tokens=tokens, prefix_tokens=len(self.head), schedule=self.schedule.to_dict(),
             scorer=scorer, sinks=sinks, device=lm.device, dtype=lm.dtype, question=self.question,
-            continuation_tokens=continuation_tokens, notices=list(notices or []), rope=rope)
+            continuation_tokens=continuation_tokens, notices=notices, rope=rope)
+
+    def _positions_notice(self, config, rope: str) -> list[str]:
+        """A warning when the run will put tokens at positions the model was not trained on
+        (with room for a question and its answer after the memory)."""
+        limit = getattr(config, "max_position_embeddings", None)
+        if rope == "compact" and self.schedule.name != "full":
+            used = max(before + chunk for (before, _), chunk in
+                       zip(self.schedule.cache_lengths(self.engine.sinks), self.schedule.chunk_sizes))
+        else:
+            used = self.schedule.tokens
+        if not limit or used + QUESTION_ROOM <= limit:
+            return []
+        return [f"{rope} RoPE positions reach {used}, beyond the model's {limit} trained positions: "
+                "answers may degrade" + (" (compact positions would stop at sinks + M + c)" if rope == "document"
+                                         and self.schedule.name != "full" else "") + "."]
 
     def __iter__(self) -> Iterator[StepRecord]:
         began = time.perf_counter()
