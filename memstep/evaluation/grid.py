@@ -72,8 +72,9 @@ LEGACY_HAYSTACK = "pride_and_prejudice_ch1-12.txt"
 
 def upgrade_cell(cell: dict) -> dict:
     """A stored cell in today's form. Cells written before the rope and haystack axes keep
-    their key (nothing is recomputed) and read as what they were: true document positions,
-    on the one bundled haystack of that time."""
+    their key and read as what they were: true document positions, on the one bundled
+    haystack of that time. Today's cases (each in its own window of its text) have other
+    keys, so an old cell is never taken for a new one."""
     if "config" not in cell:
         return cell
     config = Config.from_dict(cell["config"])
