@@ -51,7 +51,8 @@ def register(subparsers) -> None:
                                                 "another passkey in another window of the text")
     p.add_argument("--schedules", default="full,fm,imdc",
                    help="full, fm, im, imdc, or im-<growth>/imdc-<growth> (default full,fm,imdc)")
-    p.add_argument("--scorers", default="chunk-attention", help="any of chunk-attention, conv, snapkv, vatp, knorm, recency, random (default chunk-attention)")
+    p.add_argument("--scorers", default="chunk-attention",
+                   help="any of chunk-attention, conv, snapkv, vatp, knorm, recency, random (default chunk-attention)")
     p.add_argument("--budgets", default="512", help="memory budgets M in tokens (default 512)")
     p.add_argument("--ropes", default="compact",
                    help=f"RoPE positions of memstep's runs: {' and/or '.join(ROPES)} (default compact, as the "

@@ -44,7 +44,8 @@ def test_tradeoff_figure_marks_peers(summary):
     fig = plots.tradeoff_figure(summary)
     by_name = {t.name: t for t in fig.data}
     assert set(by_name) == {"memstep", "kvpress", "HF full cache"}
-    assert list(by_name["kvpress"].marker.symbol) == ["diamond"] and list(by_name["HF full cache"].marker.symbol) == ["star"]
+    assert list(by_name["kvpress"].marker.symbol) == ["diamond"]
+    assert list(by_name["HF full cache"].marker.symbol) == ["star"]
     memstep = by_name["memstep"]
     assert list(memstep.text) == ["imdc ca M=512", "memstep full"]
     assert list(memstep.x) == [800, 5000] and list(memstep.y) == [pytest.approx(200 / 3), 100]

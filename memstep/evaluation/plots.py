@@ -127,7 +127,8 @@ def intervals_figure(summary: dict, lengths: list[int] | None = None):
     fig.update_annotations(font_size=12)
     fig.update_layout(title="Quality with 95% intervals (filled = compact RoPE positions, open = document)",
                       height=160 + 24 * sum(counts) + 50 * len(lengths), margin={"l": 20, "r": 20, "t": 80, "b": 40},
-                      legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 0.99, "yanchor": "top", "yref": "container"})
+                      legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 0.99, "yanchor": "top",
+                              "yref": "container"})
     return fig
 
 
