@@ -5,6 +5,8 @@ plots and a README block."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +71,39 @@ def test_eval_bad_input_exits_2(tmp_path, capsys):
     assert "unknown RoPE position mode" in capsys.readouterr().err
     assert main(["eval", "--haystacks", str(tmp_path / "none.txt"), "--output", str(tmp_path)]) == 2
     assert "haystack text not found" in capsys.readouterr().err
+
+
+def _make_variable(text: str, name: str) -> str:
+    """A `NAME ?= ...` variable of the Makefile, continuation lines joined."""
+    match = re.search(rf"^{name} \?= ((?:.*\\\n)*.*)$", text, re.M)
+    return match.group(1).replace("\\\n", " ")
+
+
+def test_make_bench_runs_the_issue_grid():
+    """`make bench`'s arguments give the grid issue 8 asks for: at 2k both RoPE modes x three
+    scorers x FM/IMDC plus the peers, 12+ cases each; at 8k the default scorer, 6+ cases."""
+    from memstep.cli import build_parser
+    from memstep.eval_cli import _floats, _ints, _names
+    from memstep.evaluation.grid import make_grid
+    from memstep.evaluation.suite import DEFAULT_HAYSTACKS
+
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    common = _make_variable(makefile, "BENCH_COMMON")
+    found = {}
+    for part in ("BENCH_2K", "BENCH_8K"):
+        args = build_parser().parse_args(["eval", *common.split(), *_make_variable(makefile, part).split()])
+        configs = make_grid(_names(args.schedules), _names(args.scorers), _ints(args.budgets), args.chunk,
+                            _names(args.peers), _names(args.presses), _names(args.ropes))
+        haystacks = len(_names(args.haystacks)) if args.haystacks else len(DEFAULT_HAYSTACKS)
+        cases = haystacks * len(_floats(args.depths)) * len(_ints(args.seeds))
+        found[part] = (_ints(args.lengths), [c.label for c in configs], cases, haystacks)
+    lengths, labels, cases, haystacks = found["BENCH_2K"]
+    peers = ["kvpress snapkv M=512", "kvpress streaming-llm M=512", "hf full cache"]
+    assert lengths == [2048] and cases >= 12 and haystacks >= 2
+    assert sorted(labels) == sorted([f"{s} {scorer} M=512 {rope}" for s in ("fm", "imdc")
+                                     for scorer in ("chunk-attention", "conv", "snapkv")
+                                     for rope in ("compact", "document")] + ["memstep full"] + peers)
+    lengths, labels, cases, haystacks = found["BENCH_8K"]
+    assert lengths == [8192] and cases >= 6 and haystacks >= 2
+    assert sorted(labels) == sorted([f"{s} chunk-attention M=512 {rope}" for s in ("fm", "imdc")
+                                     for rope in ("compact", "document")] + ["memstep full"] + peers)
