@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from memstep.evaluation import metrics, plots
+from memstep.evaluation import metrics, plots, report
 
 try:
     from test_eval import _cell
@@ -97,6 +97,20 @@ def test_latest_results_and_table(tmp_path, summary):
     assert imdc[2:] == ["memstep", "2/3 (67%, 95% CI 21-94%)", "92% (56-100%)", "+0.400 ± 0.000", 20.0, 800.0,
                         pytest.approx(800 - 100 / 2**20, abs=1)]
     assert "4 configurations at 1024, 8192 tokens" in eval_tab.headline((folder, found))
+
+
+def test_a_summary_from_before_the_intervals_still_shows(summary):
+    """results/summary.json written by an older memstep (no counts, intervals, contrasts)."""
+    from ui import eval_tab
+
+    new_fields = ("correct", "accuracy_low", "accuracy_high", "nll_gap_low", "nll_gap_high", "nll_gap_cases",
+                  "retention_low", "retention_high", "retention_cases", "haystacks")
+    old = {**summary, "rows": [{k: v for k, v in r.items() if k not in new_fields} for r in summary["rows"]]}
+    old.pop("contrasts")
+    rows = eval_tab.table_rows(old)
+    imdc = next(r for r in rows if r[1] == "imdc ca M=512" and r[0] == 8192)
+    assert imdc[3:6] == ["2/3 (67%, 95% CI 21-94%)", "92%", "+0.400"]
+    assert plots.intervals_figure(old).data and "none" in report.contrasts_text(old)
 
 
 def test_build_tab_inside_blocks(tmp_path, monkeypatch, summary):

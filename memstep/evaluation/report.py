@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memstep.errors import MemstepError
+from memstep.evaluation.stats import wilson_interval
 
 START = "<!-- eval-results:start -->"
 END = "<!-- eval-results:end -->"
@@ -26,9 +27,12 @@ def _pct(value) -> str:
 
 
 def accuracy_text(row: dict) -> str:
-    """"k/n (xx%, 95% CI a-b%)": the passkeys answered and the Wilson interval."""
-    return (f"{row['correct']}/{row['cells']} ({100 * row['accuracy']:.0f}%, 95% CI "
-            f"{100 * row['accuracy_low']:.0f}-{100 * row['accuracy_high']:.0f}%)")
+    """"k/n (xx%, 95% CI a-b%)": the passkeys answered and the Wilson interval (also for a
+    summary written before rows carried them: k = accuracy x n)."""
+    n = row["cells"]
+    k = row["correct"] if "correct" in row else round(row["accuracy"] * n)
+    low, high = (row["accuracy_low"], row["accuracy_high"]) if "accuracy_low" in row else wilson_interval(k, n)
+    return f"{k}/{n} ({100 * k / n:.0f}%, 95% CI {100 * low:.0f}-{100 * high:.0f}%)"
 
 
 def plus_minus(mean, low, high, digits=3, signed=True) -> str:
