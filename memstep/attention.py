@@ -4,7 +4,18 @@ A chunk attends to the memory and to itself: query row i of a chunk of q rows se
 first k - q + i + 1 of the layer's k keys, a causal mask aligned to the lower right. The
 function derives that from the shapes of each layer's own keys instead of taking one mask
 built for layer 0, so layers may hold different numbers of entries (layer-wise budgets),
-and no chunk x keys mask is built by transformers. GQA runs natively (no repeated KV heads).
+and transformers builds no chunk x keys mask. GQA runs natively (no repeated KV heads).
+
+Three ways to compute it, chosen per layer and step by the engine (``module.memstep``, a
+``StepContext``):
+- plain: SDPA with a lower-right causal bias, when no scores are needed (no eviction in
+  this layer and step, or a scorer that reads no attention);
+- one pass: when the layer is about to be cut by an attention-based scorer, each block
+  of query rows computes its logits once, and from the same probabilities both the output
+  and each key's column sums (what the scorers need): the query-key product is not
+  computed a second time by the scorer;
+- padded: the reference code's way, for measurement: the queries padded with zero rows to
+  memory + chunk and the full (memory + chunk)^2 maps materialized.
 
 ``use_memstep_attention(model)`` switches a model that runs SDPA to it for the span of a
 with-block; a model loaded with another implementation (eager, to read attention maps)
@@ -20,11 +31,30 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 NAME = "memstep"
+BLOCKS = {"cpu": 256, "cuda": 1024, "mps": 512}  # query rows per block of the one-pass attention
 
 try:  # torch >= 2.3: a lower-right causal bias that SDPA understands without a materialized mask
     from torch.nn.attention.bias import causal_lower_right
 except ImportError:  # pragma: no cover - older torch: an explicit boolean mask
     causal_lower_right = None
+
+
+class StepContext:
+    """What the engine tells the attention of one layer in one step (attribute ``memstep``
+    of the attention module). The defaults: plain attention, no scores."""
+
+    padded = False
+
+    def rotate(self, module, query, key):
+        """Queries and keys as attention must see them (compact positions rotate here)."""
+        return query, key
+
+    def score_rows(self, module, rows: int, keys: int) -> tuple[int, ...]:
+        """First query rows from which column sums are wanted (empty: none)."""
+        return ()
+
+    def keep(self, module, query, key, sums: dict[int, torch.Tensor]) -> None:
+        """Receives the rotated queries and keys, and the column sums by first row."""
 
 
 def lower_right_mask(rows: int, keys: int, device, prefer_bias: bool = True):
@@ -34,32 +64,106 @@ def lower_right_mask(rows: int, keys: int, device, prefer_bias: bool = True):
     return torch.ones(rows, keys, dtype=torch.bool, device=device).tril(keys - rows)
 
 
+def sdpa_lower_right(query, key, value, scaling, prefer_bias: bool = True):
+    """(batch, heads, rows, dim) output of SDPA with a lower-right causal mask and native GQA,
+    falling back to an explicit mask and repeated KV heads where the backend lacks either."""
+    rows, keys = query.shape[2], key.shape[2]
+    gqa = query.shape[1] != key.shape[1]
+    if rows == keys:
+        return F.scaled_dot_product_attention(query, key, value, is_causal=rows > 1, scale=scaling, enable_gqa=gqa)
+    mask = None if rows == 1 else lower_right_mask(rows, keys, query.device, prefer_bias)
+    try:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+    except (RuntimeError, TypeError):  # a backend without the bias or native GQA: the plain way
+        mask = None if rows == 1 else lower_right_mask(rows, keys, query.device, prefer_bias=False)
+        if gqa:
+            groups = query.shape[1] // key.shape[1]
+            key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
+
+
+def one_pass_attention(query, key, value, scaling: float, firsts=(0,), block: int | None = None):
+    """Attention output and column sums in one pass over blocks of query rows.
+
+    query (1, heads, rows, dim), key/value (1, kv_heads, keys, dim), the chunk's rows last
+    among the keys. Returns the output (1, heads, rows, dim) in the query's dtype and, for
+    each first row f in ``firsts``, the attention each key receives summed over the rows
+    from f on and over the query heads of its KV group: (kv_heads, keys), float32. Logits,
+    softmax and sums are float32 (bf16 inputs are accumulated in float32); one block of
+    logits exists at a time."""
+    _, heads, rows, dim = query.shape
+    kv_heads, n = key.shape[1], key.shape[2]
+    groups, memory = heads // kv_heads, n - rows
+    block = block or BLOCKS.get(query.device.type, 256)
+    q = (query[0].float() * scaling).view(kv_heads, groups, rows, dim)  # scale the queries, not the logits
+    k = key[0].float().unsqueeze(1)  # (kv_heads, 1, keys, dim)
+    v = value[0].float().unsqueeze(1)
+    out = torch.empty(kv_heads, groups, rows, dim, dtype=torch.float32, device=query.device)
+    sums = {f: torch.zeros(kv_heads, n, dtype=torch.float32, device=query.device) for f in firsts}
+    index = torch.arange(rows, device=query.device)
+    for start in range(0, rows, block):
+        stop = min(start + block, rows)
+        visible = memory + stop  # keys after the block's last row are hidden from all its rows
+        logits = torch.matmul(q[:, :, start:stop], k[:, :, :visible].transpose(-1, -2))
+        # causal: only the block's own square of chunk keys needs a mask
+        logits[..., memory + start:].masked_fill_(index[None, start:stop] > index[start:stop, None], float("-inf"))
+        probabilities = torch.softmax(logits, dim=-1)
+        del logits
+        out[:, :, start:stop] = torch.matmul(probabilities, v[:, :, :visible])
+        for first in firsts:
+            skip = max(first - start, 0)
+            if skip < stop - start:
+                sums[first][:, :visible] += probabilities[:, :, skip:].sum(dim=(1, 2))
+        del probabilities
+    return out.view(1, heads, rows, dim).to(query.dtype), sums
+
+
+def padded_attention(query, key, value, scaling: float, firsts=(0,)):
+    """The reference code's attention: the chunk's queries padded with zero rows to memory +
+    chunk, the full (memory + chunk)^2 maps materialized (the model's dtype, softmax in
+    float32 as eager attention does), the chunk's rows returned. Column sums as
+    ``one_pass_attention`` (over the chunk's real rows)."""
+    _, heads, rows, dim = query.shape
+    kv_heads, n = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    padded = query.new_zeros(1, heads, n, dim)
+    padded[:, :, n - rows:] = query
+    keys = key.repeat_interleave(groups, 1)
+    values = value.repeat_interleave(groups, 1)
+    logits = torch.matmul(padded, keys.transpose(-1, -2)) * scaling
+    causal = torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
+    logits = logits.masked_fill(~causal, float("-inf"))
+    probabilities = torch.softmax(logits.float(), dim=-1).to(query.dtype)
+    del logits
+    out = torch.matmul(probabilities, values)[:, :, n - rows:]
+    chunk_rows = probabilities[0, :, n - rows:].float().view(kv_heads, groups, rows, n)
+    sums = {f: chunk_rows[:, :, f:].sum(dim=(1, 2)) for f in firsts}
+    return out, sums
+
+
 def memstep_attention(module, query, key, value, attention_mask=None, dropout: float = 0.0,
                       scaling: float | None = None, **kwargs):
     """Causal attention of a chunk over the layer's cache (memory + chunk); transformers'
     attention-function signature; returns (output (batch, rows, heads, dim), None)."""
     if kwargs.get("softcap") is not None:
         raise ValueError("memstep attention does not support logit soft-capping")
-    rope = getattr(module, "memstep_rope", None)
-    if rope is not None:  # compact positions: the cache holds keys before RoPE (memstep/engine.py)
-        query, key = rope(module, query, key)
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    context = getattr(module, "memstep", None) or DEFAULT_CONTEXT
+    query, key = context.rotate(module, query, key)
     rows, keys = query.shape[2], key.shape[2]
-    gqa = query.shape[1] != key.shape[1]
-    if rows == keys:
-        out = F.scaled_dot_product_attention(query, key, value, is_causal=rows > 1, scale=scaling, enable_gqa=gqa)
+    firsts = context.score_rows(module, rows, keys)
+    if context.padded and rows > 1:
+        out, sums = padded_attention(query, key, value, scaling, firsts)
+    elif firsts:
+        out, sums = one_pass_attention(query, key, value, scaling, firsts)
     else:
-        mask = None if rows == 1 else lower_right_mask(rows, keys, query.device)
-        try:
-            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
-        except (RuntimeError, TypeError):  # a backend without the bias or native GQA: the plain way
-            mask = None if rows == 1 else lower_right_mask(rows, keys, query.device, prefer_bias=False)
-            if gqa:
-                groups = query.shape[1] // key.shape[1]
-                key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
+        out, sums = sdpa_lower_right(query, key, value, scaling), {}
+    context.keep(module, query, key, sums)
     return out.transpose(1, 2).contiguous(), None
 
 
+DEFAULT_CONTEXT = StepContext()
 AttentionInterface.register(NAME, memstep_attention)
 
 

@@ -69,7 +69,7 @@ def cmd_run(args) -> int:
                       scorer=args.scorer, sinks=args.sinks, seed=args.seed, window=args.window,
                       question=args.question, max_new_tokens=args.max_new_tokens,
                       continuation_tokens=args.continuation_tokens, notices=notices, rope=args.rope,
-                      kernel=args.kernel)
+                      kernel=args.kernel, attention=args.attention)
     for line in run.result.notices[len(notices):]:  # what the run adds (positions beyond training)
         print(line, file=sys.stderr)
     with tqdm(total=run.schedule.steps, desc=f"{args.schedule} prefill", unit="step", file=sys.stderr,
@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reference: the paper's reference code (compact positions, conv scorer, 4 sinks); "
                         "options given explicitly still win")
     p.add_argument("--sinks", type=int, default=None, help="always-kept first tokens (default 4)")
+    p.add_argument("--attention", default="sdpa", choices=("sdpa", "padded"),
+                   help="sdpa (default: fused, or one pass that also yields the scores) or padded (the reference "
+                        "code's queries padded to memory + chunk and (m + c)^2 maps, for measurement)")
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--question", default=None)
     p.add_argument("--max-new-tokens", type=int, default=32)

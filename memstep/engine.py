@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from memstep.attention import switchable, use_memstep_attention
+from memstep.attention import StepContext, switchable, use_memstep_attention
 from memstep.errors import MemstepError
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
 from memstep.presets import ROPE_MODES
@@ -63,6 +63,9 @@ def model_shape(model) -> ModelShape:
                                   name=getattr(model, "name_or_path", None) or None)
 
 
+ENGINE_ATTENTIONS = ("sdpa", "padded")
+
+
 def check_rope(rope: str) -> str:
     if rope not in ROPE_MODES:
         raise MemstepError(f"unknown RoPE position mode '{rope}': choose compact (contiguous positions, as the "
@@ -75,11 +78,14 @@ def cache_keyword(decoder) -> str:
     return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
 
 
-class ChunkedPrefill:
+class ChunkedPrefill(StepContext):
     def __init__(self, model, scorer: Scorer | None = None, sinks: int = 4, attention: str = "sdpa",
                  collect_hidden: bool = False, rope: str = "compact"):
         if sinks < 0:
             raise MemstepError(f"sinks must be 0 or more (got {sinks})")
+        if attention not in ENGINE_ATTENTIONS:
+            raise MemstepError(f"unknown attention '{attention}': choose sdpa (memstep's: fused where no score is "
+                               "needed, one pass where one is) or padded (the reference code's (m + c)^2 maps)")
         self.model = model
         self.decoder = decoder_of(model)
         self.scorer = scorer or ChunkAttention()
@@ -101,8 +107,8 @@ class ChunkedPrefill:
         self.last_hidden: torch.Tensor | None = None
         self.hidden_chunks: list[torch.Tensor] = []
         self._rope_table = None
-        self._rotated = self._queries = None
-        self._scoring_now = False
+        self._attended = self._queries = None
+        self._prefilling = self._padded_run = False
 
     # ---- hooks -------------------------------------------------------------------------
     def _remember_queries(self, module, args, output):
@@ -119,36 +125,54 @@ class ChunkedPrefill:
         self._memory.sample()
         keep = self._keep[idx]
         if positions.shape[1] > keep:
-            queries, rotated_keys = self._scored_tensors(module, kwargs, keys)
-            state = LayerState(queries, rotated_keys[0], values[0], positions, module.scaling, idx)
+            state = self._layer_state(module, kwargs, keys, values, positions)
             kept = select_kept(self.scorer.score(state), positions, keep, self.sinks)
             index = kept[None, :, :, None].expand(1, -1, -1, keys.shape[-1])
             layer.keys = keys.gather(2, index)
             layer.values = values.gather(2, index)
             positions = positions.gather(1, kept)
-            del state, queries, rotated_keys
+            del state
         self.positions[idx] = positions
-        self._queries = self._rotated = None
+        self._queries = self._attended = None
 
-    def _scored_tensors(self, module, kwargs, keys):
-        """The chunk's queries after RoPE (heads, chunk, dim; None when the scorer needs none)
-        and the layer's keys after RoPE, at the positions the attention used."""
-        if self.rope == "compact":  # rotated by the attention call that just ran
-            queries, rotated = self._rotated
-            return (queries[0] if self.scorer.needs_queries else None), rotated
-        return (self._layer_queries(module, kwargs) if self.scorer.needs_queries else None), keys
+    def _layer_state(self, module, kwargs, keys, values, positions) -> LayerState:
+        """The layer's cache for the scorer: from the attention call that just ran (rotated keys
+        and, for attention-based scorers, the column sums of its one pass), or, for a model
+        that keeps its own attention (eager), with the queries rebuilt from q_proj's output."""
+        rows = self._chunk_positions.shape[1]
+        if self._attended is not None:
+            query, rotated, sums = self._attended
+            state = LayerState(query[0], rotated[0], values[0], positions, module.scaling, module.layer_idx, rows=rows)
+            state._memo.update(sums)
+            return state
+        queries = self._layer_queries(module, kwargs) if self.scorer.needs_queries else None
+        return LayerState(queries, keys[0], values[0], positions, module.scaling, module.layer_idx, rows=rows)
 
-    def _rotate_contiguous(self, module, query, key):
-        """memstep attention's RoPE under compact positions: keys at 0..n-1, the query rows at
-        the last positions. Called by memstep/attention.py with the layer's pre-RoPE tensors."""
+    # what memstep/attention.py asks of the engine, layer by layer (StepContext)
+    @property
+    def padded(self) -> bool:
+        return self._padded_run and self._prefilling
+
+    def rotate(self, module, query, key):
+        """Compact positions: keys at 0..n-1, the query rows at the last positions (the cache
+        holds keys before RoPE). Document positions: the model has rotated them already."""
+        if self.rope != "compact":
+            return query, key
         rows, n = query.shape[2], key.shape[2]
         cos, sin = self._contiguous_rope(n, key.device)
         q, _ = self._rope(query.float(), query[:, :1, :1].float(), cos[:, n - rows:], sin[:, n - rows:])
         k, _ = self._rope(key.float(), key[:, :1, :1].float(), cos, sin)
-        q, k = q.to(query.dtype), k.to(key.dtype)
-        if self._scoring_now:
-            self._rotated = (q, k)
-        return q, k
+        return q.to(query.dtype), k.to(key.dtype)
+
+    def score_rows(self, module, rows: int, keys: int) -> tuple[int, ...]:
+        """Column sums the scorer will read, when this layer is cut in this step."""
+        if not self._prefilling or keys <= self._keep[module.layer_idx]:
+            return ()
+        return self.scorer.attention_rows(rows)
+
+    def keep(self, module, query, key, sums) -> None:
+        if self._prefilling and key.shape[2] > self._keep[module.layer_idx]:
+            self._attended = (query, key, sums)
 
     def _contiguous_rope(self, n: int, device):
         """cos, sin (1, n, dim) in float32 for positions 0..n-1 (one table, grown on demand)."""
@@ -178,43 +202,47 @@ class ChunkedPrefill:
         handles = []
         for layer in self.decoder.layers:
             attn = layer.self_attn
-            if self.scorer.needs_queries and self.rope == "document":
+            if self.scorer.needs_queries and not switchable(self.model):  # eager: queries rebuilt
                 handles.append(attn.q_proj.register_forward_hook(self._remember_queries))
             handles.append(attn.register_forward_hook(self._after_attention, with_kwargs=True))
         return handles
 
     @contextlib.contextmanager
-    def _positions_mode(self):
-        """Compact: memstep's attention rotates each layer's cache (see _rotate_contiguous)."""
-        attentions = [layer.self_attn for layer in self.decoder.layers]
-        if self.rope == "compact":
-            if not switchable(self.model):
+    def _attention_context(self):
+        """Hand each attention module this engine as its StepContext (memstep/attention.py)."""
+        if not switchable(self.model):
+            if self.rope == "compact":
                 raise MemstepError("compact RoPE positions need the model loaded with SDPA attention "
                                    f"(it runs '{self.model.config._attn_implementation}'): use rope 'document'")
-            for attn in attentions:
-                attn.memstep_rope = self._rotate_contiguous
+            if self.attention == "padded":
+                raise MemstepError("padded attention needs the model loaded with SDPA attention")
+        attentions = [layer.self_attn for layer in self.decoder.layers]
+        for attn in attentions:
+            attn.memstep = self
         try:
-            yield
+            with use_memstep_attention(self.model):
+                yield
         finally:
             for attn in attentions:
-                attn.__dict__.pop("memstep_rope", None)
+                attn.__dict__.pop("memstep", None)
 
     # ---- the prefill -------------------------------------------------------------------
     def forward(self, ids: torch.Tensor, position: int, scoring: bool = False) -> torch.Tensor:
         """Run token ids (1, n) after the cache: at RoPE positions position..position+n-1
-        (document), or right after each layer's cache (compact: ``position`` only counts)."""
+        (document), or right after each layer's cache (compact: ``position`` only counts).
+        ``scoring``: a prefill step (layers are cut; padded attention applies)."""
         n = ids.shape[1]
         if self.rope == "compact":  # the identity rotation in the model; memstep's attention rotates
             positions = torch.zeros(1, n, dtype=torch.long, device=self.device)
         else:
             positions = torch.arange(position, position + n, device=self.device)[None]
-        self._scoring_now = scoring
+        self._prefilling = scoring
         try:
-            with torch.inference_mode(), use_memstep_attention(self.model), self._positions_mode():
+            with torch.inference_mode(), self._attention_context():
                 out = self.decoder(input_ids=ids.to(self.device), position_ids=positions, use_cache=True,
                                    **{self._cache_kw: self.cache})
         finally:
-            self._scoring_now = False
+            self._prefilling = False
         return out.last_hidden_state
 
     def run(self, input_ids: Sequence[int] | torch.Tensor, schedule: Schedule) -> Iterator[StepRecord]:
@@ -231,6 +259,7 @@ class ChunkedPrefill:
                           for _ in self.decoder.layers]
         self._memory = DeviceMemory(self.device)
         scoring = schedule.name != "full"
+        self._padded_run = self.attention == "padded" and scoring
         lengths = self._layer_lengths(schedule, layers)
         handles = self._install_hooks()
         try:
@@ -243,7 +272,7 @@ class ChunkedPrefill:
                 self._kv_peak = 0
                 self._memory.start()
                 began = time.perf_counter()
-                hidden = self.forward(ids[None, start:start + size], self._start_position, scoring=scoring)
+                hidden = self.forward(ids[None, start:start + size], self._start_position, scoring=True)
                 self.last_hidden = hidden[:, -1]
                 if self.collect_hidden:
                     self.hidden_chunks.append(hidden[0])

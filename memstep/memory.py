@@ -16,15 +16,17 @@ of c tokens and a entries kept after it (sinks included), k = b + c keys:
   With layer-wise budgets (b_l, a_l per layer) the peak is the largest over l of
   sum_{j<l} a_j + (b_l + c) + sum_{j>l} b_j; the working sets below take the widest layer.
 - attention working set of one layer, by implementation:
-    sdpa:   boolean mask c*k + K/V repeated to all query heads (GQA with a mask)
-            2*heads*k*d + output heads*c*d  (fused kernel: no score matrix)
-    eager:  scores and probabilities 2*heads*c*k (float32) + mask + repeated K/V + output
+    sdpa:   memstep's attention: a lower-right causal mask c*k (materialized on CPU) and the
+            output heads*c*d; GQA runs natively (fused kernel: no score matrix). A step that
+            cuts the layer runs one pass in blocks of query rows (the scorer's working set below)
+    eager:  scores and probabilities 2*heads*c*k (float32) + mask + K/V repeated to every
+            query head 2*heads*k*d + output
     padded: the seed paper's reference code pads to (b + c)^2 per head:
             2*heads*(b + c)^2 + repeated K/V + output
   plus the cache copy that concatenation and eviction make: one layer's max(a, b) entries.
-- scorer working set (only when the step evicts): queries after RoPE heads*c*d, and per
-  query block of q rows, logits and probabilities 2*heads*q*k float32, plus per-head
-  scores kv_heads*k float32.
+- scorer working set (only when the step evicts): the one-pass attention's rotated queries
+  heads*c*d, and per query block of q rows, logits and probabilities 2*heads*q*k float32,
+  plus per-head column sums kv_heads*k float32.
 - activations: MLP gate, up and product 3*c*intermediate + hidden-state copies 4*c*hidden.
 """
 
@@ -136,7 +138,9 @@ def attention_bytes(shape: ModelShape, before: int, chunk: int, after: int, atte
     keys = before + chunk
     item = shape.dtype_bytes
     mask = chunk * keys if before else 0  # no mask needed for the first chunk (is_causal)
-    repeated = 2 * shape.heads * keys * shape.head_dim * item if shape.heads != shape.kv_heads else 0
+    # memstep's SDPA runs GQA natively; eager and the padded reference repeat K/V to every query head
+    repeated = 2 * shape.heads * keys * shape.head_dim * item if shape.heads != shape.kv_heads and \
+        attention != "sdpa" else 0
     output = shape.heads * chunk * shape.head_dim * item
     if attention == "sdpa":
         scores = 0

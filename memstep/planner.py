@@ -57,9 +57,9 @@ RESERVED_BYTES = 1 << 30
 PADDED_FLOAT32_BYTES = 24
 # Eager attention: fp32 scores written, read and written by softmax, read by the value product.
 EAGER_PASSES = 4
-# The scorer's blocks of logits: written, masked in place (read + write), softmax (read +
-# write), summed (read).
-SCORER_PASSES = 6
+# memstep's one-pass attention when a layer is cut: float32 logits written, masked in place
+# (read + write), softmax (read + write), read by the value product and by the column sums.
+ONE_PASS_PASSES = 7
 # Longest-context search: the peak of a compressed schedule stops growing once its steps
 # reach their steady size, so fitting at this length means there is no limit.
 LONGEST_CAP_TOKENS = 1 << 24
@@ -278,25 +278,25 @@ def step_work(shape: ModelShape, before: int, chunk: int, after: int, attention:
     attn_flops = layers * 4 * heads * dim * pairs  # QK^T and probabilities x V
     cache_copy = (before + keys) * entry  # the cache update concatenates: read memory, write memory + chunk
     qkv_io = (2 * keys * shape.kv_heads + 2 * queries * heads) * dim * item  # K, V read; Q read, output written
-    if shape.heads != shape.kv_heads and attention != "padded":
+    evicts = scoring and keys > after
+    if shape.heads != shape.kv_heads and attention == "eager":
         qkv_io += 2 * 2 * keys * heads * dim * item  # K/V repeated to every query head, written and read
     if attention == "eager":
         scores = EAGER_PASSES * heads * pairs * SCORE_BYTES + pairs
     elif attention == "padded":
         scores = (4 * item + PADDED_FLOAT32_BYTES) * heads * pairs + pairs * SCORE_BYTES  # + the causal mask
+    elif evicts:  # memstep's one pass: blocks of float32 logits, the scores from the same probabilities
+        scores = ONE_PASS_PASSES * heads * pairs * SCORE_BYTES
     else:
-        scores = pairs if before else 0  # fused kernel: only the boolean mask is read
+        scores = pairs if before else 0  # fused kernel (native GQA): only the causal mask is read
     attn_bytes = layers * (cache_copy + qkv_io + scores)
 
-    evicts = scoring and keys > after
     if evicts and attention == "padded":  # the reference scorer sums the kept maps' chunk rows
         score_flops = layers * heads * chunk * keys
         score_bytes = layers * (heads * chunk * keys * item + (keys + after) * entry)
-    elif evicts:  # chunk-attention scorer: recomputes the chunk's logits in fp32, then gathers
-        score_flops = layers * 2 * heads * dim * chunk * keys
-        score_bytes = layers * (SCORER_PASSES * heads * chunk * keys * SCORE_BYTES
-                                + (heads * chunk + shape.kv_heads * keys) * dim * SCORE_BYTES
-                                + (keys + after) * entry)
+    elif evicts:  # the column sums come with the attention pass: add them up, then gather the kept entries
+        score_flops = layers * heads * pairs
+        score_bytes = layers * (keys + after) * entry
     else:
         score_flops = score_bytes = 0
     return {"linear": (linear_flops, linear_bytes), "attention": (attn_flops, attn_bytes),

@@ -94,6 +94,7 @@ class RunResult:
     continuation_tokens: int = 0
     notices: list[str] = field(default_factory=list)
     rope: str = "compact"  # RoPE positions: compact (contiguous, as the reference) or document
+    attention: str = "sdpa"  # sdpa (memstep's) or padded (the reference code's (m + c)^2 maps)
 
     @property
     def peak_bytes_measured(self) -> int | None:
@@ -115,6 +116,7 @@ class RunResult:
             "schedule": self.schedule,
             "scorer": self.scorer,
             "rope": self.rope,
+            "attention": self.attention,
             "sinks": self.sinks,
             "device": self.device,
             "dtype": self.dtype,

@@ -55,7 +55,8 @@ class DocumentRun:
         self.result = RunResult(
             model=lm.name, tokens=tokens, prefix_tokens=len(self.head), schedule=self.schedule.to_dict(),
             scorer=scorer, sinks=sinks, device=lm.device, dtype=lm.dtype, question=self.question,
-            continuation_tokens=continuation_tokens, notices=notices, rope=rope)
+            continuation_tokens=continuation_tokens, notices=notices, rope=rope,
+            attention=attention)
 
     def _positions_notice(self, config, rope: str) -> list[str]:
         """A warning when the run will put tokens at positions the model was not trained on

@@ -33,11 +33,12 @@ class LayerState:
     positions: torch.Tensor
     scaling: float
     layer: int = 0
+    rows: int | None = None  # the chunk's query rows, when the queries are not kept (one-pass sums)
     _memo: dict = field(default_factory=dict, repr=False)
 
     @property
     def chunk_size(self) -> int:
-        return self.queries.shape[1]
+        return self.rows if self.rows is not None else self.queries.shape[1]
 
     @property
     def memory_size(self) -> int:
@@ -87,6 +88,11 @@ class Scorer:
     def reset(self) -> None:
         """Called at the start of every run (seeded scorers restart their stream)."""
 
+    def attention_rows(self, chunk: int) -> tuple[int, ...]:
+        """First query rows of the column sums ``score`` reads (``LayerState.attention_sum``):
+        the attention pass computes them in the same pass (memstep/attention.py)."""
+        return (0,) if self.needs_queries else ()
+
     def score(self, layer: LayerState) -> torch.Tensor:
         raise NotImplementedError
 
@@ -133,6 +139,9 @@ class SnapKV(Scorer):
     name: ClassVar[str] = "snapkv"
     window: int = 32
     kernel: int = 5
+
+    def attention_rows(self, chunk: int) -> tuple[int, ...]:
+        return (chunk - min(self.window, chunk),)
 
     def score(self, layer: LayerState) -> torch.Tensor:
         window = min(self.window, layer.chunk_size)

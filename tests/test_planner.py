@@ -48,8 +48,8 @@ def test_linear_flops_are_two_per_weight_per_token():
     assert work["linear"][0] == 2 * 1024 * 32 * 202_375_168
     # attention: QK^T and PV, 2 x 2 FLOPs per pair and dimension, 32 heads, 32 layers
     assert work["attention"][0] == 32 * 4 * 32 * 128 * (1024 * 2052)
-    # the chunk-attention scorer recomputes the chunk's logits: 2 x pairs x dims per head
-    assert work["scorer"][0] == 32 * 2 * 32 * 128 * (1024 * 2052)
+    # the scores come from the attention's own probabilities (one pass): one add per pair and head
+    assert work["scorer"][0] == 32 * 32 * (1024 * 2052)
 
 
 def test_attention_pairs_by_implementation():
