@@ -93,7 +93,9 @@ def question_mix(base: torch.Tensor, question: torch.Tensor, positions: torch.Te
 
     # a key the question looks at carries its neighbours (the number after "the lighthouse is"), as
     # SnapKV pools its window's scores: max over QUESTION_POOL keys around each key
-    question = F.max_pool1d(question.float()[:, None], QUESTION_POOL, stride=1, padding=QUESTION_POOL // 2)[:, 0]
+    # (the sinks' share is taken out first: it would spill onto the keys next to them)
+    question = question.float() * free
+    question = F.max_pool1d(question[:, None], QUESTION_POOL, stride=1, padding=QUESTION_POOL // 2)[:, 0]
     return (1 - weight) * share(base) + weight * share(question)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from memstep.errors import MemstepError
 
 DEFAULT_OUTPUT = "results/local"
+QUESTION_AWARE = {"no": (False,), "yes": (True,), "both": (False, True)}
 DEFAULT_DEPTHS = "0.167,0.5,0.833"
 
 
@@ -54,6 +55,9 @@ def register(subparsers) -> None:
     p.add_argument("--scorers", default="chunk-attention",
                    help="any of chunk-attention, conv, snapkv, vatp, knorm, recency, random (default chunk-attention)")
     p.add_argument("--budgets", default="512", help="memory budgets M in tokens (default 512)")
+    p.add_argument("--question-aware", default="no", choices=sorted(QUESTION_AWARE),
+                   help="no (default), yes, or both: memstep scores each step with the question's attention "
+                        "too; kvpress compresses the context with the question at its end")
     p.add_argument("--ropes", default="compact",
                    help=f"RoPE positions of memstep's runs: {' and/or '.join(ROPES)} (default compact, as the "
                         "reference code: the memory at 0..len-1, the chunk right after it; document = each token "
@@ -92,7 +96,8 @@ def cmd_eval(args) -> int:
     if args.max_new_tokens < 1 or args.continuation_tokens < 0 or args.threads < 1:
         raise MemstepError("--max-new-tokens and --threads must be at least 1, --continuation-tokens at least 0")
     configs = make_grid(_names(args.schedules), _names(args.scorers), _ints(args.budgets), args.chunk,
-                        _names(args.peers), _names(args.presses), _names(args.ropes))
+                        _names(args.peers), _names(args.presses), _names(args.ropes),
+                        QUESTION_AWARE[args.question_aware])
     model = args.model or default_model()
     haystacks = _names(args.haystacks) if args.haystacks else None
     read_haystacks(haystacks)  # a missing or empty text fails here, before the tokenizer loads

@@ -35,6 +35,8 @@ def register(subparsers) -> None:
                    help="sdpa (fused kernels), eager, or padded (the seed paper's reference code)")
     p.add_argument("--dtype", default="bf16", choices=planner.DTYPES)
     p.add_argument("--sinks", type=int, default=4)
+    p.add_argument("--question-tokens", type=int, default=0,
+                   help="question-aware compression: the question's tokens, read after every chunk (default 0)")
     p.add_argument("--rope", default="compact", choices=("compact", "document"),
                    help="RoPE positions: compact (contiguous, at most sinks + M + c: the reference code's) "
                         "or document (true positions); decides the trained-positions notice")
@@ -63,6 +65,7 @@ def _settings(args) -> dict:
     return dict(tokens=args.tokens, chunk=args.chunk, memory=args.memory, growth=args.growth,
                 attention=args.attention, dtype=args.dtype, sinks=args.sinks, evict_per_layer=evict,
                 keep_maps=args.keep_maps, efficiency=args.efficiency, rope=args.rope,
+                question_tokens=args.question_tokens,
                 bandwidth_efficiency=args.bandwidth_efficiency)
 
 
@@ -102,7 +105,9 @@ def format_report(report: dict, all_steps: bool = False) -> str:
     sizes = f", chunk {s['chunk']}, memory {s['memory']}" if "chunk" in s else ""
     lines = [f"{m['name']} ({report['dtype']}) on {gpu['name']}: {s['name'].upper()}{growth}, "
              f"{s['tokens']:,} tokens in {s['steps']:,} steps{sizes}, {report['attention']} attention, "
-             f"{report['sinks']} sinks, {report['rope']} RoPE positions",
+             f"{report['sinks']} sinks, {report['rope']} RoPE positions"
+             + (f", question-aware ({report['question_tokens']} question tokens read per step)"
+                if report.get("question_tokens") else ""),
              f"{'step':>5} {'start':>9} {'chunk':>6} {'before':>7} {'after':>6} {'KV':>10} {'peak':>10} "
              f"{'TFLOP':>8} {'ms':>9}"]
     steps = report["steps"]

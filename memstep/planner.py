@@ -369,6 +369,7 @@ class Plan:
     steps: list[StepPlan]
     notices: list[str] = field(default_factory=list)
     rope: str = "compact"  # RoPE positions of the engine: compact (contiguous) or document
+    question_tokens: int = 0  # question-aware: the question's tokens read with every step
 
     @property
     def largest_position(self) -> int:
@@ -415,7 +416,7 @@ class Plan:
             "schedule": {"name": s.name, "growth": s.growth, "tokens": s.tokens, "steps": s.steps,
                          **{k: v for k, v in s.settings.items() if k in ("chunk", "memory", "layers")}},
             "attention": self.attention, "sinks": self.sinks, "evict_per_layer": self.evict_per_layer,
-            "rope": self.rope, "largest_position": self.largest_position,
+            "rope": self.rope, "largest_position": self.largest_position, "question_tokens": self.question_tokens,
             "keep_maps": self.keep_maps, "efficiency": self.efficiency,
             "bandwidth_efficiency": self.bandwidth_efficiency,
             "peak_bytes": self.peak_bytes, "peak_step": self.peak_step, "kv_peak_bytes": self.kv_peak_bytes,
@@ -491,8 +492,11 @@ def layer_step_work(shape: ModelShape, before, chunk: int, after, attention: str
 def plan_schedule(shape: ModelShape, gpu: Gpu, schedule: Schedule, *, dtype: str = "bf16",
                   attention: str = "sdpa", sinks: int = 4, evict_per_layer: bool | None = None,
                   keep_maps: bool = False, efficiency: float = DEFAULT_EFFICIENCY,
-                  bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY, rope: str = "compact") -> Plan:
-    """Plan an already-built schedule. ``evict_per_layer`` defaults to the engine's per-layer
+                  bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY, rope: str = "compact",
+                  question_tokens: int = 0) -> Plan:
+    """Plan an already-built schedule. ``question_tokens``: question-aware compression reads
+    the question after every chunk of a compressed schedule (more rows, and their entries
+    until the layer is cut). ``evict_per_layer`` defaults to the engine's per-layer
     eviction, except for the padded reference code, which evicts after the whole forward.
     ``rope`` only decides which positions the tokens get (for the trained-positions notice)."""
     dtype = dtype_name(dtype)
@@ -501,8 +505,10 @@ def plan_schedule(shape: ModelShape, gpu: Gpu, schedule: Schedule, *, dtype: str
     scoring = schedule.name != "full"
     memo: dict[tuple, tuple] = {}  # FM repeats the same step thousands of times
     steps = []
-    for i, ((before, after), start, chunk) in enumerate(
+    extra = question_tokens if scoring else 0
+    for i, ((before, after), start, read) in enumerate(
             zip(_lengths(schedule, sinks), schedule.chunk_starts, schedule.chunk_sizes)):
+        chunk = read + extra  # the tokens the step runs: the chunk, and the question when question-aware
         key = (before, chunk, after)
         if key not in memo:
             parts = step_bytes(shape, before, chunk, after, attention=attention,
@@ -515,10 +521,10 @@ def plan_schedule(shape: ModelShape, gpu: Gpu, schedule: Schedule, *, dtype: str
             seconds = step_seconds(work, gpu, dtype, shape.layers, evicts, efficiency, bandwidth_efficiency)
             memo[key] = ({p: parts[p] for p in PARTS}, total, sum(f for f, _ in work.values()), seconds)
         parts, total, flops, seconds = memo[key]
-        steps.append(StepPlan(i, start, chunk, _widest(before), _widest(after), dict(parts), total, flops,
+        steps.append(StepPlan(i, start, read, _widest(before), _widest(after), dict(parts), total, flops,
                               dict(seconds), list(after) if isinstance(after, tuple) else None))
     plan = Plan(shape, gpu, dtype, schedule, attention, sinks, evict_per_layer, keep_maps, efficiency,
-                bandwidth_efficiency, steps, rope=rope)
+                bandwidth_efficiency, steps, rope=rope, question_tokens=extra)
     plan.notices.extend(_notices(plan))
     return plan
 
@@ -546,7 +552,8 @@ def plan(model="llama-3.1-8b", gpu="h100-80gb", *, schedule: str = "imdc", token
          chunk: int | None = 1024, memory: int | None = 1024, growth: str = "linear", attention: str = "sdpa",
          dtype: str = "bf16", sinks: int = 4, evict_per_layer: bool | None = None, keep_maps: bool = False,
          efficiency: float = DEFAULT_EFFICIENCY,
-         bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY, rope: str = "compact") -> Plan:
+         bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY, rope: str = "compact",
+         question_tokens: int = 0) -> Plan:
     """Plan one schedule; ``model`` and ``gpu`` take anything resolve_model/resolve_gpu take."""
     schedule = str(schedule).lower()
     _check_settings(tokens, chunk, memory, sinks, schedule, attention, growth, efficiency, bandwidth_efficiency)
@@ -554,12 +561,14 @@ def plan(model="llama-3.1-8b", gpu="h100-80gb", *, schedule: str = "imdc", token
     gpu = gpu if isinstance(gpu, Gpu) else resolve_gpu(gpu)
     if rope not in ("compact", "document"):
         raise MemstepError(f"unknown RoPE position mode '{rope}': choose compact or document")
+    if not isinstance(question_tokens, int) or question_tokens < 0:
+        raise MemstepError(f"question tokens must be a whole number, 0 or more (got {question_tokens})")
     # FM and full have no growth curve: planned beside IM/IMDC, they ignore the growth
     built = make_schedule(schedule, tokens, chunk, memory, growth if schedule in ("im", "imdc") else "linear",
                           layers=shape.layers)
     return plan_schedule(shape, gpu, built, dtype=dtype, attention=attention, sinks=sinks,
                          evict_per_layer=evict_per_layer, keep_maps=keep_maps, efficiency=efficiency,
-                         bandwidth_efficiency=bandwidth_efficiency, rope=rope)
+                         bandwidth_efficiency=bandwidth_efficiency, rope=rope, question_tokens=question_tokens)
 
 
 def compare(model="llama-3.1-8b", gpu="h100-80gb", schedules=("fm", "imdc", "full"), **settings) -> dict[str, Plan]:
@@ -593,7 +602,9 @@ def _peak_at(shape: ModelShape, gpu: Gpu, schedule: str, tokens: int, settings: 
     evict = attention != "padded" if evict is None else evict
     scoring = schedule != "full"
     peak, seen = 0, set()
-    for (before, after), chunk in zip(_lengths(built, settings.get("sinks", 4)), built.chunk_sizes):
+    extra = settings.get("question_tokens", 0) if scoring else 0
+    for (before, after), read in zip(_lengths(built, settings.get("sinks", 4)), built.chunk_sizes):
+        chunk = read + extra
         if (before, chunk, after) in seen:
             continue
         seen.add((before, chunk, after))

@@ -114,6 +114,19 @@ def test_rope_axis_in_grid_and_labels():
     assert [c.label for c in make_grid(["fm"], ["knorm"], [64], 64)] == ["fm knorm M=64 compact"]  # the default
 
 
+def test_question_aware_axis_in_grid_labels_and_keys():
+    configs = make_grid(["fm"], ["chunk-attention", "knorm"], [512], 512, peers=["kvpress"], presses=["snapkv"],
+                        question_aware=(False, True))
+    assert [c.label for c in configs] == [
+        "fm chunk-attention M=512 compact", "fm knorm M=512 compact",
+        "fm chunk-attention M=512 compact question-aware",  # knorm reads no attention: no question-aware variant
+        "kvpress snapkv M=512", "kvpress snapkv M=512 question-aware"]
+    # an agnostic configuration's dict (and so its cells' keys) is what it was before the axis existed
+    assert "question_aware" not in configs[0].to_dict() and configs[2].to_dict()["question_aware"] is True
+    assert Config.from_dict(configs[2].to_dict()) == configs[2]
+    assert len({cell_key(c, {"length": 1}, {}) for c in configs}) == len(configs)
+
+
 LEGACY_LINE = (  # a cell as `memstep eval` wrote it before the rope and haystack axes (results/cells.jsonl)
     '{"answer": "It is 14688.", "baseline_rss_bytes": 951787520, "config": {"budget": 512, "chunk": 512, '
     '"growth": null, "kind": "memstep", "schedule": "fm", "scorer": "chunk-attention"}, "continuation_nll": 2.9, '
@@ -214,6 +227,8 @@ def test_worker_passes_the_rope_mode(monkeypatch):
         worker.run_case(None, Config("memstep", "fm", None, "knorm", 32, 16, rope).to_dict(), settings, case)
     worker.run_case(None, Config("memstep", "full").to_dict(), settings, case)
     assert [k.get("rope") for k in seen] == ["compact", "document", None]  # full: the engine's default
+    worker.run_case(None, Config("memstep", "fm", None, "conv", 32, 16, "compact", True).to_dict(), settings, case)
+    assert [k["question_aware"] for k in seen] == [False, False, False, True]
 
 
 # ---- scoring and retention ---------------------------------------------------------------

@@ -405,3 +405,21 @@ def test_build_tab_inside_blocks():
             parts = tab.build_tab()
     assert {"model", "gpu", "tokens", "schedules", "memory_plot", "time_plot", "table"} <= set(parts)
     assert parts["memory_plot"].value is not None and demo is not None
+
+
+def test_question_tokens_count_in_every_compressed_step():
+    """Question-aware: each step also reads the question (20 tokens here): its KV entries sit in the
+    running layer until the cut, and its rows cost projections and attention."""
+    shape = planner.resolve_model("smollm2-135m", "fp32")
+    plain = planner.plan(shape, "a100", schedule="imdc", tokens=4096, chunk=512, memory=512, dtype="fp32")
+    aware = planner.plan(shape, "a100", schedule="imdc", tokens=4096, chunk=512, memory=512, dtype="fp32",
+                         question_tokens=20)
+    for a, b in zip(plain.steps, aware.steps):
+        assert b.chunk_size == a.chunk_size  # the chunk is the same; the step reads 20 tokens more
+        assert b.kv_bytes == a.kv_bytes + 20 * shape.kv_bytes_per_entry
+        assert b.flops > a.flops
+    assert aware.to_dict()["question_tokens"] == 20
+    full = planner.plan(shape, "a100", schedule="full", tokens=4096, dtype="fp32", question_tokens=20)
+    assert full.question_tokens == 0  # nothing is cut: nothing to score
+    with pytest.raises(MemstepError, match="question tokens"):
+        planner.plan(shape, "a100", schedule="fm", tokens=4096, question_tokens=-1)

@@ -22,6 +22,7 @@ PEERS = ("kvpress", "hf")
 # RoPE positions of a memstep run: "compact" (the reference code's: the memory at 0..len-1,
 # the chunk right after it) or "document" (each token at its position in the document).
 ROPES = ("compact", "document")
+ATTENTION_SCORERS = ("chunk-attention", "conv", "snapkv", "vatp")  # the ones question-aware scoring extends
 SCHEDULE_CHOICES = ("full", "fm", "im", "imdc") + tuple(f"im-{g}" for g in GROWTHS) \
     + tuple(f"imdc-{g}" for g in GROWTHS)
 
@@ -37,30 +38,39 @@ class Config:
     budget: int | None = None  # memory budget M in tokens, sinks not counted
     chunk: int | None = None
     rope: str | None = None  # memstep with eviction only: compact | document (full: no eviction, same)
+    question_aware: bool = False  # memstep: the question's attention scores each step; kvpress: the
+    # question at the end of the compressed context (so SnapKV's window holds it)
 
     @property
     def label(self) -> str:
         if self.kind == "hf":
             return "hf full cache"
+        aware = " question-aware" if self.question_aware else ""
         if self.kind == "kvpress":
-            return f"kvpress {self.scorer} M={self.budget}"
+            return f"kvpress {self.scorer} M={self.budget}{aware}"
         if self.schedule == "full":
             return "memstep full"
         name = self.schedule if self.growth in (None, "linear") else f"{self.schedule}-{self.growth}"
-        return f"{name} {self.scorer} M={self.budget}" + (f" {self.rope}" if self.rope else "")
+        return f"{name} {self.scorer} M={self.budget}" + (f" {self.rope}" if self.rope else "") + aware
 
     @property
     def is_peer(self) -> bool:
         return self.kind != "memstep"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Its fields; ``question_aware`` only when set, so the keys of the cells of every
+        configuration from before that axis stay what they were."""
+        data = asdict(self)
+        if not data["question_aware"]:
+            del data["question_aware"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> Config:
         """A configuration from its dict; one written before the rope axis existed (no
         "rope" field) ran at true document positions, so it reads as rope "document"."""
         fields = {k: data.get(k) for k in ("kind", "schedule", "growth", "scorer", "budget", "chunk", "rope")}
+        fields["question_aware"] = bool(data.get("question_aware"))
         if fields["kind"] == "memstep" and fields["schedule"] != "full" and fields["rope"] is None:
             fields["rope"] = "document"
         return cls(**fields)
@@ -100,10 +110,11 @@ def _split_schedule(name: str) -> tuple[str, str | None]:
 
 
 def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES,
-              ropes=("compact",)) -> list[Config]:
-    """memstep configurations (schedule x scorer x budget x rope; 'full' once: without
-    eviction both position modes are the same), then the peers: each kvpress press at each
-    budget, and the HF full cache."""
+              ropes=("compact",), question_aware=(False,)) -> list[Config]:
+    """memstep configurations (schedule x scorer x budget x rope x question-aware; 'full'
+    once: without eviction neither axis changes anything), then the peers: each kvpress
+    press at each budget (and question-aware setting), and the HF full cache.
+    Question-aware memstep configurations take the attention-based scorers only."""
     from memstep.scorers import SCORERS  # here, not at the top: `memstep --help` needs no torch
 
     for scorer in scorers:
@@ -131,10 +142,12 @@ def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES
         if schedule == "full":
             configs.append(Config("memstep", "full"))
             continue
-        configs += [Config("memstep", schedule, growth, scorer, budget, chunk, rope)
-                    for budget in budgets for scorer in scorers for rope in ropes]
+        configs += [Config("memstep", schedule, growth, scorer, budget, chunk, rope, aware)
+                    for aware in question_aware for budget in budgets for scorer in scorers for rope in ropes
+                    if not aware or scorer in ATTENTION_SCORERS]
     if "kvpress" in peers:
-        configs += [Config("kvpress", "full", None, press, budget) for budget in budgets for press in presses]
+        configs += [Config("kvpress", "full", None, press, budget, question_aware=aware)
+                    for aware in question_aware for budget in budgets for press in presses]
     if "hf" in peers:
         configs.append(Config("hf", "full"))
     return list(dict.fromkeys(configs))  # drop repeats, keep order

@@ -34,7 +34,7 @@ def run_case(lm, config: dict, settings: dict, case: dict) -> dict:
         growth=config.get("growth") or "linear", scorer=config.get("scorer") or "chunk-attention",
         sinks=settings["sinks"], seed=case["seed"], window=settings["window"],
         question=case["question"], max_new_tokens=settings["max_new_tokens"],
-        continuation_tokens=len(continuation), **positions)
+        continuation_tokens=len(continuation), question_aware=bool(config.get("question_aware")), **positions)
     began = time.perf_counter()
     result = run.run()
     seconds = time.perf_counter() - began
