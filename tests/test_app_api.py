@@ -132,3 +132,16 @@ def test_prefill_rope_and_reference_preset(client):
     plan = client.predict(tokens=1000, schedule="imdc", chunk=200, memory=300, growth="double-inverse", layers=3,
                           api_name="/schedule")
     assert plan["layer_memory_sizes"][1] == [75, 210, 210]
+
+
+def test_prefill_question_aware(client):
+    from gradio_client.exceptions import AppError
+
+    result = client.predict(document_text=NETHERFIELD, schedule="imdc", chunk=256, memory=128, max_tokens=600,
+                            question="Who has taken Netherfield Park?", question_aware=True, api_name="/prefill")
+    assert result["question_aware"] is True and result["question_weight"] == 0.75
+    assert all(s["question_tokens"] > 0 for s in result["steps"])
+    assert result["steps"][-1]["memory_after"] == 128 + 4  # the question's entries never stay
+    with pytest.raises(AppError, match="attention-based scorer"):
+        client.predict(document_text=NETHERFIELD, schedule="fm", chunk=256, memory=128, max_tokens=600,
+                       question="Who?", question_aware=True, scorer="recency", api_name="/prefill")

@@ -49,6 +49,7 @@ class RunSettings:
     scorer: str = "chunk-attention"
     sinks: int = 4
     rope: str = "compact"  # RoPE positions: compact (the reference's) or document
+    question_aware: bool = False  # the question's attention also scores every step
 
     def label(self) -> str:
         if self.schedule == "full":
@@ -56,13 +57,14 @@ class RunSettings:
         growth = f" {self.growth}" if self.schedule in ("im", "imdc") and self.growth != "linear" else ""
         scorer = f" · {self.scorer}" if self.scorer != "chunk-attention" else ""
         rope = " · document positions" if self.rope == "document" else ""
-        return f"{self.schedule.upper()}{growth} c{self.chunk} M{self.memory}{scorer}{rope}"
+        aware = " · question-aware" if self.question_aware else ""
+        return f"{self.schedule.upper()}{growth} c{self.chunk} M{self.memory}{scorer}{rope}{aware}"
 
     def run_kwargs(self) -> dict:
         return asdict(self)
 
 
-def settings_from(schedule, chunk, memory, growth, scorer, sinks, rope="compact") -> RunSettings:
+def settings_from(schedule, chunk, memory, growth, scorer, sinks, rope="compact", question_aware=False) -> RunSettings:
     """Settings from the page's controls (numbers arrive as floats or None)."""
     def whole(value, name, least):
         if value is None or value == "":
@@ -74,7 +76,7 @@ def settings_from(schedule, chunk, memory, growth, scorer, sinks, rope="compact"
 
     return RunSettings(str(schedule or "imdc").lower(), whole(chunk, "chunk size", 1),
                        whole(memory, "memory size", 0), growth or "linear", scorer or "chunk-attention",
-                       whole(sinks, "sinks", 0), _rope(rope))
+                       whole(sinks, "sinks", 0), _rope(rope), bool(question_aware) and str(schedule) != "full")
 
 
 def _rope(rope) -> str:
