@@ -116,3 +116,32 @@ def test_an_oversized_upload_is_refused_with_the_limit(client, tmp_path):
     with pytest.raises(Exception, match="exceeds the maximum file size"):
         client.predict(document_file=handle_file(str(path)), api_name="/prefill")
     assert client.predict(tokens=1000, api_name="/schedule")["steps"] == 2
+
+
+def test_prefill_rope_and_reference_preset(client):
+    result = client.predict(document_text=NETHERFIELD, schedule="fm", chunk=256, memory=128, preset="reference",
+                            max_tokens=600, api_name="/prefill")
+    assert (result["scorer"], result["rope"], result["sinks"]) == ("conv", "compact", 4)
+    assert [s["first_position"] for s in result["steps"]] == [s["memory_before"] for s in result["steps"]]
+    result = client.predict(document_text=NETHERFIELD, schedule="im", growth="double-inverse", chunk=256,
+                            memory=128, rope="document", max_tokens=600, api_name="/prefill")
+    assert result["rope"] == "document" and result["scorer"] == "chunk-attention"
+    assert [s["first_position"] for s in result["steps"]] == [s["chunk_start"] for s in result["steps"]]
+    middle = result["steps"][1]  # 15 layers inverse-convex, 15 inverse-concave
+    assert len(middle["layer_memory_after"]) == 30 and len(set(middle["layer_memory_after"])) == 2
+    plan = client.predict(tokens=1000, schedule="imdc", chunk=200, memory=300, growth="double-inverse", layers=3,
+                          api_name="/schedule")
+    assert plan["layer_memory_sizes"][1] == [75, 210, 210]
+
+
+def test_prefill_question_aware(client):
+    from gradio_client.exceptions import AppError
+
+    result = client.predict(document_text=NETHERFIELD, schedule="imdc", chunk=256, memory=128, max_tokens=600,
+                            question="Who has taken Netherfield Park?", question_aware=True, api_name="/prefill")
+    assert result["question_aware"] is True and result["question_weight"] == 0.75
+    assert all(s["question_tokens"] > 0 for s in result["steps"])
+    assert result["steps"][-1]["memory_after"] == 128 + 4  # the question's entries never stay
+    with pytest.raises(AppError, match="attention-based scorer"):
+        client.predict(document_text=NETHERFIELD, schedule="fm", chunk=256, memory=128, max_tokens=600,
+                       question="Who?", question_aware=True, scorer="recency", api_name="/prefill")

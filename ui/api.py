@@ -11,6 +11,7 @@ from gradio.data_classes import FileData
 
 from memstep.errors import MemstepError
 from memstep.passkey import answer_contains_passkey
+from memstep.presets import preset_settings
 from memstep.schedules import make_schedule
 
 from ui.documents import EXAMPLES, DocumentSource, example, read_upload, with_needle
@@ -34,7 +35,8 @@ def _document(text: str, file: FileData | dict | None, example_name: str, tokeni
 def prefill(document_text: str = "", document_file: FileData | None = None, example_name: str = "",
             schedule: str = "imdc", chunk: int = 512, memory: int = 512, growth: str = "linear",
             scorer: str = "chunk-attention", sinks: int = 4, question: str = "",
-            max_tokens: int = DEFAULT_MAX_TOKENS, model: str = "", full_reference: bool = False) -> Iterator[dict]:
+            max_tokens: int = DEFAULT_MAX_TOKENS, model: str = "", full_reference: bool = False,
+            rope: str = "compact", preset: str = "", question_aware: bool = False) -> Iterator[dict]:
     """Prefill a document chunk by chunk under a memory schedule (full, fm, im, imdc).
 
     Give the document as text, as a file (.txt, .md, .pdf, .html) or as the name of a
@@ -42,9 +44,14 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
     ends with {"event": "result", ...}: the settings, every step, the fraction of
     layer-head slots keeping each position, the answer to the question from the
     compressed memory and, for passkey documents, whether the passkey survived. An empty
-    question asks the document's own question (bundled examples, passkey documents)."""
+    question asks the document's own question (bundled examples, passkey documents).
+    ``rope``: compact (contiguous positions, the reference code's) or document (true
+    positions); ``preset`` "reference" sets scorer conv, compact positions and 4 sinks;
+    ``question_aware`` also scores every step by the question's attention (needs a question)."""
     try:
-        settings = settings_from(schedule, chunk, memory, growth, scorer, sinks)
+        fixed = preset_settings(preset or None)
+        settings = settings_from(schedule, chunk, memory, growth, fixed.get("scorer", scorer),
+                                 fixed.get("sinks", sinks), fixed.get("rope", rope), question_aware)
         lm = get_model(model)
         document = prepare(_document(document_text, document_file, example_name, lm.tokenizer), lm.tokenizer,
                            max_tokens, context_tokens(lm))
@@ -72,13 +79,15 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
 
 
 def schedule(tokens: int, schedule: str = "imdc", chunk: int = 512, memory: int = 512, growth: str = "linear",
-             sinks: int = 4) -> dict:
+             sinks: int = 4, layers: int = 30) -> dict:
     """The chunk sizes and memory budgets of a schedule for a document of ``tokens`` tokens
-    (pure math, no model), with each step's cache entries before and after (sinks included)."""
+    (pure math, no model), with each step's cache entries before and after (sinks included).
+    ``layers`` (30: the embedded model) matters for the layer-wise growths only."""
     try:
         settings = settings_from(schedule, chunk, memory, growth, None, sinks)
         check_settings(settings, tokens)
-        plan = make_schedule(settings.schedule, tokens, settings.chunk, settings.memory, settings.growth)
+        plan = make_schedule(settings.schedule, tokens, settings.chunk, settings.memory, settings.growth,
+                             layers=layers)
     except MemstepError as err:
         raise gr.Error(str(err), title="memstep", print_exception=False) from err
     lengths = plan.cache_lengths(settings.sinks)

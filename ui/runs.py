@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from memstep.documents import tokenize_document
 from memstep.errors import MemstepError
 from memstep.generate import prompt_parts
+from memstep.presets import ROPE_MODES
 from memstep.runner import DocumentRun
 from memstep.schedules import check_run_settings
 
@@ -47,19 +48,23 @@ class RunSettings:
     growth: str = "linear"
     scorer: str = "chunk-attention"
     sinks: int = 4
+    rope: str = "compact"  # RoPE positions: compact (the reference's) or document
+    question_aware: bool = False  # the question's attention also scores every step
 
     def label(self) -> str:
         if self.schedule == "full":
             return "FULL"
         growth = f" {self.growth}" if self.schedule in ("im", "imdc") and self.growth != "linear" else ""
         scorer = f" · {self.scorer}" if self.scorer != "chunk-attention" else ""
-        return f"{self.schedule.upper()}{growth} c{self.chunk} M{self.memory}{scorer}"
+        rope = " · document positions" if self.rope == "document" else ""
+        aware = " · question-aware" if self.question_aware else ""
+        return f"{self.schedule.upper()}{growth} c{self.chunk} M{self.memory}{scorer}{rope}{aware}"
 
     def run_kwargs(self) -> dict:
         return asdict(self)
 
 
-def settings_from(schedule, chunk, memory, growth, scorer, sinks) -> RunSettings:
+def settings_from(schedule, chunk, memory, growth, scorer, sinks, rope="compact", question_aware=False) -> RunSettings:
     """Settings from the page's controls (numbers arrive as floats or None)."""
     def whole(value, name, least):
         if value is None or value == "":
@@ -71,7 +76,14 @@ def settings_from(schedule, chunk, memory, growth, scorer, sinks) -> RunSettings
 
     return RunSettings(str(schedule or "imdc").lower(), whole(chunk, "chunk size", 1),
                        whole(memory, "memory size", 0), growth or "linear", scorer or "chunk-attention",
-                       whole(sinks, "sinks", 0))
+                       whole(sinks, "sinks", 0), _rope(rope), bool(question_aware) and str(schedule) != "full")
+
+
+def _rope(rope) -> str:
+    rope = str(rope or "compact")
+    if rope not in ROPE_MODES:
+        raise MemstepError(f"unknown RoPE position mode '{rope}': choose {' or '.join(ROPE_MODES)}")
+    return rope
 
 
 def check_settings(settings: RunSettings, tokens: int) -> None:
@@ -143,7 +155,7 @@ def prefill_stream(model_spec: str, ids: list[int], settings: RunSettings, quest
         yield "result", run.result
         if full_reference and run.question:
             full = DocumentRun(lm, ids, schedule="full", sinks=settings.sinks, question=run.question,
-                               max_new_tokens=MAX_NEW_TOKENS)
+                               max_new_tokens=MAX_NEW_TOKENS, rope=settings.rope)
             yield "full", full.run()
     finally:
         _model_in_use.release()
