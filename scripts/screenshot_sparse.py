@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from scripts.screenshots import shrink  # noqa: E402
-from ui.browser import chromium_page, open_app, serve  # noqa: E402
+from ui.browser import chromium_page, open_app, serve, set_number  # noqa: E402
 from ui.layout import build_app  # noqa: E402
 
 
@@ -26,12 +26,6 @@ def open_section(page) -> None:
     page.get_by_role("tab", name="Compress").click()
     page.get_by_role("tab", name="Pruning + reconstruction").click()
     page.locator("#sparse-run").wait_for(state="visible", timeout=30_000)
-
-
-def set_number(page, elem_id: str, value) -> None:
-    box = page.locator(f"#{elem_id} input").first
-    box.fill(str(value))
-    box.press("Tab")
 
 
 def set_techniques(page, techniques: list[str]) -> None:

@@ -44,16 +44,15 @@ def app_url(tmp_path_factory):
 
 
 def test_prune_streams_curves_and_loads_into_run(app_url, artifacts_dir):
-    from scripts.screenshot_sparse import open_section, prune_in_app, set_number
-    from ui.browser import chromium_page, open_app
+    from scripts.screenshot_sparse import open_section, prune_in_app
+    from ui.browser import chromium_page, open_app, set_number, wait_for_toast
 
     with chromium_page() as page:
         open_app(page, app_url)
         open_section(page)
         set_number(page, "sparse-samples", 0)  # out of bounds: a toast, nothing runs
         page.locator("#sparse-run").click()
-        page.wait_for_selector(".toast-body", timeout=30_000)
-        assert "samples must be" in page.locator(".toast-body").first.inner_text()
+        assert "1-32" in wait_for_toast(page, "samples must be", timeout_s=30)
         prune_in_app(page, ["none", "BR+GP"], samples=4, seq_len=16, steps=2, timeout_s=300)
         assert page.locator("#sparse-plot .js-plotly-plot .scatterlayer .trace").count() == 4  # 2 x (calib, held)
         page.screenshot(path=str(artifacts_dir / "compress_sparse_tiny.png"), full_page=True)
