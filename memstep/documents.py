@@ -83,17 +83,46 @@ def normalize_text(text: str) -> str:
 
 
 def tokenize_document(text: str, tokenizer, max_tokens: int | None) -> tuple[list[int], str | None]:
-    """Token ids (no special tokens) cut to `max_tokens`, and a notice when it cut."""
+    """Token ids (no special tokens) cut to `max_tokens`, and a notice when it cut. Only as
+    much text is tokenized as the limit can need (a 19 MB text is never tokenized whole)."""
     if max_tokens is not None and max_tokens < 1:
         raise MemstepError(f"max_tokens must be at least 1 (got {max_tokens}).")
-    # verbose=False: no warning about exceeding the model's length; the caller decides that.
-    ids = list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+    ids, cut = tokenize_prefix(text, tokenizer, max_tokens)
     if not ids:
         raise MemstepError("The document has no tokens. Pick a document with some text in it.")
-    if max_tokens is None or len(ids) <= max_tokens:
-        return ids, None
-    notice = f"Document truncated from {len(ids):,} to {max_tokens:,} tokens (--max-tokens)."
-    return ids[:max_tokens], notice
+    return ids, truncation_notice(text, tokenizer, ids, "--max-tokens") if cut else None
+
+
+# A token rarely spans more characters than this; the first guess at the text a limit needs.
+CHARS_PER_TOKEN_GUESS = 8
+_BOUNDARY_TOKENS = 16  # tokens near a cut in the middle of a word may differ from the whole text's
+
+
+def tokenize_prefix(text: str, tokenizer, limit: int | None) -> tuple[list[int], bool]:
+    """The first ``limit`` token ids of ``text`` (all of them when None) and whether there were
+    more. Tokenizes a prefix of the text, growing it 4x until it holds enough tokens: the
+    tokens before the prefix's last few are those of the whole text."""
+    def encode(piece: str) -> list[int]:
+        # verbose=False: no warning about exceeding the model's length; the caller decides that.
+        return list(tokenizer(piece, add_special_tokens=False, verbose=False)["input_ids"])
+
+    if limit is None:
+        return encode(text), False
+    chars = limit * CHARS_PER_TOKEN_GUESS + 256
+    while True:
+        ids = encode(text[:chars])
+        if chars >= len(text):
+            return ids[:limit], len(ids) > limit
+        if len(ids) > limit + _BOUNDARY_TOKENS:
+            return ids[:limit], True
+        chars *= 4
+
+
+def truncation_notice(text: str, tokenizer, ids: list[int], reason: str) -> str:
+    """What a cut kept: its tokens and the share of the text they cover."""
+    kept = len(tokenizer.decode(ids))
+    return (f"Document truncated to {len(ids):,} tokens ({reason}): about the first {kept:,} of its "
+            f"{len(text):,} characters.")
 
 
 def _check_extension(filename: str) -> str:

@@ -13,19 +13,27 @@ from memstep.errors import MemstepError
 from memstep.passkey import answer_contains_passkey
 from memstep.schedules import make_schedule
 
-from ui.documents import EXAMPLES, DocumentSource, example, read_upload, with_needle
+from ui.documents import EXAMPLES, DocumentSource, example, read_upload, uploaded_path, with_needle
 from ui.models import context_tokens, get_model, normalize_spec
-from ui.runs import DEFAULT_MAX_TOKENS, check_settings, prefill_stream, prepare, settings_from
+from ui.runs import DEFAULT_MAX_TOKENS, check_settings, prefill_stream, prepare, settings_from, whole_number
 from ui.summary import needle_kept
 
 
+SCHEDULE_CONCURRENCY = 4
+
+
 def _document(text: str, file: FileData | dict | None, example_name: str, tokenizer) -> DocumentSource:
+    for value, name in ((text, "document_text"), (example_name, "example_name")):
+        if value is not None and not isinstance(value, str):
+            raise MemstepError(f"{name} must be a text, not {type(value).__name__}")
+    if file is not None and not isinstance(file, (dict, FileData)):
+        raise MemstepError("document_file must be a file: use gradio_client's handle_file(path)")
     given = [bool(text and text.strip()), file is not None, bool(example_name)]
     if sum(given) != 1:
         raise MemstepError("give exactly one document: document_text, document_file or example_name "
                            f"(one of: {', '.join(EXAMPLES)})")
     if file is not None:
-        return read_upload(file["path"] if isinstance(file, dict) else file.path)
+        return read_upload(uploaded_path(file))
     if example_name:
         return example(example_name, tokenizer)
     return with_needle("text", text)
@@ -77,7 +85,8 @@ def schedule(tokens: int, schedule: str = "imdc", chunk: int = 512, memory: int 
     (pure math, no model), with each step's cache entries before and after (sinks included)."""
     try:
         settings = settings_from(schedule, chunk, memory, growth, None, sinks)
-        check_settings(settings, tokens)
+        tokens = whole_number(tokens, "tokens", 1)
+        check_settings(settings, tokens, run=False)  # schedule math: memstep.schedules.MAX_STEPS
         plan = make_schedule(settings.schedule, tokens, settings.chunk, settings.memory, settings.growth)
     except MemstepError as err:
         raise gr.Error(str(err), title="memstep", print_exception=False) from err
@@ -90,4 +99,6 @@ def schedule(tokens: int, schedule: str = "imdc", chunk: int = 512, memory: int 
 def register() -> None:
     """Inside a gr.Blocks: add the endpoints (runs share the Run tab's one-at-a-time queue)."""
     gr.api(prefill, api_name="prefill", concurrency_id="prefill", concurrency_limit=1)
-    gr.api(schedule, api_name="schedule", concurrency_limit=None)
+    # The schedule math is bounded (MAX_STEPS) and quick; a small limit keeps a burst of calls
+    # from taking every worker thread.
+    gr.api(schedule, api_name="schedule", concurrency_id="schedule", concurrency_limit=SCHEDULE_CONCURRENCY)

@@ -44,6 +44,35 @@ def with_needle(name: str, text: str, question: str = "") -> DocumentSource:
                           (match.start(), match.end()))
 
 
+UPLOAD_REFUSED = ("the document file must be uploaded through the page or with gradio_client's handle_file "
+                  "(.txt, .md, .pdf or .html)")
+
+
+def upload_folders() -> list[Path]:
+    """Where Gradio keeps uploads (GRADIO_TEMP_DIR or <tmp>/gradio); the bundled examples too."""
+    from gradio.utils import get_upload_folder
+
+    return [Path(get_upload_folder()).resolve(), ASSETS.resolve()]
+
+
+def uploaded_path(file) -> Path:
+    """The path of an uploaded file, accepted only inside Gradio's upload folder (or the bundled
+    examples): a request naming any other server file gets one generic message, the same
+    whether the file exists or not."""
+    path = file.get("path") if isinstance(file, dict) else getattr(file, "path", file)
+    if not isinstance(path, (str, Path)) or not str(path) or len(str(path)) > 4096 or "\0" in str(path):
+        raise MemstepError(UPLOAD_REFUSED)
+    try:
+        resolved = Path(path).resolve()  # symlinks and ".." resolved before the containment check
+    except (OSError, RuntimeError, ValueError):
+        raise MemstepError(UPLOAD_REFUSED) from None
+    if not any(resolved != folder and resolved.is_relative_to(folder) for folder in upload_folders()):
+        raise MemstepError(UPLOAD_REFUSED)
+    if not resolved.is_file():
+        raise MemstepError(UPLOAD_REFUSED)
+    return resolved
+
+
 def read_upload(path: str | Path, max_bytes: int = MAX_UPLOAD_BYTES) -> DocumentSource:
     """An uploaded file (checked on the server: type, size, empty or binary content)."""
     path = Path(path)
@@ -93,6 +122,7 @@ EXAMPLES = {
         "A long document: cut to the max tokens setting (with a notice) unless you raise it."),
 }
 DEFAULT_EXAMPLE = next(iter(EXAMPLES))
+TOKENIZER_FREE_EXAMPLE = "Pride and Prejudice, chapters 1-2 (2.3k tokens)"  # built without a tokenizer
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,13 +13,16 @@ from contextlib import closing
 import gradio as gr
 
 from memstep.errors import MemstepError
+from memstep.documents import tokenize_prefix
 from memstep.generate import prompt_parts
 from memstep.schedules import make_schedule
 
-from ui.documents import DEFAULT_EXAMPLE, DocumentSource, describe, example, read_upload
+from ui.documents import (DEFAULT_EXAMPLE, TOKENIZER_FREE_EXAMPLE, DocumentSource, describe, example, read_upload,
+                          uploaded_path)
 from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure, schedule_figure
 from ui.models import cached_model, context_tokens, get_model, normalize_spec, preview_tokenizer
-from ui.runs import check_settings, document_limit, prefill_stream, prepare, settings_from
+from ui.runs import (MAX_TOKENS_LIMIT, check_settings, document_limit, prefill_stream, prepare, settings_from,
+                     whole_number)
 from ui.summary import COMPARE_HEADERS, ComparedRun, compare_rows
 from ui.views import RunView, answer_markdown, compact, render, stats_html
 
@@ -32,7 +35,12 @@ def _fail(err: Exception):
 
 # ---- document ------------------------------------------------------------------------
 def default_document() -> DocumentSource:
-    return example(DEFAULT_EXAMPLE, preview_tokenizer(None)[0])
+    """The default example; while no tokenizer can load (hub unreachable on a fresh Space) an
+    example that needs none, so the page still comes up."""
+    try:
+        return example(DEFAULT_EXAMPLE, preview_tokenizer(None)[0])
+    except MemstepError:
+        return example(TOKENIZER_FREE_EXAMPLE, None)
 
 
 def choose_example(name: str | None, model: str | None):
@@ -47,8 +55,14 @@ def choose_example(name: str | None, model: str | None):
 
 
 def describe_document(source: DocumentSource, model) -> str:
-    tokenizer, exact = preview_tokenizer(model)
-    return describe(source, _count_tokens(source.text, tokenizer)[1], exact)
+    try:
+        tokenizer, exact = preview_tokenizer(model)
+    except MemstepError as err:  # the page keeps serving; the run will try the model again
+        return f"{describe(source)}  \n⚠ {err}"
+    count = _count_tokens(source.text, tokenizer)[1]
+    if count >= COUNT_LIMIT:
+        return f"{describe(source)} · over {COUNT_LIMIT:,} tokens"
+    return describe(source, count, exact)
 
 
 def choose_upload(path: str | None, current: DocumentSource, model):
@@ -56,7 +70,7 @@ def choose_upload(path: str | None, current: DocumentSource, model):
     if not path:
         return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
     try:
-        source = read_upload(path)
+        source = read_upload(uploaded_path(path))
     except MemstepError as err:
         gr.Warning(str(err), title=ERROR_TITLE)
         return current, gr.skip(), describe_document(current, model), None, gr.skip()
@@ -64,11 +78,14 @@ def choose_upload(path: str | None, current: DocumentSource, model):
 
 
 # ---- schedule preview ----------------------------------------------------------------
+COUNT_LIMIT = 1 << 16  # the page counts a document's tokens up to this many (beyond any context)
+
+
 @functools.lru_cache(maxsize=32)
 def _count_tokens(text: str, tokenizer) -> tuple[int, int]:
-    """(prompt head tokens, document tokens) with this tokenizer."""
+    """(prompt head tokens, document tokens up to COUNT_LIMIT) with this tokenizer."""
     head = len(prompt_parts(tokenizer).head)
-    return head, len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+    return head, len(tokenize_prefix(text, tokenizer, COUNT_LIMIT)[0])
 
 
 def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens):
@@ -97,7 +114,7 @@ def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, 
 
 
 def _whole(value) -> int | None:
-    return None if value is None or value == "" else int(round(float(value)))
+    return None if value is None or value == "" else whole_number(value, "max tokens", 1, MAX_TOKENS_LIMIT)
 
 
 # ---- a run ---------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import os
 import gradio as gr
 
 from memstep.documents import SUPPORTED_EXTENSIONS
-from memstep.models import EMBEDDED, default_model
+from memstep.models import allowed_models, default_model, offered_models
 from memstep.schedules import GROWTHS
 from memstep.scorers import SCORERS
 
@@ -82,10 +82,7 @@ layer-head slots still hold it.
 
 
 def _model_choices() -> list[str]:
-    choices = [EMBEDDED, "HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-360M-Instruct",
-               "Qwen/Qwen2.5-0.5B-Instruct"]
-    default = default_model()
-    return [default] + [c for c in choices if c != default]
+    return offered_models()  # 'embedded' only where it can load; on a Space also all it accepts
 
 
 def build_app() -> gr.Blocks:
@@ -123,7 +120,7 @@ def build_app() -> gr.Blocks:
                             max_tokens = gr.Number(DEFAULT_MAX_TOKENS, label="Max tokens", minimum=1, precision=0,
                                                    elem_id="max-tokens", min_width=90)
                         scorer = gr.Dropdown(list(SCORERS), value="chunk-attention", label="Scorer", elem_id="scorer")
-                        model = gr.Dropdown(_model_choices(), value=default_model(), allow_custom_value=True,
+                        model = gr.Dropdown(_model_choices(), value=default_model(), allow_custom_value=allowed_models() is None,
                                             label="Model", info="'embedded': SmolLM2-135M-Instruct shipped with "
                                             "memstep. Or a hub id, a local folder or a .gguf file.",
                                             elem_id="model")

@@ -16,7 +16,9 @@ from plotly.subplots import make_subplots
 from memstep import planner
 from memstep.errors import MemstepError
 from memstep.memory import ATTENTIONS, PART_LABELS, PARTS
-from memstep.schedules import GROWTHS
+from memstep.schedules import GROWTHS, MAX_SIZE_TOKENS
+
+from ui.inputs import whole_number
 
 GIB = 1 << 30
 MAX_BARS = 300  # more steps than this are drawn as stacked areas over sampled steps
@@ -29,6 +31,7 @@ PART_COLORS = {"weights": "#cbd5e1", "kv_memory": "#3b82f6", "kv_chunk": "#f59e0
                "activations": "#14b8a6"}
 TIME_COLORS = {"linear": "#0d9488", "attention": "#8b5cf6", "scorer": "#ec4899", "overhead": "#94a3b8"}
 LIMIT_COLOR = "#dc2626"
+PLAN_CONCURRENCY = 2  # plans computed at once (each is bounded by memstep.schedules.MAX_STEPS)
 SCHEDULE_LABELS = {"fm": "FM", "im": "IM", "imdc": "IMDC", "full": "full"}
 TABLE_HEADERS = ["schedule", "steps", "peak", "KV peak", "fits", "time", "TFLOP", "peak vs FM", "time vs FM",
                  "peak vs full", "time vs full", "longest context that fits"]
@@ -197,11 +200,7 @@ def headline(plans: dict[str, planner.Plan]) -> str:
 
 # ---- the handler ---------------------------------------------------------------------------------
 def _whole(value, label: str, minimum: int) -> int:
-    if value is None or value == "":
-        raise MemstepError(f"{label} is empty: type a whole number of at least {minimum}")
-    if float(value) != int(value) or int(value) < minimum:
-        raise MemstepError(f"{label} must be a whole number of at least {minimum} (got {value})")
-    return int(value)
+    return whole_number(value, label, minimum)
 
 
 def compute(model: str, config_file, gpu: str, dtype: str, tokens, chunk, memory, growth: str, attention: str,
@@ -251,10 +250,13 @@ def build_tab() -> dict:
         gpu = gr.Dropdown(gpu_choices, value=DEFAULTS["gpu"], label="GPU")
         dtype = gr.Radio(list(planner.DTYPES), value=DEFAULTS["dtype"], label="dtype")
     with gr.Row():
-        tokens = gr.Number(DEFAULTS["tokens"], label="context (tokens)", precision=0)
-        chunk = gr.Number(DEFAULTS["chunk"], label="chunk (tokens)", precision=0)
-        memory = gr.Number(DEFAULTS["memory"], label="memory M (tokens)", precision=0)
-        sinks = gr.Number(DEFAULTS["sinks"], label="sinks", precision=0)
+        tokens = gr.Number(DEFAULTS["tokens"], label="context (tokens)", precision=0, minimum=1,
+                           maximum=MAX_SIZE_TOKENS)
+        chunk = gr.Number(DEFAULTS["chunk"], label="chunk (tokens)", precision=0, minimum=1,
+                           maximum=MAX_SIZE_TOKENS)
+        memory = gr.Number(DEFAULTS["memory"], label="memory M (tokens)", precision=0, minimum=1,
+                           maximum=MAX_SIZE_TOKENS)
+        sinks = gr.Number(DEFAULTS["sinks"], label="sinks", precision=0, minimum=0, maximum=1024)
         growth = gr.Dropdown(list(GROWTHS), value=DEFAULTS["growth"], label="growth (IM, IMDC)")
     with gr.Row():
         attention = gr.Radio(list(ATTENTIONS), value=DEFAULTS["attention"], label="attention",
@@ -269,9 +271,12 @@ def build_tab() -> dict:
             config_file = gr.File(label="config.json (choose model 'config.json (upload)')", file_types=[".json"],
                                   type="filepath")
             with gr.Column():
-                tflops = gr.Number(None, label="peak TFLOP/s (dense, 16-bit; empty: the preset's)")
-                bandwidth = gr.Number(None, label="memory bandwidth in GB/s (empty: the preset's)")
-                gpu_memory = gr.Number(None, label="GPU memory in GiB (empty: the preset's)")
+                tflops = gr.Number(None, label="peak TFLOP/s (dense, 16-bit; empty: the preset's)", minimum=0,
+                                      maximum=planner.MAX_GPU_FIGURE)
+                bandwidth = gr.Number(None, label="memory bandwidth in GB/s (empty: the preset's)", minimum=0,
+                                      maximum=planner.MAX_GPU_FIGURE)
+                gpu_memory = gr.Number(None, label="GPU memory in GiB (empty: the preset's)", minimum=0,
+                                      maximum=planner.MAX_GPU_FIGURE)
     button = gr.Button("Plan", variant="primary")
 
     inputs = [model, config_file, gpu, dtype, tokens, chunk, memory, growth, attention, schedules, sinks,
@@ -289,7 +294,9 @@ def build_tab() -> dict:
                          wrap=True, elem_id="plan-table", column_widths=TABLE_WIDTHS)
     outputs = [summary, memory_plot, time_plot, table]
     # planning is arithmetic: no queue slot to wait for, and only the latest change matters
-    quick = dict(api_visibility="private", concurrency_limit=None, trigger_mode="always_last")
+    # (bounded by memstep.schedules.MAX_STEPS; a shared limit keeps bursts from taking every worker)
+    quick = dict(api_visibility="private", concurrency_id="plan", concurrency_limit=PLAN_CONCURRENCY,
+                 trigger_mode="always_last")
     button.click(on_plan, inputs, outputs, **quick)
     triggers = [c.change for c in (model, config_file, gpu, dtype, growth, attention, schedules, keep_maps,
                                    include_weights)]

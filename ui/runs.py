@@ -13,13 +13,15 @@ import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
-from memstep.documents import tokenize_document
+from memstep.documents import tokenize_prefix, truncation_notice
 from memstep.errors import MemstepError
 from memstep.generate import prompt_parts
 from memstep.runner import DocumentRun
-from memstep.schedules import check_run_settings
+from memstep.schedules import GROWTHS, SCHEDULES, check_run_settings, check_steps
+from memstep.scorers import SCORERS
 
 from ui.documents import DocumentSource, needle_tokens, token_spans
+from ui.inputs import choice, whole_number
 from ui.models import get_model
 
 try:  # only on Hugging Face Spaces
@@ -31,6 +33,11 @@ GPU_SECONDS = int(os.environ.get("MEMSTEP_GPU_SECONDS", "120"))
 DEFAULT_MAX_TOKENS = int(os.environ.get("MEMSTEP_MAX_TOKENS", "4096"))
 RESERVED_TOKENS = 128  # room after the document for the question and the answer
 MAX_NEW_TOKENS = 32
+# A run holds the app's only run slot: at most this many steps (the schedule math allows
+# memstep.schedules.MAX_STEPS). 256 steps = 4,096 tokens at the smallest chunk the page offers (16).
+MAX_RUN_STEPS = int(os.environ.get("MEMSTEP_MAX_RUN_STEPS", "256"))
+MAX_SINKS = 1024
+MAX_TOKENS_LIMIT = 1 << 20  # the max tokens field; the model's context cuts it further
 _model_in_use = threading.Lock()  # one prefill at a time in this process
 
 
@@ -60,24 +67,21 @@ class RunSettings:
 
 
 def settings_from(schedule, chunk, memory, growth, scorer, sinks) -> RunSettings:
-    """Settings from the page's controls (numbers arrive as floats or None)."""
-    def whole(value, name, least):
-        if value is None or value == "":
-            raise MemstepError(f"{name} is empty: type a whole number")
-        number = int(round(float(value)))
-        if number < least:
-            raise MemstepError(f"{name} must be at least {least} (got {number})")
-        return number
-
-    return RunSettings(str(schedule or "imdc").lower(), whole(chunk, "chunk size", 1),
-                       whole(memory, "memory size", 0), growth or "linear", scorer or "chunk-attention",
-                       whole(sinks, "sinks", 0))
+    """Settings from the page's controls or an API call, each checked with a one-line reason."""
+    return RunSettings(choice(schedule, "schedule", [s for s in SCHEDULES if s != "custom"], "imdc"),
+                       whole_number(chunk, "chunk size", 1), whole_number(memory, "memory size", 0),
+                       choice(growth, "growth", GROWTHS, "linear"),
+                       choice(scorer, "scorer", list(SCORERS), "chunk-attention"),
+                       whole_number(sinks, "sinks", 0, MAX_SINKS))
 
 
-def check_settings(settings: RunSettings, tokens: int) -> None:
+def check_settings(settings: RunSettings, tokens: int, run: bool = True) -> None:
     """The checks DocumentRun makes on construction, for the preview (no model needed).
-    ``tokens`` counts the prompt head and the document, as the run does."""
+    ``tokens`` counts the prompt head and the document, as the run does. A run in the app
+    also keeps to MAX_RUN_STEPS (it holds the only run slot); ``run=False``: schedule math only."""
     check_run_settings(settings.schedule, tokens, settings.chunk, settings.memory, settings.sinks)
+    if run and settings.schedule != "full":
+        check_steps(tokens, settings.chunk, MAX_RUN_STEPS)
 
 
 @dataclass
@@ -100,8 +104,8 @@ class PreparedDocument:
 def document_limit(max_tokens: int | None, context: int, prefix_tokens: int) -> tuple[int, str]:
     """How many document tokens a run takes, and which limit sets it."""
     room = context - prefix_tokens - RESERVED_TOKENS
-    if max_tokens is not None and max_tokens < 1:
-        raise MemstepError(f"max tokens must be at least 1 (got {max_tokens})")
+    if max_tokens is not None:
+        max_tokens = whole_number(max_tokens, "max tokens", 1, MAX_TOKENS_LIMIT)
     if max_tokens is not None and max_tokens <= room:
         return int(max_tokens), "the max tokens setting"
     return room, f"the model's {context:,}-token context"
@@ -110,12 +114,11 @@ def document_limit(max_tokens: int | None, context: int, prefix_tokens: int) -> 
 def prepare(source: DocumentSource, tokenizer, max_tokens: int | None, context: int) -> PreparedDocument:
     """Tokenize ``source`` and cut it to ``max_tokens`` and the model's context, with a notice."""
     prefix = len(prompt_parts(tokenizer).head)
-    ids, _ = tokenize_document(source.text, tokenizer, None)
     limit, reason = document_limit(max_tokens, context, prefix)
-    notices = []
-    if len(ids) > limit:
-        notices.append(f"Document truncated from {len(ids):,} to {limit:,} tokens ({reason}).")
-        ids = ids[:limit]
+    ids, cut = tokenize_prefix(source.text, tokenizer, limit)  # never the whole of a huge text
+    if not ids:
+        raise MemstepError("The document has no tokens. Pick a document with some text in it.")
+    notices = [truncation_notice(source.text, tokenizer, ids, reason)] if cut else []
     spans = token_spans(source.text, tokenizer, ids)
     needle = needle_tokens(spans, source.needle_chars)
     if source.needle_chars is not None and needle is None:
