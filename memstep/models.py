@@ -274,7 +274,8 @@ def check_hub_reachable(repo_id: str) -> None:
     if isinstance(cached, str):
         return
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        raise MemstepError(f"model '{repo_id[:80]}' is not in the local cache and the hub is offline (HF_HUB_OFFLINE)")
+        raise MemstepError(f"cannot load model '{repo_id[:80]}': it is not in the local cache and the hub is "
+                           "offline (HF_HUB_OFFLINE)")
     try:
         HfApi().model_info(repo_id, timeout=HUB_TIMEOUT_SECONDS)
     except Exception as err:  # noqa: BLE001 - network, 404, gated, bad id: one readable line

@@ -58,7 +58,7 @@ def describe_document(source: DocumentSource, model) -> str:
     try:
         tokenizer, exact = preview_tokenizer(model)
     except MemstepError as err:  # the page keeps serving; the run will try the model again
-        return f"{describe(source)}  \n⚠ {err}"
+        return f"{describe(source)}  \n⚠ {err}. The page keeps working; Run tries to load the model again."
     count = _count_tokens(source.text, tokenizer)[1]
     if count >= COUNT_LIMIT:
         return f"{describe(source)} · over {COUNT_LIMIT:,} tokens"
