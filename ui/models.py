@@ -58,7 +58,9 @@ def _release_memory() -> None:
     try:
         import torch
 
-        if torch.cuda.is_available():
+        # Only where this process already uses CUDA: on ZeroGPU the main process must never
+        # initialize it (CUDA calls belong in the @spaces.GPU worker, ui/runs.prefill_stream).
+        if torch.cuda.is_initialized():
             torch.cuda.empty_cache()
     except ImportError:
         pass
