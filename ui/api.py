@@ -20,6 +20,7 @@ from ui.summary import needle_kept
 
 
 SCHEDULE_CONCURRENCY = 4
+MAX_QUESTION_CHARS = 2000
 
 
 def _document(text: str, file: FileData | dict | None, example_name: str, tokenizer) -> DocumentSource:
@@ -53,6 +54,8 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
     question asks the document's own question (bundled examples, passkey documents)."""
     try:
         settings = settings_from(schedule, chunk, memory, growth, scorer, sinks)
+        if question is not None and (not isinstance(question, str) or len(question) > MAX_QUESTION_CHARS):
+            raise MemstepError(f"question must be a text of at most {MAX_QUESTION_CHARS:,} characters")
         lm = get_model(model)
         document = prepare(_document(document_text, document_file, example_name, lm.tokenizer), lm.tokenizer,
                            max_tokens, context_tokens(lm))
@@ -62,7 +65,8 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
         needle = needle and (document.prefix_tokens + needle[0], document.prefix_tokens + needle[1])
         out = {}
         with closing(prefill_stream(normalize_spec(model), document.ids, settings, question or source.question,
-                                    full_reference, document.notices)) as stream:
+                                    bool(full_reference), document.notices,
+                                    cache_reference=source.bundled)) as stream:
             for kind, item in stream:
                 if kind == "step":
                     yield {"event": "step", "steps": item.steps, **item.to_dict()}

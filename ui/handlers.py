@@ -139,9 +139,11 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
         document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm))
         for notice in document.notices:
             gr.Warning(notice, title=ERROR_TITLE)
+        # bundled examples always show the full cache's answer: computed once, then cached
+        reference = bool(full_reference) or doc.bundled
         with closing(prefill_stream(normalize_spec(model), document.ids, settings, question,
-                                    bool(full_reference), document.notices)) as stream:
-            yield from _stream_run(stream, document, settings, question, full_reference, began, progress)
+                                    reference, document.notices, cache_reference=doc.bundled)) as stream:
+            yield from _stream_run(stream, document, settings, question, reference, began, progress)
     except MemstepError as err:
         _fail(err)
 
