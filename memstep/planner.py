@@ -442,6 +442,16 @@ class Plan:
     def fits(self) -> bool:
         return self.peak_bytes <= self.gpu.usable_bytes
 
+    @property
+    def gpus_needed(self) -> int:
+        """GPUs of this kind whose usable memory together holds the peak (an ideal even split
+        of weights and working set: a lower bound for sharding)."""
+        return max(1, math.ceil(self.peak_bytes / self.gpu.usable_bytes))
+
+    @property
+    def weights_fit(self) -> bool:
+        return self.steps[0].parts["weights"] <= self.gpu.usable_bytes
+
     def to_dict(self, with_steps: bool = True) -> dict:
         s = self.schedule
         out = {
@@ -459,7 +469,7 @@ class Plan:
             "keep_maps": self.keep_maps, "efficiency": self.efficiency,
             "bandwidth_efficiency": self.bandwidth_efficiency,
             "peak_bytes": self.peak_bytes, "peak_step": self.peak_step, "kv_peak_bytes": self.kv_peak_bytes,
-            "seconds": self.seconds, "flops": self.flops, "fits": self.fits,
+            "seconds": self.seconds, "flops": self.flops, "fits": self.fits, "gpus_needed": self.gpus_needed,
             "usable_bytes": self.gpu.usable_bytes, "notices": list(self.notices),
         }
         if with_steps:
@@ -539,9 +549,15 @@ def _notices(plan: Plan) -> list[str]:
                    "beyond it were not trained (RoPE scaling needed); the plan still counts them.")
     if plan.dtype == "bf16" and plan.gpu.bf16_tflops is None:
         out.append(f"{plan.gpu.name} has no bf16 tensor cores: bf16 runs at FP32 speed; plan with fp16 instead.")
-    if not plan.fits:
+    if not plan.weights_fit:
+        out.append(f"{plan.schedule.name.upper()} does not fit: the weights alone "
+                   f"({plan.steps[0].parts['weights'] / GIB:.1f} GiB) exceed the {plan.gpu.usable_bytes / GIB:.1f} GiB "
+                   f"usable on one {plan.gpu.name}; it needs at least {plan.gpus_needed} of them (weights and "
+                   "working set split evenly).")
+    elif not plan.fits:
         out.append(f"{plan.schedule.name.upper()} does not fit: peak {plan.peak_bytes / GIB:.1f} GiB > "
-                   f"{plan.gpu.usable_bytes / GIB:.1f} GiB usable on {plan.gpu.name}.")
+                   f"{plan.gpu.usable_bytes / GIB:.1f} GiB usable on {plan.gpu.name}; it needs at least "
+                   f"{plan.gpus_needed} of them.")
     return out
 
 

@@ -142,3 +142,20 @@ def test_broken_pipe_exits_without_traceback():
                           executable="/bin/bash")
     assert proc.stdout.startswith("step")
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) <= 1
+
+
+# ---- the Plan tab when the weights alone do not fit ----------------------------------------------
+def test_plan_chart_never_draws_a_negative_limit_when_the_weights_do_not_fit():
+    from ui.plan_tab import headline, plan_memory_figure
+
+    plans = planner.compare("llama-3.1-70b", "h100-80gb", schedules=("fm", "imdc"), tokens=32768, chunk=1024,
+                            memory=1024)
+    assert not plans["fm"].weights_fit and plans["fm"].gpus_needed == 2  # 131 GiB of bf16 weights, 79 GiB usable
+    fig = plan_memory_figure(plans)
+    assert not [s for s in fig.layout.shapes if s.y0 is not None and s.y0 < 0]  # no limit line below zero
+    note = " ".join(a.text for a in fig.layout.annotations)
+    assert "weights alone" in note and "2 GPUs" in note and "-" not in note.split("GiB usable")[0]
+    assert "needs at least 2" in headline(plans)
+    fits = planner.compare("llama-3.1-8b", "h100-80gb", schedules=("fm",), tokens=32768, chunk=1024, memory=1024)
+    assert fits["fm"].gpus_needed == 1 and "weights alone" not in " ".join(
+        a.text for a in plan_memory_figure(fits).layout.annotations)

@@ -6,7 +6,9 @@ data. Steps are shown 1-based (step 1 is the first chunk); records keep 0-based 
 
 from __future__ import annotations
 
+import html
 import math
+import textwrap
 import warnings
 from collections.abc import Sequence
 
@@ -87,8 +89,10 @@ def placeholder_figure(message: str, title: str = "", height: int = 300) -> go.F
     fig = _style(go.Figure(), title, height, "", "")
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
-    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
-                       font=dict(size=13, color="#6b7280"))
+    # long errors wrap instead of running off the chart; "<" in a message is text, not markup
+    wrapped = "<br>".join(textwrap.wrap(html.escape(message, quote=False), 72, break_long_words=False)) or message
+    fig.add_annotation(text=wrapped, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                       font=dict(size=13, color="#4b5563"))
     return fig
 
 

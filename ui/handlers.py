@@ -113,6 +113,26 @@ def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, 
         "\n\n".join(lines)
 
 
+def preview_page(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens):
+    """The preview, and the controls that follow it: Run only for a valid setting, the chunk
+    slider no longer than the document (the same rule as the run)."""
+    figure, note = preview(doc, model, schedule, growth, chunk, memory, sinks, max_tokens)
+    valid = not note.startswith("⚠")
+    try:
+        tokens = preview_tokens(doc, model, max_tokens)
+    except MemstepError:
+        return figure, note, gr.update(interactive=valid), gr.skip()
+    return figure, note, gr.update(interactive=valid), gr.update(maximum=max(16, tokens))
+
+
+def preview_tokens(doc: DocumentSource, model, max_tokens) -> int:
+    """Tokens a run of ``doc`` would prefill (prompt head + document, cut to the limits)."""
+    tokenizer, _ = preview_tokenizer(model)
+    prefix, document = _count_tokens(doc.text, tokenizer)
+    limit, _ = document_limit(_whole(max_tokens), context_tokens(cached_model(model)), prefix)
+    return prefix + min(document, limit)
+
+
 def _whole(value) -> int | None:
     return None if value is None or value == "" else whole_number(value, "max tokens", 1, MAX_TOKENS_LIMIT)
 
@@ -191,6 +211,8 @@ def replay(step, view: RunView | None):
 
 # ---- comparison ----------------------------------------------------------------------
 CONFIG_FIELDS = 6  # enabled, schedule, growth, chunk, memory, scorer
+TIME_CAVEAT = ("Times are wall-clock seconds of one run each on a shared machine: ratios within about 10-20% "
+               "are noise; the memory columns do not depend on the load.")
 
 
 def _configs(values) -> list[tuple]:
@@ -230,7 +252,9 @@ def compare(doc: DocumentSource, model, sinks, max_tokens, question, *config_val
             gr.Warning(notice, title=ERROR_TITLE)
         total = sum(r.steps for r in runs)
         done = 0
-        yield _compare_outputs(runs, f"Running {len(runs)} configurations on {document.tokens:,} tokens…")
+        name = document.source.name
+        yield _compare_outputs(runs, f"Running {len(runs)} configurations on **{name}** ({document.tokens:,} "
+                                     "tokens)…")
         for s, run in zip(settings, runs):
             with closing(prefill_stream(normalize_spec(model), document.ids, s, question, False,
                                         document.notices)) as stream:
@@ -245,8 +269,8 @@ def compare(doc: DocumentSource, model, sinks, max_tokens, question, *config_val
                     else:
                         continue
                     yield _compare_outputs(runs, f"**{run.label}**: step {len(run.records)} of {run.steps}")
-        yield _compare_outputs(runs, f"**Done**: {len(runs)} configurations on {document.tokens:,} tokens "
-                                     f"({len(document.ids):,} document tokens). "
+        yield _compare_outputs(runs, f"**Done**: {len(runs)} configurations on **{name}**, {document.tokens:,} "
+                                     f"tokens ({len(document.ids):,} document tokens). {TIME_CAVEAT} "
                                      + " ".join(document.notices))
     except MemstepError as err:
         _fail(err)

@@ -40,6 +40,32 @@ CSS = """
 .memstep-hint { padding: 14px 16px; border: 1px dashed #cbd5e1; border-radius: 8px; color: #4b5563; }
 .memstep-progress { height: 6px; margin-top: 8px; border-radius: 3px; background: #e5e7eb; overflow: hidden; }
 .memstep-progress > div { height: 100%; background: #3b82f6; transition: width .3s ease; }
+/* keyboard users see where they are */
+button:focus-visible, input:focus-visible, select:focus-visible, textarea:focus-visible, [role="tab"]:focus-visible,
+a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !important; }
+.memstep-sr-only { position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0);
+  white-space: nowrap; }
+#run-row { gap: 8px; }
+/* tables scroll sideways instead of stacking their headers one letter per line */
+.table-wrap, .table-container { overflow-x: auto !important; }
+table th, table th * { white-space: nowrap; word-break: keep-all; }
+#compare-table table, #plan-table table { min-width: 900px; }
+@media (max-width: 640px) {
+  #memstep-header h1 { font-size: 1.25rem; }
+  .memstep-stat { flex: 1 1 44%; }
+  .js-plotly-plot .gtitle { font-size: 12px !important; }
+}
+"""
+
+# Ctrl+Enter (Cmd+Enter) runs from anywhere on the Run tab.
+HEAD = """
+<script>
+document.addEventListener("keydown", (event) => {
+  if (event.key !== "Enter" || !(event.ctrlKey || event.metaKey)) return;
+  const run = document.querySelector("#run");
+  if (run && run.offsetParent !== null && !run.disabled) { event.preventDefault(); run.click(); }
+});
+</script>
 """
 
 HEADER = """
@@ -51,6 +77,9 @@ chunks; right after each layer's attention a <b>scorer</b> cuts that layer's cac
 <b>budget</b>. The first <b>sink</b> tokens are always kept.</p>
 </div>
 """
+
+CHUNK_INFO = ("FM and IM: every step reads c tokens. IMDC: c sets the number of steps (⌈tokens / c⌉); the chunks "
+              "then shrink as memory grows, so memory + chunk stays about tokens/steps + M/2.")
 
 RUN_HINT = ("Press **Run**: each step streams the retained-token map (which positions memory keeps), "
             "memory and seconds per step, then the answer to the question and the text shaded by what the "
@@ -97,6 +126,10 @@ def build_app() -> gr.Blocks:
             with gr.Tab("Run", id="run"):
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=4, min_width=330, elem_id="memstep-controls"):
+                        # first in the column: visible without scrolling, a few Tab presses away
+                        with gr.Row(elem_id="run-row"):
+                            run = gr.Button("Run  (Ctrl+Enter)", variant="primary", elem_id="run", min_width=120)
+                            stop = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
                         with gr.Group():
                             example = gr.Dropdown(list(EXAMPLES), value=DEFAULT_EXAMPLE, label="Example document",
                                                   elem_id="example")
@@ -111,9 +144,11 @@ def build_app() -> gr.Blocks:
                         schedule = gr.Radio(SCHEDULE_CHOICES, value="imdc", label="Schedule", elem_id="schedule")
                         growth = gr.Dropdown(list(GROWTHS), value="linear", label="Growth curve (IM and IMDC)",
                                              elem_id="growth")
-                        chunk = gr.Slider(16, 8192, value=512, step=16, label="Chunk size c (tokens)", elem_id="chunk")
-                        memory = gr.Slider(0, 8192, value=512, step=16, label="Memory size M (tokens)",
-                                           elem_id="memory")
+                        chunk = gr.Slider(16, 8192, value=512, step=16, label="Chunk size c (tokens)", elem_id="chunk",
+                                          info=CHUNK_INFO)
+                        memory = gr.Slider(0, 8192, value=512, step=4, label="Memory size M (tokens)",
+                                           elem_id="memory", info="Tokens kept after each step, besides the sinks "
+                                           "(at least the sinks).")
                         with gr.Row():
                             sinks = gr.Number(4, label="Sinks", minimum=0, maximum=256, precision=0,
                                               elem_id="sinks", min_width=90)
@@ -125,11 +160,9 @@ def build_app() -> gr.Blocks:
                                             "memstep. Or a hub id, a local folder or a .gguf file.",
                                             elem_id="model")
                         full_reference = gr.Checkbox(False, label="Also answer from the full cache (reference)",
-                                                     info="One more prefill, with nothing evicted.",
+                                                     info="Bundled examples always show it (computed once, then "
+                                                     "cached); for uploads it is one more prefill.",
                                                      elem_id="full-reference")
-                        with gr.Row():
-                            run = gr.Button("Run", variant="primary", elem_id="run")
-                            stop = gr.Button("Stop", variant="stop", elem_id="stop")
                     with gr.Column(scale=9):
                         stats = gr.HTML(stat_cards([("state", "run", "not run yet")]), elem_id="stats")
                         preview_note = gr.Markdown(first_note, elem_id="preview-note", elem_classes="memstep-note")
@@ -191,8 +224,8 @@ def build_app() -> gr.Blocks:
         preview_inputs = [doc_state, model, schedule, growth, chunk, memory, sinks, max_tokens]
         gr.on([doc_state.change, model.change, schedule.change, growth.change, chunk.change, memory.change,
                sinks.change, max_tokens.change],
-              handlers.preview, preview_inputs, [sizes_plot, preview_note], trigger_mode="always_last",
-              concurrency_limit=None, show_progress="hidden", api_visibility="private")
+              handlers.preview_page, preview_inputs, [sizes_plot, preview_note, run, chunk],
+              trigger_mode="always_last", concurrency_limit=None, show_progress="hidden", api_visibility="private")
         example.input(handlers.choose_example, [example, model], [doc_state, question, doc_info, upload],
                       concurrency_limit=None, api_visibility="private")
         upload.upload(handlers.choose_upload, [upload, doc_state, model],
@@ -239,4 +272,4 @@ def launch_options() -> dict:
     theme = gr.themes.Soft(primary_hue="blue", neutral_hue="slate",
                            font=[gr.themes.Font(name) for name in ("Inter", "Segoe UI", "system-ui", "sans-serif")],
                            font_mono=[gr.themes.Font(name) for name in ("ui-monospace", "monospace")])
-    return {"theme": theme, "css": CSS, "max_file_size": MAX_UPLOAD_BYTES}
+    return {"theme": theme, "css": CSS, "head": HEAD, "max_file_size": MAX_UPLOAD_BYTES}

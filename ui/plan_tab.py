@@ -130,15 +130,20 @@ def plan_memory_figure(plans: dict[str, planner.Plan], include_weights: bool = F
         _add_stack(fig, col, x, series, PART_LABELS, PART_COLORS, "GiB", len(idx) <= MAX_BARS and
                    len(idx) == len(plan.steps), col == 1)
         top = max(peaks[i] for i in range(len(peaks)) if groups[i] == groups[col - 1])
-        if limit <= LIMIT_SHOWN_ABOVE * top:  # a limit far above the bars would flatten them
+        if 0 < limit <= LIMIT_SHOWN_ABOVE * top:  # a limit far above the bars would flatten them
             fig.add_hline(y=limit, line=dict(color=LIMIT_COLOR, width=1.5, dash="dash"), row=1, col=col)
             drawn = True
     note = f"{gpu.name}: {gpu.usable_bytes / GIB:,.1f} GiB usable"
-    if not include_weights:
+    if weights > gpu.usable_bytes:  # never a negative limit: say what it takes instead
+        first = next(iter(plans.values()))
+        note = (f"<span style='color:{LIMIT_COLOR}'>The weights alone ({weights / GIB:,.1f} GiB) exceed the "
+                f"{gpu.usable_bytes / GIB:,.1f} GiB usable on one {gpu.name}: at least {first.gpus_needed} GPUs "
+                "needed</span>")
+    elif not include_weights:
         note += f", {limit:,.1f} GiB of it left after the weights ({weights / GIB:,.2f} GiB, not drawn)"
     if drawn:
         note = f"<span style='color:{LIMIT_COLOR}'>- - -</span> " + note
-    else:
+    elif limit > 0:
         note += "; far above the bars, so not drawn"
     fig.add_annotation(text=note, x=0, y=NOTE_Y, xref="paper", yref="paper", xanchor="left", yanchor="top",
                        showarrow=False, font=dict(size=11, color="#6b7280"))

@@ -142,7 +142,21 @@ def stats_html(view: RunView, step: int | None = None) -> str:
     kept = needle_kept(last, view.needle) if last is not None else None
     if view.needle is not None:
         items.append(("passkey", "passkey in memory", f"{kept:.0%} of slots" if kept is not None else "not read yet"))
-    return stat_cards(items, None if state == "replay" else len(records) / max(view.steps, 1))
+    return stat_cards(items, None if state == "replay" else len(records) / max(view.steps, 1),
+                      summary=charts_text(view, records))
+
+
+def charts_text(view: RunView, records: list[StepRecord]) -> str:
+    """The charts in words (their text alternative): sizes per step, memory kept, the passkey."""
+    if not records:
+        return f"{view.settings.label()}: {view.steps} steps planned over {view.schedule.tokens:,} tokens."
+    last = records[-1]
+    chunks = ", ".join(f"{r.chunk_size:,}" for r in records[:24])
+    kept = ", ".join(f"{r.memory_after:,}" for r in records[:24])
+    text = (f"{view.settings.label()}, after step {last.step + 1} of {view.steps}: chunks read {chunks}; memory kept "
+            f"per layer after each step {kept}; peak modeled {format_bytes(max(r.bytes_modeled for r in records))}.")
+    story = passkey_story(view, records)
+    return text + (" " + story.replace("**", "") if story else "")
 
 
 def answer_markdown(view: RunView | None) -> str:
