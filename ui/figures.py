@@ -50,7 +50,7 @@ SERIES = ("#2563eb", "#ea580c", "#059669", "#9333ea", "#db2777")  # one colour p
 # Colour-blind-safe roles (blue against orange, and a hatch): evicted from every slot is
 # orange; kept runs from a clearly visible light blue (a single slot of 90) to navy; not
 # read yet is a grey hatch, told apart by its pattern, not its colour.
-EVICTED = "#f4a259"
+EVICTED = "#f8c38a"
 RETAINED_SCALE = [[0.0, EVICTED], [0.001, EVICTED], [0.001, "#9ec5f4"], [0.35, "#4a8fe0"], [0.7, "#1d4ed8"],
                   [1.0, "#172554"]]
 UNREAD = "#f3f4f6"

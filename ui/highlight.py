@@ -12,7 +12,7 @@ from collections.abc import Sequence
 LEVELS = 8  # shades of highlight; a token kept by no slot has none
 _RGB = (29, 78, 216)  # the kept shade at full strength (blue)
 # Colour-blind-safe roles: kept is blue (darker = more slots), evicted is orange with a
-# struck-through line, not read yet is grey italic; every text colour passes WCAG AA (4.5:1).
+# pale orange background, not read yet is grey italic; every text colour passes WCAG AA (4.5:1).
 EVICTED_BACKGROUND = "#fde4cc"
 UNREAD_TEXT = "#6b7280"  # 4.8:1 on white
 DARK_TEXT, LIGHT_TEXT = "#111827", "#ffffff"
@@ -48,9 +48,12 @@ def shade(level: int) -> tuple[tuple[float, float, float], str]:
     """(background over white, text colour) of a kept level: the text colour with the better
     contrast, which is at least 4.5:1 for any background."""
     alpha = 0.12 + 0.78 * level / LEVELS
-    background = tuple(255 - alpha * (255 - c) for c in _RGB)
-    text = max((DARK_TEXT, LIGHT_TEXT), key=lambda t: contrast(background, _hex(t)))
-    return background, text
+    while True:  # mid blues give neither text colour 4.5:1: darken those shades a little
+        background = tuple(255 - alpha * (255 - c) for c in _RGB)
+        text = max((DARK_TEXT, LIGHT_TEXT), key=lambda t: contrast(background, _hex(t)))
+        if contrast(background, _hex(text)) >= 4.5 or alpha >= 1:
+            return background, text
+        alpha = min(1.0, alpha + 0.02)
 
 
 def _hex(color: str) -> tuple[int, int, int]:
@@ -61,7 +64,7 @@ def _style(level: int) -> str:
     if level < 0:
         return f"color:{UNREAD_TEXT};font-style:italic"
     if level == 0:
-        return f"background:{EVICTED_BACKGROUND};text-decoration:line-through;text-decoration-color:#c2410c"
+        return f"background:{EVICTED_BACKGROUND}"
     background, text = shade(level)
     r, g, b = (round(c) for c in background)
     return f"background:rgb({r},{g},{b});color:{text}"

@@ -78,10 +78,10 @@ chunks; right after each layer's attention a <b>scorer</b> cuts that layer's cac
 </div>
 """
 
-CHUNK_INFO = ("FM and IM: every step reads c tokens. IMDC: c sets the number of steps (⌈tokens / c⌉); the chunks "
-              "then shrink as memory grows, so memory + chunk stays about tokens/steps + M/2.")
+CHUNK_INFO = ("FM, IM: every chunk is c. IMDC: c sets the steps (⌈tokens/c⌉); chunks then shrink as memory "
+              "grows, keeping memory + chunk level.")
 
-RUN_HINT = ("Press **Run**: each step streams the retained-token map (which positions memory keeps), "
+RUN_HINT = ("Press **Run** (or Ctrl+Enter): each step streams the retained-token map (which positions memory keeps), "
             "memory and seconds per step, then the answer to the question and the text shaded by what the "
             "memory kept. While a run streams, the chart above follows it step by step.")
 
@@ -128,7 +128,7 @@ def build_app() -> gr.Blocks:
                     with gr.Column(scale=4, min_width=330, elem_id="memstep-controls"):
                         # first in the column: visible without scrolling, a few Tab presses away
                         with gr.Row(elem_id="run-row"):
-                            run = gr.Button("Run  (Ctrl+Enter)", variant="primary", elem_id="run", min_width=120)
+                            run = gr.Button("Run", variant="primary", elem_id="run", min_width=120)
                             stop = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
                         with gr.Group():
                             example = gr.Dropdown(list(EXAMPLES), value=DEFAULT_EXAMPLE, label="Example document",
