@@ -53,7 +53,7 @@ def test_chart_errors_wrap_instead_of_running_off():
     message = "memory size 2 is smaller than the 4 sink tokens: use a memory of at least 4 " * 2 + "<path>"
     fig = figures.placeholder_figure(message)
     text = fig.layout.annotations[0].text
-    assert "<br>" in text and all(len(line) <= 80 for line in text.split("<br>")) and "&lt;path&gt;" in text
+    assert "<br>" in text and all(len(line) <= 48 for line in text.split("<br>")) and "&lt;path&gt;" in text
 
 
 def test_progress_bar_role_and_text_alternative():

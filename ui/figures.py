@@ -57,11 +57,27 @@ UNREAD = "#f3f4f6"
 UNREAD_HATCH = "#9ca3af"
 
 
+def _two_lines(text: str, limit: int) -> str:
+    """A long title broken into lines (after a colon, at each " · ", else before a bracket),
+    so narrow screens (phones) do not cut it off."""
+    if len(text) <= limit or "<br>" in text:
+        return text
+    if ": " in text and not text.startswith("step"):
+        head, rest = text.split(": ", 1)
+        return f"{head}:<br>{rest}"
+    if " · " in text:
+        return text.replace(" · ", "<br>")
+    head, sep, rest = text.partition(" (")
+    return f"{head}<br>({rest}" if sep else text
+
+
 def _style(fig: go.Figure, title: str, height: int, xtitle: str, ytitle: str) -> go.Figure:
+    title = _two_lines(title, 36)
+    xtitle = _two_lines(xtitle, 40)
     fig.update_layout(
         template="plotly_white", height=height, font=FONT, hovermode="closest",
         title=dict(text=title, x=0.0, xanchor="left", xref="paper", y=0.97, font=dict(size=14)),
-        margin=dict(l=64, r=24, t=64, b=48),
+        margin=dict(l=64, r=24, t=72, b=56),
         legend=dict(orientation="h", yanchor="bottom", y=1.01, xanchor="right", x=1.0,
                     font=dict(size=11), bgcolor="rgba(255,255,255,0)"),
         paper_bgcolor="white", plot_bgcolor="white",
@@ -90,7 +106,7 @@ def placeholder_figure(message: str, title: str = "", height: int = 300) -> go.F
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     # long errors wrap instead of running off the chart; "<" in a message is text, not markup
-    wrapped = "<br>".join(textwrap.wrap(html.escape(message, quote=False), 72, break_long_words=False)) or message
+    wrapped = "<br>".join(textwrap.wrap(html.escape(message, quote=False), 40, break_long_words=False)) or message
     fig.add_annotation(text=wrapped, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
                        font=dict(size=13, color="#4b5563"))
     return fig
@@ -265,6 +281,7 @@ def memory_figure(records: Sequence[StepRecord], steps: int, include_weights: bo
            "MiB" if include_weights else "MiB above the weights")
     fig.update_layout(barmode="stack", bargap=0.25, margin=dict(t=84))
     fig.update_xaxes(title=dict(font=dict(size=11, color="#4b5563")))
+    fig.update_layout(margin=dict(b=84))  # three lines of axis notes
     _step_axis(fig, steps)
     return fig
 

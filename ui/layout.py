@@ -46,10 +46,13 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
 .memstep-sr-only { position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0);
   white-space: nowrap; }
 #run-row { gap: 8px; }
-/* tables scroll sideways instead of stacking their headers one letter per line */
+/* tables scroll sideways instead of stacking their headers one letter per line (the header is
+   a separate table from the body: both get the same minimum width, and words never break) */
 .table-wrap, .table-container { overflow-x: auto !important; }
-table th, table th * { white-space: nowrap; word-break: keep-all; }
-#compare-table table, #plan-table table { min-width: 900px; }
+#compare-table table, #plan-table table, #compare-table .virtual-body, #plan-table .virtual-body { min-width: 900px; }
+#compare-table th, #compare-table th *, #plan-table th, #plan-table th * { white-space: nowrap; word-break: normal; }
+#compare-table .cell-wrap, #plan-table .cell-wrap, #compare-table .cell-wrap span, #plan-table .cell-wrap span {
+  word-break: normal !important; overflow-wrap: normal !important; }
 @media (max-width: 640px) {
   #memstep-header h1 { font-size: 1.25rem; }
   .memstep-stat { flex: 1 1 44%; }
@@ -144,7 +147,7 @@ def build_app() -> gr.Blocks:
                         schedule = gr.Radio(SCHEDULE_CHOICES, value="imdc", label="Schedule", elem_id="schedule")
                         growth = gr.Dropdown(list(GROWTHS), value="linear", label="Growth curve (IM and IMDC)",
                                              elem_id="growth")
-                        chunk = gr.Slider(16, 8192, value=512, step=16, label="Chunk size c (tokens)", elem_id="chunk",
+                        chunk = gr.Slider(16, _chunk_limit(document), value=512, step=16, label="Chunk size c (tokens)", elem_id="chunk",
                                           info=CHUNK_INFO)
                         memory = gr.Slider(0, 8192, value=512, step=4, label="Memory size M (tokens)",
                                            elem_id="memory", info="Tokens kept after each step, besides the sinks "
@@ -257,6 +260,14 @@ def build_app() -> gr.Blocks:
     return demo
 
 
+def _chunk_limit(document) -> int:
+    """The chunk slider's end: the default document's tokens (the preview keeps it updated)."""
+    try:
+        return max(16, handlers.preview_tokens(document, default_model(), DEFAULT_MAX_TOKENS))
+    except Exception:  # noqa: BLE001 - no tokenizer yet (hub unreachable): the model's context
+        return 8192
+
+
 def _optional(module: str):
     """A tab module written elsewhere (ui/plan_tab.py, ui/eval_tab.py): None while absent."""
     try:
@@ -272,4 +283,14 @@ def launch_options() -> dict:
     theme = gr.themes.Soft(primary_hue="blue", neutral_hue="slate",
                            font=[gr.themes.Font(name) for name in ("Inter", "Segoe UI", "system-ui", "sans-serif")],
                            font_mono=[gr.themes.Font(name) for name in ("ui-monospace", "monospace")])
-    return {"theme": theme, "css": CSS, "head": HEAD, "max_file_size": MAX_UPLOAD_BYTES}
+    return {"theme": theme, "css": CSS + _table_css(), "head": HEAD, "max_file_size": MAX_UPLOAD_BYTES}
+
+
+def _table_css() -> str:
+    """Body cells as wide as their header cells (Gradio draws the header as its own table):
+    each column's share of the tables' 900 px minimum."""
+    plan = _optional("ui.plan_tab")
+    tables = [("compare-table", COMPARE_WIDTHS), ("plan-table", getattr(plan, "TABLE_WIDTHS", []))]
+    return "".join(f"#{table} th:nth-child({i}), #{table} .body-cell:nth-child({i}) "
+                   f"{{ min-width: {9 * float(width.rstrip('%')):.0f}px; }}\n"
+                   for table, widths in tables for i, width in enumerate(widths, start=1))
