@@ -19,25 +19,6 @@ BASELINES = Path(__file__).resolve().parent / "baselines"
 CHAPTER_1_CHARS = 3000  # about 700 tokens: a run takes seconds on a CPU
 
 
-@pytest.fixture(scope="module")
-def app_url():
-    from ui.browser import CHROMIUM, serve
-    from ui.layout import build_app
-
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing (make chromium)")
-    with serve(build_app()) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser(app_url):
-    from ui.browser import chromium
-
-    with chromium() as browser:
-        yield browser
-
-
 @pytest.fixture
 def page(app_url, browser):
     """A fresh page (a new Gradio session) sharing the module's browser cache."""

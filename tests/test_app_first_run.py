@@ -7,32 +7,12 @@ valid settings. Screenshots go to test-artifacts/."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 VIEWPORTS = {"laptop": {"width": 1440, "height": 1000}, "phone": {"width": 390, "height": 844}}
-
-
-@pytest.fixture(scope="module")
-def app_url():
-    from ui.browser import CHROMIUM, serve
-    from ui.layout import build_app
-
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing (make chromium)")
-    with serve(build_app()) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser(app_url):
-    from ui.browser import chromium
-
-    with chromium() as browser:
-        yield browser
 
 
 @pytest.fixture(params=list(VIEWPORTS))
