@@ -96,3 +96,14 @@ def test_controls_reach_only_valid_settings(page, artifacts_dir):
     page.screenshot(path=str(artifacts_dir / f"invalid_settings_{page.viewport_name}.png"), full_page=True)
     set_number(page, "memory", 512)
     page.wait_for_function("() => !document.querySelector('#run').disabled", timeout=15_000)
+
+
+def test_run_is_a_few_tab_presses_away_with_a_visible_focus_ring(page):
+    page.locator("body").click(position={"x": 2, "y": 2})
+    for presses in range(1, 16):
+        page.keyboard.press("Tab")
+        if page.evaluate("() => document.activeElement?.id") == "run":
+            break
+    assert page.evaluate("() => document.activeElement?.id") == "run" and presses <= 10, presses
+    outline = page.evaluate("() => getComputedStyle(document.activeElement).outlineWidth")
+    assert float(outline.rstrip("px")) >= 2  # the focus ring is not faint

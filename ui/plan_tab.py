@@ -76,8 +76,8 @@ def _panels(plans: dict[str, planner.Plan], peaks: list[float], titles: list[str
     scale = f" ({', '.join(own)} on {'its' if len(own) == 1 else 'their'} own scale)" if len(set(groups)) > 1 else ""
     fig.update_layout(template="plotly_white", height=height, font=FONT, barmode="stack", bargap=0.15,
                       title=dict(text=title + scale, x=0.0, xanchor="left", font=dict(size=14)),
-                      margin=dict(l=64, r=24, t=104, b=88), hovermode="closest",
-                      legend=dict(orientation="h", yanchor="bottom", y=1.12, xanchor="right", x=1.0,
+                      margin=dict(l=64, r=24, t=150, b=88), hovermode="closest",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.2, xanchor="right", x=1.0,
                                   font=dict(size=11)))
     fig.update_xaxes(title_text="step", showline=True, linecolor="#9ca3af")
     fig.update_yaxes(showline=True, linecolor="#9ca3af", gridcolor="#eef0f3", zeroline=False, rangemode="tozero")
@@ -89,7 +89,8 @@ def _panels(plans: dict[str, planner.Plan], peaks: list[float], titles: list[str
 def _title(name: str, plan: planner.Plan, detail: str) -> str:
     growth = f" ({plan.schedule.growth})" if plan.schedule.growth else ""
     steps = plan.schedule.steps
-    return f"<b>{SCHEDULE_LABELS.get(name, name)}{growth}</b> · {steps:,} step{'s' * (steps != 1)} · {detail}"
+    # one fact per line: side-by-side panels on a phone are ~100 px wide
+    return f"<b>{SCHEDULE_LABELS.get(name, name)}{growth}</b><br>{steps:,} step{'s' * (steps != 1)}<br>{detail}"
 
 
 def _add_stack(fig: go.Figure, col: int, x: list[int], series: dict[str, list[float]], labels: dict[str, str],
@@ -105,7 +106,7 @@ def _add_stack(fig: go.Figure, col: int, x: list[int], series: dict[str, list[fl
                           row=1, col=col)
 
 
-def plan_memory_figure(plans: dict[str, planner.Plan], include_weights: bool = False, height: int = 420) -> go.Figure:
+def plan_memory_figure(plans: dict[str, planner.Plan], include_weights: bool = False, height: int = 480) -> go.Figure:
     """Per-step modeled peak memory stacked by component, one panel per schedule, with the
     GPU's usable memory (less the weights when they are not drawn) as a red line when it is
     near the bars. The weights are the same for every schedule and usually dwarf the rest,
@@ -150,7 +151,7 @@ def plan_memory_figure(plans: dict[str, planner.Plan], include_weights: bool = F
     return fig
 
 
-def plan_time_figure(plans: dict[str, planner.Plan], height: int = 380) -> go.Figure:
+def plan_time_figure(plans: dict[str, planner.Plan], height: int = 440) -> go.Figure:
     """Per-step roofline milliseconds stacked by component, one panel per schedule."""
     if not plans:
         return go.Figure().update_layout(title="choose at least one schedule", height=height)
