@@ -73,11 +73,12 @@ def _two_lines(text: str, limit: int) -> str:
 
 def _style(fig: go.Figure, title: str, height: int, xtitle: str, ytitle: str) -> go.Figure:
     title = _two_lines(title, 44)
-    xtitle = _two_lines(xtitle, 40)
+    xtitle = _two_lines(xtitle, 30)
     fig.update_layout(
         template="plotly_white", height=height, font=FONT, hovermode="closest",
-        title=dict(text=title, x=0.0, xanchor="left", xref="paper", y=0.985, yanchor="top", font=dict(size=14)),
-        margin=dict(l=64, r=24, t=72, b=56),
+        title=dict(text=title, x=0.0, xanchor="left", xref="paper", y=1.0, yanchor="top", pad=dict(t=10),
+                   font=dict(size=14)),
+        margin=dict(l=64, r=24, t=76, b=56),
         legend=dict(orientation="h", yanchor="bottom", y=1.01, xanchor="right", x=1.0,
                     font=dict(size=11), bgcolor="rgba(255,255,255,0)"),
         paper_bgcolor="white", plot_bgcolor="white",

@@ -50,7 +50,8 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
    a separate table from the body: both get the same minimum width, and words never break) */
 .table-wrap, .table-container { overflow-x: auto !important; }
 #compare-table table, #plan-table table, #compare-table .virtual-body, #plan-table .virtual-body { min-width: 900px; }
-#compare-table th, #compare-table th *, #plan-table th, #plan-table th * { white-space: nowrap; word-break: normal; }
+#compare-table th, #compare-table th *, #plan-table th, #plan-table th * { word-break: normal !important;
+  overflow-wrap: normal !important; }
 #compare-table .cell-wrap, #plan-table .cell-wrap, #compare-table .cell-wrap span, #plan-table .cell-wrap span {
   word-break: normal !important; overflow-wrap: normal !important; }
 @media (max-width: 640px) {
