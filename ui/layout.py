@@ -47,9 +47,9 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
   white-space: nowrap; }
 #run-row { gap: 8px; }
 /* tables scroll sideways instead of stacking their headers one letter per line (the header is
-   a separate table from the body: both get the same minimum width, and words never break) */
+   a separate table from the body: both get the same minimum widths, and words never break) */
 .table-wrap, .table-container { overflow-x: auto !important; }
-#compare-table table, #plan-table table, #compare-table .virtual-body, #plan-table .virtual-body { min-width: 900px; }
+#compare-table table, #plan-table table, #compare-table .virtual-body, #plan-table .virtual-body { min-width: 1200px; }
 #compare-table th, #compare-table th *, #plan-table th, #plan-table th * { word-break: normal !important;
   overflow-wrap: normal !important; }
 #compare-table .cell-wrap, #plan-table .cell-wrap, #compare-table .cell-wrap span, #plan-table .cell-wrap span {
@@ -289,9 +289,9 @@ def launch_options() -> dict:
 
 def _table_css() -> str:
     """Body cells as wide as their header cells (Gradio draws the header as its own table):
-    each column's share of the tables' 900 px minimum."""
+    each column's share of the tables' 1200 px minimum (header words fit their cells)."""
     plan = _optional("ui.plan_tab")
     tables = [("compare-table", COMPARE_WIDTHS), ("plan-table", getattr(plan, "TABLE_WIDTHS", []))]
     return "".join(f"#{table} th:nth-child({i}), #{table} .body-cell:nth-child({i}) "
-                   f"{{ min-width: {9 * float(width.rstrip('%')):.0f}px; }}\n"
+                   f"{{ min-width: {12 * float(width.rstrip('%')):.0f}px; }}\n"
                    for table, widths in tables for i, width in enumerate(widths, start=1))
