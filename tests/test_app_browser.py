@@ -131,6 +131,8 @@ def test_bad_uploads_show_a_message_and_keep_the_document(page, tmp_path, name, 
     path.write_bytes(content)
     upload(page, path)
     assert re.search(message, wait_for_toast(page, message))
+    page.wait_for_function("() => !/processing/.test(document.querySelector('#doc-info').innerText)",
+                           timeout=15_000)  # the handler's progress overlay has gone
     assert page.locator("#doc-info").inner_text() == before
 
 
