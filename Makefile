@@ -55,15 +55,21 @@ $(KVPRESS_VENV)/.installed: peers/requirements.txt
 
 kvpress-venv: $(KVPRESS_VENV)/.installed
 
-# The default evaluation grid, sized for this shared 2-core machine (about 12 minutes when
-# quiet): the 8k-token cost comparison at one depth, then the depth x length heatmaps at 1k
-# and 2k. Resumable: rerunning recomputes nothing already in results/cells.jsonl.
-# Wider grids (more depths, seeds, budgets, IM growths, scorers, observed-attention):
-# `memstep eval --help`, e.g. make bench BENCH_8K="--depths 0.1,0.5,0.9 ..."
-BENCH_COMMON ?= --schedules full,fm,imdc --scorers chunk-attention --budgets 512 --chunk 512 \
-	--presses snapkv,knorm,streaming-llm --output results
-BENCH_8K ?= --lengths 8192 --depths 0.5 --peers kvpress
-BENCH_SHORT ?= --lengths 1024,2048 --depths 0.1,0.5,0.9 --peers kvpress,hf
+# The default evaluation grid (issue 8: what the reference code's choices cost), sized for
+# this shared 2-core machine: an hour or two when quiet (run it with nothing else heavy).
+# 2k tokens: RoPE positions compact vs document x scorers chunk-attention, conv (the
+# reference's pooled score), snapkv x FM vs IMDC, with kvpress SnapKV and StreamingLLM, the
+# HF full cache and memstep's full cache: 12 cases per configuration (2 haystack texts x 3
+# depths x 2 seeds). 8k tokens: the default scorer only, both position modes, FM and IMDC,
+# the same peers: 6 cases (2 texts x 3 depths). The 2k grid runs first: it holds the
+# comparisons this grid is for, so an interrupted run still has them whole; the last
+# command refreshes the README block and the plots from every cell in results/.
+# Resumable: rerunning recomputes nothing already in results/cells.jsonl (after an engine
+# or scorer change, move that file away first). Wider grids: `memstep eval --help`.
+BENCH_COMMON ?= --schedules full,fm,imdc --budgets 512 --chunk 512 --ropes compact,document \
+	--depths 0.167,0.5,0.833 --peers kvpress,hf --presses snapkv,streaming-llm --output results
+BENCH_2K ?= --lengths 2048 --seeds 0,1 --scorers chunk-attention,conv,snapkv
+BENCH_8K ?= --lengths 8192 --seeds 0 --scorers chunk-attention
 bench: model kvpress-venv chromium
-	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_8K) --quiet > /dev/null
-	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_SHORT) --readme README.md
+	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_2K) --quiet > /dev/null
+	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_8K) --readme README.md

@@ -6,9 +6,22 @@ scorer): wall seconds, modeled peak bytes (memory.step_bytes) and measured peak 
 (CUDA; null on CPU). Two overheads, each from one run of this script:
 
 - engine overhead: chunked prefill with no eviction (fm, memory >= tokens: nothing is scored
-  or evicted) against one plain transformers forward over the whole document; target <= 1.10x.
+  or evicted) against one plain transformers forward over the whole document; target <= 1.00x.
 - scorer overhead: chunk-attention against recency (no attention to compute) on the same
-  imdc schedule; target <= 1.15x.
+  imdc schedule; target <= 1.05x.
+
+And two more:
+
+- fraction of the limit: the run's FLOPs (the planner's count for the same settings)
+  divided by the machine's matmul rate (a micro-benchmark in the same run: same threads,
+  same dtype) times the run's time; target >= 0.85 for the 4k IMDC run at c = M = 512.
+- padded vs efficient: FM and IMDC with the reference code's padded attention
+  (``--attention padded``: queries padded to memory + chunk, (m + c)^2 maps) and with
+  memstep's; IMDC / FM time and modeled peak in both modes, next to the paper's 1.45x and
+  23.3% and next to the planner's prediction for the same settings on this machine (its
+  measured matmul rate and copy bandwidth).
+
+The previous run's JSON, when there is one, is read first: its figures stand beside the new.
 
     .venv/bin/python benchmarks/bench_engine.py                 # -> benchmarks/results/bench_engine_<device>.json
     .venv/bin/python benchmarks/bench_engine.py --tokens 1024 --sizes 256   # a quick check
@@ -42,7 +55,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCUMENT = ROOT / "assets" / "pride_and_prejudice_ch1-12.txt"
 RESULTS = ROOT / "benchmarks" / "results"
 SCHEDULES = ("full", "fm", "im", "imdc")
-ENGINE_TARGET, SCORER_TARGET = 1.10, 1.15
+ENGINE_TARGET, SCORER_TARGET, FRACTION_TARGET = 1.00, 1.05, 0.85
+PAPER = {"imdc_speedup": 1.45, "imdc_memory_saved": 0.233}
 
 
 def synchronize(device: torch.device) -> None:
@@ -79,15 +93,17 @@ def plain_prefill(model, ids: torch.Tensor) -> dict:
     return {"seconds": seconds, "cpu_seconds": cpu_seconds, "peak_bytes_measured": measured}
 
 
-def engine_prefill(model, ids: torch.Tensor, schedule, scorer: str = "chunk-attention", sinks: int = 4) -> dict:
+def engine_prefill(model, ids: torch.Tensor, schedule, scorer: str = "chunk-attention", sinks: int = 4,
+                   attention: str = "sdpa") -> dict:
     """One engine run; wall seconds cover the whole generator, records included."""
-    engine = ChunkedPrefill(model, make_scorer(scorer), sinks=sinks)
+    engine = ChunkedPrefill(model, make_scorer(scorer), sinks=sinks, attention=attention)
     began, began_cpu = time.perf_counter(), time.process_time()
     records = list(engine.run(ids, schedule))
     seconds, cpu_seconds = time.perf_counter() - began, time.process_time() - began_cpu
     measured = [r.bytes_measured for r in records if r.bytes_measured is not None]
     return {
-        "schedule": schedule.name, "growth": schedule.growth, "scorer": scorer, "steps": len(records),
+        "schedule": schedule.name, "growth": schedule.growth, "scorer": scorer, "attention": attention,
+        "steps": len(records),
         "seconds": seconds, "cpu_seconds": cpu_seconds, "step_seconds": sum(r.seconds for r in records),
         "peak_bytes_modeled": max(r.bytes_modeled for r in records),
         "peak_bytes_measured": max(measured) if measured else None,
@@ -97,12 +113,59 @@ def engine_prefill(model, ids: torch.Tensor, schedule, scorer: str = "chunk-atte
     }
 
 
-def bench(lm, document_ids: list[int], tokens_list, sizes, schedules, growth: str, repeats: int = 1) -> dict:
+def matmul_rate(device: torch.device, dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of a square matmul on this device, threads and dtype (best of ``repeats``), on
+    the clock the ratios use: what the machine can do at most for dense work."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    a @ b
+    clock = ratio_clock(device)
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(device)
+        began, began_cpu = time.perf_counter(), time.process_time()
+        a @ b
+        synchronize(device)
+        best = min(best, time.process_time() - began_cpu if clock == "cpu_seconds" else time.perf_counter() - began)
+    return 2 * size ** 3 / best
+
+
+def copy_bandwidth(device: torch.device, megabytes: int = 256) -> float:
+    """Bytes per second of a large tensor copy (read + write), best of 3."""
+    x = torch.empty(megabytes * 2 ** 20 // 4, device=device)
+    y = torch.empty_like(x)
+    best = float("inf")
+    for _ in range(3):
+        synchronize(device)
+        began = time.perf_counter()
+        y.copy_(x)
+        synchronize(device)
+        best = min(best, time.perf_counter() - began)
+    return 2 * x.nbytes / best
+
+
+def planned(lm, tokens: int, schedule: str, size: int | None, growth: str, attention: str, rate: float,
+            bandwidth: float):
+    """The planner's view of the same run on this machine (its measured rate and bandwidth)."""
+    from memstep import planner
+    from memstep.engine import model_shape
+
+    shape = model_shape(lm.model)
+    here = planner.Gpu("this machine", rate / 1e12, rate / 1e12, rate / 1e12, bandwidth / 1e9, 1 << 40)
+    return planner.plan(shape, here, schedule=schedule, tokens=tokens, chunk=size, memory=size, growth=growth,
+                        attention=attention, dtype="fp32", efficiency=1.0, bandwidth_efficiency=1.0)
+
+
+def bench(lm, document_ids: list[int], tokens_list, sizes, schedules, growth: str, repeats: int = 1,
+          padded_tokens: int | None = 4096) -> dict:
     model = lm.model
     device = next(model.parameters()).device
     clock = ratio_clock(device)
-    runs, overheads = [], []
+    runs, overheads, padded = [], [], []
     plain_prefill(model, torch.tensor(document_ids[:256]))  # warm-up: kernels, allocator, thread pool
+    dtype = next(model.parameters()).dtype
+    rate, bandwidth = matmul_rate(device, dtype), copy_bandwidth(device)
+    print(f"matmul {rate / 1e9:.1f} GFLOP/s, copy {bandwidth / 1e9:.1f} GB/s", file=sys.stderr)
     for tokens in tokens_list:
         if tokens > len(document_ids):
             raise SystemExit(f"the document has only {len(document_ids)} tokens (asked for {tokens})")
@@ -116,6 +179,8 @@ def bench(lm, document_ids: list[int], tokens_list, sizes, schedules, growth: st
         for size in sizes:
             for name in (s for s in schedules if s != "full"):
                 run = best_of(repeats, engine_prefill, model, ids, make_schedule(name, tokens, size, size, growth))
+                flops = planned(lm, tokens, name, size, growth, "sdpa", rate, bandwidth).flops
+                run.update(flops=flops, limit_fraction=flops / (rate * run[clock]))
                 runs.append({"tokens": tokens, "chunk": size, "memory": size, **run})
                 print(f"[{tokens}] {name} c=M={size} {run['seconds']:.2f} s", file=sys.stderr)
             # the engine's own cost: chunks of `size`, a budget that never evicts
@@ -135,39 +200,92 @@ def bench(lm, document_ids: list[int], tokens_list, sizes, schedules, growth: st
             })
             print(f"[{tokens}] c={size}: engine {overheads[-1]['engine_overhead']:.2f}x, "
                   f"scorer {overheads[-1]['scorer_overhead']:.2f}x", file=sys.stderr)
+            if tokens == padded_tokens:
+                padded.append(padded_comparison(lm, ids, tokens, size, growth, repeats, runs, rate, bandwidth))
     return {
         "model": lm.name, "device": str(device), "dtype": lm.dtype,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
         or platform.machine(),
         "threads": torch.get_num_threads(), "repeats": repeats, "torch": torch.__version__,
         "document": DOCUMENT.name,
-        "growth": growth, "ratio_clock": clock, "targets": {"engine_overhead": ENGINE_TARGET, "scorer_overhead": SCORER_TARGET},
-        "runs": runs, "overheads": overheads,
+        "growth": growth, "ratio_clock": clock,
+        "targets": {"engine_overhead": ENGINE_TARGET, "scorer_overhead": SCORER_TARGET,
+                    "limit_fraction": FRACTION_TARGET},
+        "matmul_flops_per_second": rate, "copy_bytes_per_second": bandwidth,
+        "runs": runs, "overheads": overheads, "padded": padded, "paper": PAPER,
     }
 
 
-def markdown(report: dict) -> str:
+def padded_comparison(lm, ids, tokens: int, size: int, growth: str, repeats: int, runs: list, rate: float,
+                      bandwidth: float) -> dict:
+    """IMDC / FM time and modeled peak with the reference's padded attention and with memstep's,
+    measured in this run, and as the planner predicts them on this machine."""
+    clock = ratio_clock(next(lm.model.parameters()).device)
+    out = {"tokens": tokens, "chunk": size, "memory": size}
+    for attention in ("padded", "sdpa"):
+        got = {}
+        for name in ("fm", "imdc"):
+            run = next((r for r in runs if (r["tokens"], r["chunk"], r["schedule"], r.get("attention")) ==
+                        (tokens, size, name, attention)), None)
+            if run is None:
+                run = best_of(repeats, engine_prefill, lm.model, ids, make_schedule(name, tokens, size, size, growth),
+                              attention=attention)
+            got[name] = run
+        plans = {name: planned(lm, tokens, name, size, growth, attention, rate, bandwidth) for name in got}
+        out[attention] = {
+            "fm_seconds": got["fm"][clock], "imdc_seconds": got["imdc"][clock],
+            "speedup": got["fm"][clock] / got["imdc"][clock],
+            "fm_peak_modeled": got["fm"]["peak_bytes_modeled"], "imdc_peak_modeled": got["imdc"]["peak_bytes_modeled"],
+            "memory_saved": 1 - got["imdc"]["peak_bytes_modeled"] / got["fm"]["peak_bytes_modeled"],
+            "planned_speedup": plans["fm"].seconds / plans["imdc"].seconds,
+            "planned_memory_saved": 1 - plans["imdc"].peak_bytes / plans["fm"].peak_bytes,
+        }
+        print(f"[{tokens}] c=M={size} {attention}: IMDC {out[attention]['speedup']:.2f}x faster, "
+              f"{out[attention]['memory_saved']:.1%} less peak", file=sys.stderr)
+    return out
+
+
+def markdown(report: dict, previous: dict | None = None) -> str:
     lines = [f"{report['model']} on {report['device']} ({report['device_name']}, {report['dtype']}, "
              f"{report['threads']} threads, best of {report['repeats']}), {report['document']}, "
              "chunk-attention scorer, "
              f"{report['growth']} growth:", "",
              "| tokens | schedule | c = M | steps | seconds | CPU seconds | peak modeled | peak measured | "
-             "widest step |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "widest step | fraction of the limit |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report["runs"]:
         size = "-" if r["chunk"] is None else r["chunk"]
+        fraction = f"{r['limit_fraction']:.2f}" if r.get("limit_fraction") else "-"
         lines.append(f"| {r['tokens']} | {r['schedule']} | {size} | {r['steps']} | {r['seconds']:.2f} | "
                      f"{r['cpu_seconds']:.2f} | "
                      f"{format_bytes(r['peak_bytes_modeled'])} | {format_bytes(r['peak_bytes_measured'])} | "
-                     f"{r['widest_step_tokens']} |")
+                     f"{r['widest_step_tokens']} | {fraction} |")
     clock = "CPU s" if report["ratio_clock"] == "cpu_seconds" else "s"
+    before = {(o["tokens"], o["chunk"]): o for o in (previous or {}).get("overheads", [])}
     lines += ["", f"| tokens | c | plain forward {clock} | chunked, no eviction {clock} | engine overhead "
-              f"(target <= {ENGINE_TARGET:.2f}x) | chunk-attention {clock} | recency {clock} | "
-              "scorer overhead "
-              f"(target <= {SCORER_TARGET:.2f}x) |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              f"(target <= {ENGINE_TARGET:.2f}x) | previous | chunk-attention {clock} | recency {clock} | "
+              f"scorer overhead (target <= {SCORER_TARGET:.2f}x) | previous |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for o in report["overheads"]:
+        old = before.get((o["tokens"], o["chunk"]), {})
+        was = lambda key: f"{old[key]:.2f}x" if key in old else "-"  # noqa: E731
         lines.append(f"| {o['tokens']} | {o['chunk']} | {o['plain_seconds']:.2f} | {o['no_eviction_seconds']:.2f} | "
-                     f"{o['engine_overhead']:.2f}x | {o['chunk_attention_seconds']:.2f} | "
-                     f"{o['recency_seconds']:.2f} | {o['scorer_overhead']:.2f}x |")
+                     f"{o['engine_overhead']:.2f}x | {was('engine_overhead')} | {o['chunk_attention_seconds']:.2f} | "
+                     f"{o['recency_seconds']:.2f} | {o['scorer_overhead']:.2f}x | {was('scorer_overhead')} |")
+    if report.get("padded"):
+        lines += ["", f"| tokens | c = M | attention | FM {clock} | IMDC {clock} | IMDC speed-up | planned | "
+                      "IMDC peak saved (modeled) | planned |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+        for p in report["padded"]:
+            for attention, label in (("padded", "padded (reference code)"), ("sdpa", "memstep (SDPA / one pass)")):
+                r = p[attention]
+                lines.append(f"| {p['tokens']} | {p['chunk']} | {label} | {r['fm_seconds']:.2f} | "
+                             f"{r['imdc_seconds']:.2f} | {r['speedup']:.2f}x | {r['planned_speedup']:.2f}x | "
+                             f"{r['memory_saved']:.1%} | {r['planned_memory_saved']:.1%} |")
+        lines.append(f"| | | paper (reported, Llama-2-7B, GPU) | | | {PAPER['imdc_speedup']:.2f}x | | "
+                     f"{PAPER['imdc_memory_saved']:.1%} | |")
+    lines.append("")
+    lines.append(f"Matmul rate measured in the same run: {report['matmul_flops_per_second'] / 1e9:.1f} GFLOP/s "
+                 f"({report['threads']} threads, {report['dtype']}); copy bandwidth "
+                 f"{report['copy_bytes_per_second'] / 1e9:.1f} GB/s.")
     return "\n".join(lines)
 
 
@@ -182,6 +300,8 @@ def main(argv=None) -> int:
     parser.add_argument("--growth", default="linear")
     parser.add_argument("--repeats", type=int, default=1, help="keep the fastest of this many runs of each")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--padded-tokens", type=int, default=4096,
+                        help="length at which FM and IMDC also run with padded attention (0: never)")
     parser.add_argument("--output", default=None,
                         help="JSON path (default benchmarks/results/bench_engine_<device>.json)")
     args = parser.parse_args(argv)
@@ -190,11 +310,14 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     lm = load_model(args.model, args.device, args.dtype)
     document_ids, _ = tokenize_document(read_document(DOCUMENT), lm.tokenizer, max(args.tokens))
-    report = bench(lm, document_ids, args.tokens, args.sizes, args.schedules, args.growth, args.repeats)
     output = Path(args.output) if args.output else RESULTS / f"bench_engine_{torch.device(lm.device).type}.json"
+    previous = json.loads(output.read_text()) if output.exists() else None
+    report = bench(lm, document_ids, args.tokens, args.sizes, args.schedules, args.growth, args.repeats,
+                   args.padded_tokens)
+    report["previous"] = {k: previous.get(k) for k in ("overheads", "runs")} if previous else None
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(report, indent=1))
-    print(markdown(report))
+    print(markdown(report, previous))
     print(f"\nwrote {output.relative_to(ROOT) if output.is_relative_to(ROOT) else output}", file=sys.stderr)
     return 0
 

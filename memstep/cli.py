@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from memstep.errors import MemstepError
+from memstep.presets import PRESETS, ROPE_MODES, apply_preset
 from memstep.schedules import GROWTHS, SCHEDULES, check_run_settings, format_table, make_schedule
 
 
@@ -23,12 +24,14 @@ def _add_schedule_options(p, default_schedule="imdc"):
     p.add_argument("--schedule", default=default_schedule, choices=[s for s in SCHEDULES if s != "custom"])
     p.add_argument("--chunk", type=int, default=512, help="chunk size in tokens (default 512)")
     p.add_argument("--memory", type=int, default=512, help="memory budget M in tokens (default 512)")
-    p.add_argument("--growth", default="linear", choices=GROWTHS, help="IM/IMDC growth curve")
+    p.add_argument("--growth", default="linear", choices=GROWTHS,
+                   help="IM/IMDC growth curve; square-sqrt and double-inverse are layer-wise (the lower half "
+                        "of the layers follows the first curve, the upper half the second)")
 
 
 def cmd_schedule(args) -> int:
     check_run_settings(args.schedule, args.tokens, args.chunk, args.memory, args.sinks)  # the app's rule too
-    schedule = make_schedule(args.schedule, args.tokens, args.chunk, args.memory, args.growth)
+    schedule = make_schedule(args.schedule, args.tokens, args.chunk, args.memory, args.growth, layers=args.layers)
     if args.json:
         print(json.dumps(schedule.to_dict()))
     else:
@@ -46,6 +49,7 @@ def cmd_run(args) -> int:
     from memstep.scorers import SCORERS
 
     check_output_path(args.output)  # before the run, not after it
+    apply_preset(args)
     text = read_document(args.document, stdin=sys.stdin.buffer if args.document == "-" else None)
     if args.max_tokens is not None and args.max_tokens < 1:
         raise MemstepError(f"--max-tokens must be at least 1 (got {args.max_tokens})")
@@ -61,15 +65,16 @@ def cmd_run(args) -> int:
     lm = load_model(args.model, args.device, args.dtype, args.device_map)
     ids, notice = tokenize_document(text, lm.tokenizer, args.max_tokens)
     notices = [notice] if notice else []
-    limit = getattr(lm.model.config, "max_position_embeddings", None)
-    if limit and len(ids) + 64 > limit:
-        notices.append(f"Document has {len(ids)} tokens; positions beyond the model's {limit} may degrade answers.")
     for line in notices:
         print(line, file=sys.stderr)
     run = DocumentRun(lm, ids, schedule=args.schedule, chunk=args.chunk, memory=args.memory, growth=args.growth,
                       scorer=args.scorer, sinks=args.sinks, seed=args.seed, window=args.window,
                       question=args.question, max_new_tokens=args.max_new_tokens,
-                      continuation_tokens=args.continuation_tokens, notices=notices)
+                      continuation_tokens=args.continuation_tokens, notices=notices, rope=args.rope,
+                      kernel=args.kernel, attention=args.attention, question_aware=args.question_aware,
+                      question_weight=args.question_weight)
+    for line in run.result.notices[len(notices):]:  # what the run adds (positions beyond training)
+        print(line, file=sys.stderr)
     with tqdm(total=run.schedule.steps, desc=f"{args.schedule} prefill", unit="step", file=sys.stderr,
               disable=args.quiet) as bar:
         for record in run:
@@ -83,7 +88,7 @@ def cmd_run(args) -> int:
         print(json.dumps(payload))
         return 0
     print(f"{result.model}: {result.tokens} tokens, schedule {args.schedule}, scorer {args.scorer}, "
-          f"{result.device}/{result.dtype}")
+          f"{args.rope} RoPE positions, {result.device}/{result.dtype}")
     print(f"{'step':>4} {'start':>6} {'chunk':>6} {'before':>6} {'budget':>6} {'after':>6} "
           f"{'seconds':>8} {'modeled':>10} {'measured':>10}")
     for s in result.steps:
@@ -125,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schedule", help="print a schedule's chunk and memory sizes (no model)")
     p.add_argument("--tokens", type=int, required=True)
     _add_schedule_options(p)
+    p.add_argument("--layers", type=int, default=None,
+                   help="the model's layers, for a layer-wise growth (30 for the embedded model)")
     p.add_argument("--sinks", type=int, default=4)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_schedule)
@@ -134,12 +141,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="'embedded' (default), a hub id, a folder or a .gguf file")
     _add_schedule_options(p)
     # names spelled out so `memstep plan/schedule` start without importing torch (scorers.py)
-    p.add_argument("--scorer", default="chunk-attention",
-                   help="chunk-attention (default), snapkv, vatp, knorm, recency or random")
+    p.add_argument("--scorer", default=None,
+                   help="chunk-attention (default), conv, snapkv, vatp, knorm, recency or random")
     p.add_argument("--window", type=int, default=32, help="SnapKV observation window")
-    p.add_argument("--sinks", type=int, default=4)
+    p.add_argument("--kernel", type=int, default=5, help="conv scorer: keys pooled together (odd, default 5)")
+    p.add_argument("--rope", default=None, choices=ROPE_MODES,
+                   help="RoPE positions: compact (default; contiguous, at most sinks + M + c, as the reference "
+                        "code) or document (true document positions)")
+    p.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                   help="reference: the paper's reference code (compact positions, conv scorer, 4 sinks); "
+                        "options given explicitly still win")
+    p.add_argument("--sinks", type=int, default=None, help="always-kept first tokens (default 4)")
+    p.add_argument("--attention", default="sdpa", choices=("sdpa", "padded"),
+                   help="sdpa (default: fused, or one pass that also yields the scores) or padded (the reference "
+                        "code's queries padded to memory + chunk and (m + c)^2 maps, for measurement)")
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--question", default=None)
+    p.add_argument("--question-aware", action="store_true",
+                   help="score each step with the question's attention too (its tokens are read after every "
+                        "chunk, then dropped): keeps what the question needs")
+    p.add_argument("--question-weight", type=float, default=0.75,
+                   help="question-aware: the question's share of the score, in (0, 1] (default 0.75)")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--continuation-tokens", type=int, default=0)
     p.add_argument("--device", default="auto")

@@ -2,17 +2,30 @@
 
 Each step runs one chunk through the decoder together with the memory (the cache entries
 kept from earlier chunks). Right after a layer's attention has run, a forward hook scores
-that layer's cache (memory + chunk) and cuts it, per KV head, to the step's budget plus
-the sinks. Keys keep the RoPE of their true document positions; the chunk's position_ids
-are its true positions too, while the causal mask is built over the compressed cache.
+that layer's cache (memory + chunk) and cuts it, per KV head, to the layer's budget plus
+the sinks. Attention runs through memstep's own function (memstep/attention.py): causal
+from the lower right of each layer's own cache, so layers may hold different numbers of
+entries (layer-wise budgets).
+
+RoPE positions, two modes:
+- ``compact`` (the reference code's): the cache keeps keys *before* RoPE, and at every step
+  each layer's attention rotates its whole cache (sinks, kept memory in document order,
+  then the chunk) at contiguous positions 0..n-1, the chunk's queries at the last rows, so
+  positions never exceed sinks + M + c and no rounding accumulates across steps. The
+  decoder runs with position ids 0 (RoPE is the identity there); memstep's attention
+  function does the rotation, and hands the rotated queries and keys to the scorer.
+- ``document``: keys keep the RoPE of their true document positions (rotated once, by the
+  model), and the chunk's position_ids are its true positions.
 
 ``ChunkedPrefill.run`` is a generator of StepRecord; after it finishes, ``cache``,
-``positions`` (per layer, (kv_heads, entries) document positions), ``tokens_seen`` and
-``last_hidden`` hold the compressed memory for question answering or scoring.
+``positions`` (per layer, (kv_heads, entries) document positions), ``tokens_seen``,
+``position`` (the RoPE position of the next token) and ``last_hidden`` hold the compressed
+memory for question answering or scoring.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 import time
@@ -20,10 +33,13 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache
 
+from memstep.attention import StepContext, switchable, use_memstep_attention
 from memstep.errors import MemstepError
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
+from memstep.presets import ROPE_MODES
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
@@ -48,22 +64,75 @@ def model_shape(model) -> ModelShape:
                                   name=getattr(model, "name_or_path", None) or None)
 
 
+ENGINE_ATTENTIONS = ("sdpa", "padded")
+QUESTION_WEIGHT = 0.75  # share of the question's attention in a question-aware score (see question_mix)
+QUESTION_POOL = 15  # keys around each key whose question attention it takes (max-pooled)
+
+
+def check_question_aware(scorer: Scorer, question_tokens: int, weight: float) -> None:
+    if question_tokens < 1:
+        raise MemstepError("question-aware compression needs a question: type one, or untick question-aware")
+    if not scorer.attention_rows(1):
+        raise MemstepError(f"question-aware compression adds the question's attention to an attention-based "
+                           f"scorer (chunk-attention, conv, snapkv, vatp), not to '{scorer.name}'")
+    if not 0 < weight <= 1:
+        raise MemstepError(f"the question weight must be in (0, 1] (got {weight})")
+
+
+def question_mix(base: torch.Tensor, question: torch.Tensor, positions: torch.Tensor, sinks: int,
+                 weight: float) -> torch.Tensor:
+    """A question-aware score: (1 - weight) x the scorer's score + weight x the attention the
+    question's queries pay each key (max-pooled over its neighbours), each term divided by
+    its sum over the non-sink keys of the KV head, so that both are shares of one (the sinks
+    are kept anyway, and they draw most of the question's attention)."""
+    free = positions >= sinks
+
+    def share(scores):
+        scores = scores.float().clamp(min=0) * free
+        return scores / scores.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
+
+    # a key the question looks at carries its neighbours (the number after "the lighthouse is"), as
+    # SnapKV pools its window's scores: max over QUESTION_POOL keys around each key
+    # (the sinks' share is taken out first: it would spill onto the keys next to them)
+    question = question.float() * free
+    question = F.max_pool1d(question[:, None], QUESTION_POOL, stride=1, padding=QUESTION_POOL // 2)[:, 0]
+    return (1 - weight) * share(base) + weight * share(question)
+
+
+def check_rope(rope: str) -> str:
+    if rope not in ROPE_MODES:
+        raise MemstepError(f"unknown RoPE position mode '{rope}': choose compact (contiguous positions, as the "
+                           "reference code) or document (true document positions)")
+    return rope
+
+
 def cache_keyword(decoder) -> str:
     """transformers 5.x renamed ``past_key_values`` to ``cache``; accept either."""
     return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
 
 
-class ChunkedPrefill:
+class ChunkedPrefill(StepContext):
     def __init__(self, model, scorer: Scorer | None = None, sinks: int = 4, attention: str = "sdpa",
-                 collect_hidden: bool = False):
+                 collect_hidden: bool = False, rope: str = "compact", question_ids: Sequence[int] | None = None,
+                 question_weight: float = QUESTION_WEIGHT):
         if sinks < 0:
             raise MemstepError(f"sinks must be 0 or more (got {sinks})")
+        if attention not in ENGINE_ATTENTIONS:
+            raise MemstepError(f"unknown attention '{attention}': choose sdpa (memstep's: fused where no score is "
+                               "needed, one pass where one is) or padded (the reference code's (m + c)^2 maps)")
         self.model = model
         self.decoder = decoder_of(model)
         self.scorer = scorer or ChunkAttention()
         self.sinks = sinks
         self.attention = attention
         self.collect_hidden = collect_hidden
+        self.rope = check_rope(rope)
+        self.question_ids = torch.as_tensor(list(question_ids or []), dtype=torch.long)
+        self.question_weight = float(question_weight)
+        if question_ids is not None:
+            check_question_aware(self.scorer, self.question_ids.numel(), self.question_weight)
+            if not switchable(model):
+                raise MemstepError("question-aware compression needs the model loaded with SDPA attention")
         self.shape = model_shape(model)
         self.device = self.decoder.embed_tokens.weight.device
         self._cache_kw = cache_keyword(self.decoder)
@@ -74,8 +143,14 @@ class ChunkedPrefill:
         self.cache = None
         self.positions: list[torch.Tensor] = []
         self.tokens_seen = 0
+        self.position = 0  # RoPE position of the next token
         self.last_hidden: torch.Tensor | None = None
         self.hidden_chunks: list[torch.Tensor] = []
+        self._rope_table = None
+        self._attended = self._queries = None
+        self._prefilling = self._padded_run = False
+        self._question_step: list[int] = []  # question tokens carried by the current step
+        self._question_rows = None
 
     # ---- hooks -------------------------------------------------------------------------
     def _remember_queries(self, module, args, output):
@@ -90,17 +165,84 @@ class ChunkedPrefill:
         self._kv_peak = max(self._kv_peak, sum(
             l.keys.nbytes + l.values.nbytes for l in self.cache.layers if l.keys is not None))
         self._memory.sample()
-        if positions.shape[1] > self._keep:
-            state = LayerState(self._layer_queries(module, kwargs) if self.scorer.needs_queries else None,
-                               keys[0], values[0], positions, module.scaling, idx)
-            kept = select_kept(self.scorer.score(state), positions, self._keep, self.sinks)
+        keep = self._keep[idx]
+        entries = positions.shape[1]  # memory + chunk: the question's own entries (after them) never stay
+        if keys.shape[2] > entries:
+            keys, values = keys[:, :, :entries], values[:, :, :entries]
+            layer.keys, layer.values = keys, values
+        if entries > keep:
+            state = self._layer_state(module, kwargs, keys, values, positions)
+            scores = self.scorer.score(state)
+            if self._question_rows:
+                question = self._attended[2][self._question_rows][:, :entries]
+                scores = question_mix(scores, question, positions, self.sinks, self.question_weight)
+            kept = select_kept(scores, positions, keep, self.sinks)
             index = kept[None, :, :, None].expand(1, -1, -1, keys.shape[-1])
             layer.keys = keys.gather(2, index)
             layer.values = values.gather(2, index)
             positions = positions.gather(1, kept)
             del state
         self.positions[idx] = positions
-        self._queries = None
+        self._queries = self._attended = None
+
+    def _layer_state(self, module, kwargs, keys, values, positions) -> LayerState:
+        """The layer's cache for the scorer: from the attention call that just ran (rotated keys
+        and, for attention-based scorers, the column sums of its one pass), or, for a model
+        that keeps its own attention (eager), with the queries rebuilt from q_proj's output."""
+        rows = self._chunk_positions.shape[1]
+        entries = positions.shape[1]
+        if self._attended is not None:
+            query, rotated, sums = self._attended
+            state = LayerState(query[0, :, :rows], rotated[0, :, :entries], values[0], positions, module.scaling,
+                               module.layer_idx, rows=rows)
+            state._memo.update({lo: total[:, :entries] for (lo, hi), total in sums.items() if hi == rows})
+            return state
+        queries = self._layer_queries(module, kwargs) if self.scorer.needs_queries else None
+        return LayerState(queries, keys[0], values[0], positions, module.scaling, module.layer_idx, rows=rows)
+
+    # what memstep/attention.py asks of the engine, layer by layer (StepContext)
+    @property
+    def padded(self) -> bool:
+        return self._padded_run and self._prefilling
+
+    def rotate(self, module, query, key):
+        """Compact positions: keys at 0..n-1, the query rows at the last positions (the cache
+        holds keys before RoPE). Document positions: the model has rotated them already."""
+        if self.rope != "compact":
+            return query, key
+        rows, n = query.shape[2], key.shape[2]
+        cos, sin = self._contiguous_rope(n, key.device)
+        q, _ = self._rope(query.float(), query[:, :1, :1].float(), cos[:, n - rows:], sin[:, n - rows:])
+        k, _ = self._rope(key.float(), key[:, :1, :1].float(), cos, sin)
+        return q.to(query.dtype), k.to(key.dtype)
+
+    def score_rows(self, module, rows: int, keys: int) -> tuple[tuple[int, int], ...]:
+        """Column sums the scorer will read, when this layer is cut in this step: over the
+        chunk's rows from the scorer's first rows, and over the question's rows when the
+        step carries the question (question-aware)."""
+        question = len(self._question_step)
+        chunk = rows - question
+        if not self._prefilling or keys - question <= self._keep[module.layer_idx]:
+            return ()
+        ranges = tuple((first, chunk) for first in self.scorer.attention_rows(chunk))
+        return ranges + (((chunk, rows),) if question else ())
+
+    def keep(self, module, query, key, sums) -> None:
+        if self._prefilling and key.shape[2] - len(self._question_step) > self._keep[module.layer_idx]:
+            self._attended = (query, key, sums)
+
+    def _contiguous_rope(self, n: int, device):
+        """cos, sin (1, n, dim) in float32 for positions 0..n-1 (one table, grown on demand)."""
+        if self._rope_table is None or self._rope_table[0].shape[1] < n:
+            have = self._rope_table[0].shape[1] if self._rope_table is not None else 0
+            rotary = self.decoder.rotary_emb
+            x = torch.zeros(1, dtype=torch.float32, device=device)
+            cos, sin = rotary(x, torch.arange(max(n, 2 * have), device=device)[None])
+            scale = getattr(rotary, "attention_scaling", 1.0) or 1.0
+            # the decoder's identity rotation at position 0 already scaled q and k once
+            self._rope_table = (cos.float() / scale, sin.float() / scale)
+        cos, sin = self._rope_table
+        return cos[:, :n], sin[:, :n]
 
     def _layer_queries(self, module, kwargs) -> torch.Tensor:
         """The chunk's queries after RoPE (heads, chunk, head_dim), rebuilt from q_proj's output."""
@@ -117,12 +259,49 @@ class ChunkedPrefill:
         handles = []
         for layer in self.decoder.layers:
             attn = layer.self_attn
-            if self.scorer.needs_queries:
+            if self.scorer.needs_queries and not switchable(self.model):  # eager: queries rebuilt
                 handles.append(attn.q_proj.register_forward_hook(self._remember_queries))
             handles.append(attn.register_forward_hook(self._after_attention, with_kwargs=True))
         return handles
 
+    @contextlib.contextmanager
+    def _attention_context(self):
+        """Hand each attention module this engine as its StepContext (memstep/attention.py)."""
+        if not switchable(self.model):
+            if self.rope == "compact":
+                raise MemstepError("compact RoPE positions need the model loaded with SDPA attention "
+                                   f"(it runs '{self.model.config._attn_implementation}'): use rope 'document'")
+            if self.attention == "padded":
+                raise MemstepError("padded attention needs the model loaded with SDPA attention")
+        attentions = [layer.self_attn for layer in self.decoder.layers]
+        for attn in attentions:
+            attn.memstep = self
+        try:
+            with use_memstep_attention(self.model):
+                yield
+        finally:
+            for attn in attentions:
+                attn.__dict__.pop("memstep", None)
+
     # ---- the prefill -------------------------------------------------------------------
+    def forward(self, ids: torch.Tensor, position: int, scoring: bool = False) -> torch.Tensor:
+        """Run token ids (1, n) after the cache: at RoPE positions position..position+n-1
+        (document), or right after each layer's cache (compact: ``position`` only counts).
+        ``scoring``: a prefill step (layers are cut; padded attention applies)."""
+        n = ids.shape[1]
+        if self.rope == "compact":  # the identity rotation in the model; memstep's attention rotates
+            positions = torch.zeros(1, n, dtype=torch.long, device=self.device)
+        else:
+            positions = torch.arange(position, position + n, device=self.device)[None]
+        self._prefilling = scoring
+        try:
+            with torch.inference_mode(), self._attention_context():
+                out = self.decoder(input_ids=ids.to(self.device), position_ids=positions, use_cache=True,
+                                   **{self._cache_kw: self.cache})
+        finally:
+            self._prefilling = False
+        return out.last_hidden_state
+
     def run(self, input_ids: Sequence[int] | torch.Tensor, schedule: Schedule) -> Iterator[StepRecord]:
         ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1)
         if ids.numel() != schedule.tokens:
@@ -132,48 +311,79 @@ class ChunkedPrefill:
         # Plain full-attention layers: a config-built cache gives sliding-window models (Mistral)
         # layers that size the mask by tokens seen, which breaks once entries are evicted.
         self.cache = DynamicCache()
-        kv_heads = self.shape.kv_heads
+        kv_heads, layers = self.shape.kv_heads, len(self.decoder.layers)
         self.positions = [torch.zeros(kv_heads, 0, dtype=torch.long, device=self.device)
                           for _ in self.decoder.layers]
         self._memory = DeviceMemory(self.device)
         scoring = schedule.name != "full"
+        self._padded_run = self.attention == "padded" and scoring
+        lengths = self._layer_lengths(schedule, layers)
         handles = self._install_hooks()
         try:
-            before = 0
-            for step, (start, size, budget) in enumerate(
-                    zip(schedule.chunk_starts, schedule.chunk_sizes, schedule.memory_sizes)):
-                self._keep = min(budget + self.sinks, start + size)
+            for step, ((before, after), start, size, budget) in enumerate(
+                    zip(lengths, schedule.chunk_starts, schedule.chunk_sizes, schedule.memory_sizes)):
+                self._before, self._keep = before, after
+                self._start_position = max(before) if self.rope == "compact" else start
+                self._next_position = max(after) if self.rope == "compact" else start + size
                 self._chunk_positions = torch.arange(start, start + size, device=self.device)[None]
+                # question-aware: the question's tokens ride after the chunk, their attention scores it
+                question = self.question_ids if self.question_ids.numel() and scoring else self.question_ids[:0]
+                self._question_step = question.tolist()
+                self._question_rows = (size, size + question.numel()) if question.numel() else None
                 self._kv_peak = 0
                 self._memory.start()
                 began = time.perf_counter()
-                with torch.inference_mode():
-                    out = self.decoder(input_ids=ids[None, start:start + size].to(self.device),
-                                       position_ids=self._chunk_positions, use_cache=True,
-                                       **{self._cache_kw: self.cache})
-                    hidden = out.last_hidden_state
-                    self.last_hidden = hidden[:, -1]
-                    if self.collect_hidden:
-                        self.hidden_chunks.append(hidden[0])
+                step_ids = torch.cat([ids[start:start + size], question])[None]
+                hidden = self.forward(step_ids, self._start_position, scoring=True)[:, :size]
+                self.last_hidden = hidden[:, -1]
+                if self.collect_hidden:
+                    self.hidden_chunks.append(hidden[0])
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 seconds = time.perf_counter() - began
                 self.tokens_seen = start + size
-                after = self.positions[0].shape[1]
-                parts = step_bytes(self.shape, before, size, after, attention=self.attention, scoring=scoring)
+                self.position = self._next_position
+                real = [p.shape[1] for p in self.positions]
+                if real != list(after):  # the schedule's arithmetic and the cache must agree
+                    raise MemstepError(f"step {step}: cache holds {real} entries per layer, expected {after}")
+                # the question's tokens are read with the chunk: they count in every step's bytes
+                parts = step_bytes(self.shape, before, size + question.numel(), after, attention=self.attention,
+                                   scoring=scoring)
                 yield StepRecord(
                     step=step, steps=schedule.steps, chunk_start=start, chunk_size=size,
-                    memory_before=before, memory_budget=budget, memory_after=after, seconds=seconds,
+                    memory_before=max(before), memory_budget=budget, memory_after=max(after), seconds=seconds,
                     bytes_measured=self._memory.peak(), bytes_modeled=parts.pop("total"),
                     bytes_modeled_parts=parts, kv_bytes_actual=self._kv_peak,
-                    kept_positions=np.stack([p.cpu().numpy() for p in self.positions]),
-                    evicted=before + size > after,
+                    kept_positions=_stack_padded([p.cpu().numpy() for p in self.positions]),
+                    evicted=any(b + size > a for b, a in zip(before, after)),
+                    layer_memory_after=list(after) if schedule.layerwise else None,
+                    layer_budgets=schedule.layer_budgets(step, layers) if schedule.layerwise else None,
+                    first_position=self._start_position, question_tokens=question.numel(),
                 )
-                before = after
         finally:
+            self._question_step, self._question_rows = [], None
             for handle in handles:
                 handle.remove()
+
+    def _layer_lengths(self, schedule: Schedule, layers: int) -> list[tuple[list[int], list[int]]]:
+        if schedule.layerwise and len(schedule.layer_memory_sizes[0]) != layers:
+            raise MemstepError(f"the layer-wise schedule was made for {len(schedule.layer_memory_sizes[0])} "
+                               f"layers but the model has {layers}")
+        if schedule.layerwise:
+            if not switchable(self.model):
+                raise MemstepError("layer-wise budgets need the model loaded with SDPA attention "
+                                   f"(it runs '{self.model.config._attn_implementation}')")
+            return schedule.layer_cache_lengths(self.sinks)
+        return [([b] * layers, [a] * layers) for b, a in schedule.cache_lengths(self.sinks)]
 
     def cache_bytes(self) -> int:
         """Bytes of the real cache tensors now."""
         return sum(l.keys.nbytes + l.values.nbytes for l in self.cache.layers if l.keys is not None)
+
+
+def _stack_padded(arrays: list[np.ndarray]) -> np.ndarray:
+    """(layers, kv_heads, entries) positions; layers holding fewer entries are padded with -1."""
+    width = max(a.shape[1] for a in arrays)
+    if all(a.shape[1] == width for a in arrays):
+        return np.stack(arrays)
+    return np.stack([np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=-1) for a in arrays])

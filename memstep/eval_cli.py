@@ -12,6 +12,8 @@ from pathlib import Path
 from memstep.errors import MemstepError
 
 DEFAULT_OUTPUT = "results/local"
+QUESTION_AWARE = {"no": (False,), "yes": (True,), "both": (False, True)}
+DEFAULT_DEPTHS = "0.167,0.5,0.833"
 
 
 def _ints(text: str) -> list[int]:
@@ -39,23 +41,35 @@ def _names(text: str) -> list[str]:
 
 
 def register(subparsers) -> None:
-    from memstep.evaluation.grid import PRESSES
+    from memstep.evaluation.grid import PRESSES, ROPES
 
     p = subparsers.add_parser("eval", help="passkey accuracy, NLL gap, seconds and peak memory over a grid, "
                                            "with kvpress and the HF full cache as peers")
     p.add_argument("--lengths", default="2048,8192", help="haystack lengths in tokens (default 2048,8192)")
-    p.add_argument("--depths", default="0.1,0.5,0.9", help="needle depths, 0..1 (default 0.1,0.5,0.9)")
-    p.add_argument("--seeds", default="0", help="seeds per cell (default 0), e.g. 0,1,2")
+    p.add_argument("--depths", default=DEFAULT_DEPTHS,
+                   help=f"needle depths, 0..1 (default {DEFAULT_DEPTHS}: the middles of the document's thirds)")
+    p.add_argument("--seeds", default="0", help="seeds per depth and haystack (default 0), e.g. 0,1: each seed is "
+                                                "another passkey in another window of the text")
     p.add_argument("--schedules", default="full,fm,imdc",
                    help="full, fm, im, imdc, or im-<growth>/imdc-<growth> (default full,fm,imdc)")
-    p.add_argument("--scorers", default="chunk-attention", help="any of chunk-attention, snapkv, vatp, knorm, recency, random")
+    p.add_argument("--scorers", default="chunk-attention",
+                   help="any of chunk-attention, conv, snapkv, vatp, knorm, recency, random (default chunk-attention)")
     p.add_argument("--budgets", default="512", help="memory budgets M in tokens (default 512)")
+    p.add_argument("--question-aware", default="no", choices=sorted(QUESTION_AWARE),
+                   help="no (default), yes, or both: memstep scores each step with the question's attention "
+                        "too; kvpress compresses the context with the question at its end")
+    p.add_argument("--ropes", default="compact",
+                   help=f"RoPE positions of memstep's runs: {' and/or '.join(ROPES)} (default compact, as the "
+                        "reference code: the memory at 0..len-1, the chunk right after it; document = each token "
+                        "at its position in the document)")
     p.add_argument("--chunk", type=int, default=512, help="chunk size in tokens (default 512)")
     p.add_argument("--peers", default="", help="kvpress and/or hf (the HF full cache), comma-separated")
     p.add_argument("--presses", default=",".join(PRESSES), help=f"kvpress presses (default {','.join(PRESSES)})")
     p.add_argument("--kvpress-python", default=None, help="python of the kvpress virtualenv (default .venv-kvpress)")
     p.add_argument("--model", default=None, help="'embedded' (default) or another model spec")
-    p.add_argument("--haystack", default=None, help="prose for the haystacks (default: the bundled Austen chapters)")
+    p.add_argument("--haystacks", "--haystack", dest="haystacks", default=None,
+                   help="comma-separated prose .txt files for the haystacks (default: the two bundled Austen texts, "
+                        "assets/pride_and_prejudice_ch1-12.txt and assets/persuasion_excerpt.txt)")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--continuation-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2, help="torch threads per worker (default 2)")
@@ -73,19 +87,21 @@ def cmd_eval(args) -> int:
     from memstep.evaluation.grid import make_grid
     from memstep.evaluation.metrics import summarize
     from memstep.evaluation.plots import write_plots
-    from memstep.evaluation.report import goals_text, markdown, refresh_readme, results_table
+    from memstep.evaluation.report import contrasts_text, goals_text, markdown, refresh_readme, results_table
     from memstep.evaluation.runner import EvalSettings, run_grid
     from memstep.evaluation.store import ResultStore
-    from memstep.evaluation.suite import DEFAULT_HAYSTACK, make_cases
+    from memstep.evaluation.suite import make_cases, read_haystacks
     from memstep.models import default_model, embedded_model_folder
 
     if args.max_new_tokens < 1 or args.continuation_tokens < 0 or args.threads < 1:
         raise MemstepError("--max-new-tokens and --threads must be at least 1, --continuation-tokens at least 0")
     configs = make_grid(_names(args.schedules), _names(args.scorers), _ints(args.budgets), args.chunk,
-                        _names(args.peers), _names(args.presses))
+                        _names(args.peers), _names(args.presses), _names(args.ropes),
+                        QUESTION_AWARE[args.question_aware])
     model = args.model or default_model()
-    haystack = Path(args.haystack) if args.haystack else DEFAULT_HAYSTACK
-    settings = EvalSettings(model=model, haystack=haystack.name, chunk=args.chunk,
+    haystacks = _names(args.haystacks) if args.haystacks else None
+    read_haystacks(haystacks)  # a missing or empty text fails here, before the tokenizer loads
+    settings = EvalSettings(model=model, chunk=args.chunk,
                             max_new_tokens=args.max_new_tokens, continuation_tokens=args.continuation_tokens,
                             threads=args.threads)
     # The tokenizer alone (no weights) is enough to build the cases in this process.
@@ -94,7 +110,7 @@ def cmd_eval(args) -> int:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except Exception as err:
         raise MemstepError(f"cannot load the tokenizer of '{model}': {str(err).splitlines()[0][:200]}") from err
-    cases = make_cases(tokenizer, _ints(args.lengths), _floats(args.depths), _ints(args.seeds), haystack,
+    cases = make_cases(tokenizer, _ints(args.lengths), _floats(args.depths), _ints(args.seeds), haystacks,
                        args.continuation_tokens)
     store = ResultStore(args.output)
     total = len(configs) * len(cases)
@@ -107,7 +123,8 @@ def cmd_eval(args) -> int:
         bar.update(report.skipped)
     summary = summarize(store.cells())
     summary["run"] = {"ran": report.ran, "skipped": report.skipped, "errors": report.errors,
-                      "settings": settings.__dict__}
+                      "settings": settings.__dict__, "haystacks": sorted({c.haystack for c in cases}),
+                      "cases": len(cases)}
     store.write_summary(summary)
     written, notices = write_plots(summary, store.folder)
     if args.readme:
@@ -120,6 +137,8 @@ def cmd_eval(args) -> int:
         print(json.dumps(summary))
     else:
         print(results_table(summary))
+        print()
+        print(contrasts_text(summary))
         print()
         print(goals_text(summary))
         print(f"\n{report.ran} cells run, {report.skipped} already done; results in {store.folder}/")

@@ -4,7 +4,8 @@ continuation given it.
 The prompt is split around the document by the model's chat template: the template's
 head (system + user turn opening) is prefilled with the document under the schedule; the
 question and the assistant opening are appended after the compressed memory, never
-compressed. Positions keep counting from the true end of the document.
+compressed. Their RoPE positions continue from the engine's ``position``: right after the
+compact memory (rope compact) or after the true end of the document (rope document).
 """
 
 from __future__ import annotations
@@ -40,16 +41,13 @@ def prompt_parts(tokenizer, question: str | None = None) -> PromptParts:
 
 def _extend(engine: ChunkedPrefill, ids: list[int], logits_to_keep: int | None = None) -> torch.Tensor:
     """Append tokens after the memory (no eviction) and return their logits."""
-    model, position = engine.model, engine.tokens_seen
-    device = engine.device
-    positions = torch.arange(position, position + len(ids), device=device)[None]
+    hidden = engine.forward(torch.tensor([ids]), engine.position)
     with torch.inference_mode():
-        hidden = engine.decoder(input_ids=torch.tensor([ids], device=device), position_ids=positions,
-                                use_cache=True, **{engine._cache_kw: engine.cache}).last_hidden_state
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
-        logits = model.get_output_embeddings()(hidden)[0].float()
+        logits = engine.model.get_output_embeddings()(hidden)[0].float()
     engine.tokens_seen += len(ids)
+    engine.position += len(ids)
     return logits
 
 
@@ -81,11 +79,16 @@ def continuation_nll(engine: ChunkedPrefill, held_out: list[int]) -> float:
     return float(torch.nn.functional.cross_entropy(logits, target))
 
 
-def crop_memory(engine: ChunkedPrefill, entries: int, tokens_seen: int) -> None:
-    """Drop everything appended after the prefill (a scored continuation, an answer)."""
-    for layer in engine.cache.layers:
-        layer.keys, layer.values = layer.keys[:, :, :entries], layer.values[:, :, :entries]
-    engine.tokens_seen = tokens_seen
+def memory_mark(engine: ChunkedPrefill) -> tuple[list[int], int, int]:
+    """What ``crop_memory`` needs to undo later appends: entries per layer, tokens seen, position."""
+    return [layer.keys.shape[2] for layer in engine.cache.layers], engine.tokens_seen, engine.position
+
+
+def crop_memory(engine: ChunkedPrefill, mark: tuple[list[int], int, int]) -> None:
+    """Drop everything appended after ``memory_mark`` (a scored continuation, an answer)."""
+    entries, engine.tokens_seen, engine.position = mark
+    for layer, n in zip(engine.cache.layers, entries):
+        layer.keys, layer.values = layer.keys[:, :, :n], layer.values[:, :, :n]
 
 
 def _as_list(value) -> list:

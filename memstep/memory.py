@@ -13,16 +13,20 @@ of c tokens and a entries kept after it (sinks included), k = b + c keys:
   layer-slot; "KV of chunk" is the c entries of the running layer, "KV of memory" the rest.
   This equals the bytes of the real cache tensors (tested). A reference implementation
   that evicts after the whole forward (``evict_per_layer=False``) holds layers * (b + c).
+  With layer-wise budgets (b_l, a_l per layer) the peak is the largest over l of
+  sum_{j<l} a_j + (b_l + c) + sum_{j>l} b_j; the working sets below take the widest layer.
 - attention working set of one layer, by implementation:
-    sdpa:   boolean mask c*k + K/V repeated to all query heads (GQA with a mask)
-            2*heads*k*d + output heads*c*d  (fused kernel: no score matrix)
-    eager:  scores and probabilities 2*heads*c*k (float32) + mask + repeated K/V + output
+    sdpa:   memstep's attention: a lower-right causal mask c*k (materialized on CPU) and the
+            output heads*c*d; GQA runs natively (fused kernel: no score matrix). A step that
+            cuts the layer runs one pass in blocks of query rows (the scorer's working set below)
+    eager:  scores and probabilities 2*heads*c*k (float32) + mask + K/V repeated to every
+            query head 2*heads*k*d + output
     padded: the seed paper's reference code pads to (b + c)^2 per head:
             2*heads*(b + c)^2 + repeated K/V + output
   plus the cache copy that concatenation and eviction make: one layer's max(a, b) entries.
-- scorer working set (only when the step evicts): queries after RoPE heads*c*d, and per
-  query block of q rows, logits and probabilities 2*heads*q*k float32, plus per-head
-  scores kv_heads*k float32.
+- scorer working set (only when the step evicts): the one-pass attention's rotated queries
+  heads*c*d, and per query block of q rows, logits and probabilities 2*heads*q*k float32,
+  plus per-head column sums kv_heads*k float32.
 - activations: MLP gate, up and product 3*c*intermediate + hidden-state copies 4*c*hidden.
 """
 
@@ -97,21 +101,46 @@ def estimate_params(layers, hidden, heads, kv_heads, head_dim, intermediate, voc
     return layers * (attention + mlp + norms) + embeddings + hidden
 
 
-def kv_peak_entries(shape: ModelShape, before: int, chunk: int, after: int, evict_per_layer: bool = True) -> int:
-    """Largest number of cache entries (summed over layers) during one step."""
+def _per_layer(value, layers: int) -> list[int]:
+    return [value] * layers if isinstance(value, int) else list(value)
+
+
+def kv_peak_entries(shape: ModelShape, before, chunk: int, after, evict_per_layer: bool = True) -> int:
+    """Largest number of cache entries (summed over layers) during one step; ``before`` and
+    ``after`` are entries per layer, one number for all layers or a list (layer-wise budgets)."""
+    if isinstance(before, int) and isinstance(after, int):
+        if not evict_per_layer:
+            return shape.layers * (before + chunk)
+        return (before + chunk) + (shape.layers - 1) * max(after, before)
+    b, a = _per_layer(before, shape.layers), _per_layer(after, shape.layers)
     if not evict_per_layer:
-        return shape.layers * (before + chunk)
-    return (before + chunk) + (shape.layers - 1) * max(after, before)
+        return sum(b) + shape.layers * chunk
+    # while layer l runs: the layers below hold what they kept, l holds memory + chunk, the rest their memory
+    return max(sum(a[:l]) + b[l] + chunk + sum(b[l + 1:]) for l in range(shape.layers))
+
+
+def _widest(before, after) -> tuple[int, int]:
+    """(before, after) of the layer whose working set is largest (the most memory entries)."""
+    if isinstance(before, int) and isinstance(after, int):
+        return before, after
+    return max(_as_list(before)), max(_as_list(after))
+
+
+def _as_list(value) -> list[int]:
+    return [value] if isinstance(value, int) else list(value)
 
 
 def attention_bytes(shape: ModelShape, before: int, chunk: int, after: int, attention: str = "sdpa") -> int:
     """Working set of one layer's attention, including the cache copy of concat/eviction."""
     if attention not in ATTENTIONS:
         raise ValueError(f"unknown attention '{attention}': choose one of {', '.join(ATTENTIONS)}")
+    before, after = _widest(before, after)
     keys = before + chunk
     item = shape.dtype_bytes
     mask = chunk * keys if before else 0  # no mask needed for the first chunk (is_causal)
-    repeated = 2 * shape.heads * keys * shape.head_dim * item if shape.heads != shape.kv_heads else 0
+    # memstep's SDPA runs GQA natively; eager and the padded reference repeat K/V to every query head
+    repeated = 2 * shape.heads * keys * shape.head_dim * item if shape.heads != shape.kv_heads and \
+        attention != "sdpa" else 0
     output = shape.heads * chunk * shape.head_dim * item
     if attention == "sdpa":
         scores = 0
@@ -127,7 +156,7 @@ def scorer_bytes(shape: ModelShape, before: int, chunk: int, evicts: bool) -> in
     """Working set of scoring one layer's cache (zero when the step evicts nothing)."""
     if not evicts:
         return 0
-    keys = before + chunk
+    keys = max(_as_list(before)) + chunk
     rows = min(chunk, QUERY_BLOCK)
     queries = shape.heads * chunk * shape.head_dim * shape.dtype_bytes
     return queries + 2 * shape.heads * rows * keys * SCORE_BYTES + shape.kv_heads * keys * SCORE_BYTES
@@ -140,7 +169,8 @@ def activation_bytes(shape: ModelShape, chunk: int) -> int:
 def step_bytes(shape: ModelShape, before: int, chunk: int, after: int, *, attention: str = "sdpa",
                evict_per_layer: bool = True, scoring: bool = True) -> dict[str, int]:
     """Modeled peak bytes of one step by component; ``total`` is their sum."""
-    evicts = scoring and before + chunk > after
+    evicts = scoring and any(b + chunk > a for b, a in zip(_per_layer(before, shape.layers),
+                                                         _per_layer(after, shape.layers)))
     kv_entries = kv_peak_entries(shape, before, chunk, after, evict_per_layer)
     kv_chunk = chunk * shape.kv_bytes_per_entry * (1 if evict_per_layer else shape.layers)
     parts = {

@@ -12,7 +12,7 @@ from pathlib import Path
 from memstep import planner
 from memstep.errors import MemstepError
 from memstep.memory import ATTENTIONS, format_bytes
-from memstep.schedules import GROWTHS
+from memstep.schedules import GROWTHS, LAYERWISE
 
 SHOWN_STEPS = 12  # text output shows the first and last steps of longer schedules
 
@@ -35,6 +35,11 @@ def register(subparsers) -> None:
                    help="sdpa (fused kernels), eager, or padded (the seed paper's reference code)")
     p.add_argument("--dtype", default="bf16", choices=planner.DTYPES)
     p.add_argument("--sinks", type=int, default=4)
+    p.add_argument("--question-tokens", type=int, default=0,
+                   help="question-aware compression: the question's tokens, read after every chunk (default 0)")
+    p.add_argument("--rope", default="compact", choices=("compact", "document"),
+                   help="RoPE positions: compact (contiguous, at most sinks + M + c: the reference code's) "
+                        "or document (true positions); decides the trained-positions notice")
     p.add_argument("--evict", default="auto", choices=("auto", "layer", "forward"),
                    help="evict after each layer (the engine) or after the whole forward (the reference code); "
                         "auto: forward for padded attention, layer otherwise")
@@ -59,7 +64,8 @@ def _settings(args) -> dict:
     evict = {"auto": None, "layer": True, "forward": False}[args.evict]
     return dict(tokens=args.tokens, chunk=args.chunk, memory=args.memory, growth=args.growth,
                 attention=args.attention, dtype=args.dtype, sinks=args.sinks, evict_per_layer=evict,
-                keep_maps=args.keep_maps, efficiency=args.efficiency,
+                keep_maps=args.keep_maps, efficiency=args.efficiency, rope=args.rope,
+                question_tokens=args.question_tokens,
                 bandwidth_efficiency=args.bandwidth_efficiency)
 
 
@@ -67,6 +73,9 @@ def build_report(args) -> dict:
     """The plan of the chosen schedule with its FM/full comparison and longest context (JSON-able)."""
     if args.tokens is None:
         raise MemstepError("memstep plan: --tokens is required (the context length to plan)")
+    if args.schedule == "fm" and args.growth in LAYERWISE:
+        raise MemstepError(f"growth '{args.growth}' is layer-wise: it schedules IM and IMDC budgets; "
+                           "FM keeps M in every layer (use --schedule im or imdc)")
     if args.keep_maps and args.attention != "padded":
         raise MemstepError("--keep-maps models the padded reference code: add --attention padded")
     gpu = planner.resolve_gpu(args.gpu, args.tflops, args.bandwidth, args.gpu_memory)
@@ -105,7 +114,9 @@ def format_report(report: dict, all_steps: bool = False) -> str:
     sizes = f", chunk {s['chunk']}, memory {s['memory']}" if "chunk" in s else ""
     lines = [f"{m['name']} ({report['dtype']}) on {gpu['name']}: {s['name'].upper()}{growth}, "
              f"{s['tokens']:,} tokens in {s['steps']:,} steps{sizes}, {report['attention']} attention, "
-             f"{report['sinks']} sinks",
+             f"{report['sinks']} sinks, {report['rope']} RoPE positions"
+             + (f", question-aware ({report['question_tokens']} question tokens read per step)"
+                if report.get("question_tokens") else ""),
              f"{'step':>5} {'start':>9} {'chunk':>6} {'before':>7} {'after':>6} {'KV':>10} {'peak':>10} "
              f"{'TFLOP':>8} {'ms':>9}"]
     steps = report["steps"]

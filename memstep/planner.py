@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from memstep.errors import MemstepError
@@ -57,9 +58,9 @@ RESERVED_BYTES = 1 << 30
 PADDED_FLOAT32_BYTES = 24
 # Eager attention: fp32 scores written, read and written by softmax, read by the value product.
 EAGER_PASSES = 4
-# The scorer's blocks of logits: written, masked in place (read + write), softmax (read +
-# write), summed (read).
-SCORER_PASSES = 6
+# memstep's one-pass attention when a layer is cut: float32 logits written, masked in place
+# (read + write), softmax (read + write), read by the value product and by the column sums.
+ONE_PASS_PASSES = 7
 # Longest-context search: the peak of a compressed schedule stops growing once its steps
 # reach their steady size, so fitting at this length means there is no limit.
 LONGEST_CAP_TOKENS = 1 << 24
@@ -329,25 +330,25 @@ def step_work(shape: ModelShape, before: int, chunk: int, after: int, attention:
     attn_flops = layers * 4 * heads * dim * pairs  # QK^T and probabilities x V
     cache_copy = (before + keys) * entry  # the cache update concatenates: read memory, write memory + chunk
     qkv_io = (2 * keys * shape.kv_heads + 2 * queries * heads) * dim * item  # K, V read; Q read, output written
-    if shape.heads != shape.kv_heads and attention != "padded":
+    evicts = scoring and keys > after
+    if shape.heads != shape.kv_heads and attention == "eager":
         qkv_io += 2 * 2 * keys * heads * dim * item  # K/V repeated to every query head, written and read
     if attention == "eager":
         scores = EAGER_PASSES * heads * pairs * SCORE_BYTES + pairs
     elif attention == "padded":
         scores = (4 * item + PADDED_FLOAT32_BYTES) * heads * pairs + pairs * SCORE_BYTES  # + the causal mask
+    elif evicts:  # memstep's one pass: blocks of float32 logits, the scores from the same probabilities
+        scores = ONE_PASS_PASSES * heads * pairs * SCORE_BYTES
     else:
-        scores = pairs if before else 0  # fused kernel: only the boolean mask is read
+        scores = pairs if before else 0  # fused kernel (native GQA): only the causal mask is read
     attn_bytes = layers * (cache_copy + qkv_io + scores)
 
-    evicts = scoring and keys > after
     if evicts and attention == "padded":  # the reference scorer sums the kept maps' chunk rows
         score_flops = layers * heads * chunk * keys
         score_bytes = layers * (heads * chunk * keys * item + (keys + after) * entry)
-    elif evicts:  # chunk-attention scorer: recomputes the chunk's logits in fp32, then gathers
-        score_flops = layers * 2 * heads * dim * chunk * keys
-        score_bytes = layers * (SCORER_PASSES * heads * chunk * keys * SCORE_BYTES
-                                + (heads * chunk + shape.kv_heads * keys) * dim * SCORE_BYTES
-                                + (keys + after) * entry)
+    elif evicts:  # the column sums come with the attention pass: add them up, then gather the kept entries
+        score_flops = layers * heads * pairs
+        score_bytes = layers * (keys + after) * entry
     else:
         score_flops = score_bytes = 0
     return {"linear": (linear_flops, linear_bytes), "attention": (attn_flops, attn_bytes),
@@ -381,6 +382,7 @@ class StepPlan:
     peak_bytes: int
     flops: int
     seconds_parts: dict[str, float]
+    layer_memory_after: list[int] | None = None  # layer-wise budgets: each layer's entries after the step
 
     @property
     def kv_bytes(self) -> int:
@@ -398,6 +400,7 @@ class StepPlan:
             "kv_bytes": self.kv_bytes, "peak_bytes": self.peak_bytes, "parts": dict(self.parts),
             "flops": self.flops, "seconds": self.seconds,
             "seconds_parts": {k: v for k, v in self.seconds_parts.items()},
+            **({"layer_memory_after": self.layer_memory_after} if self.layer_memory_after else {}),
         }
 
 
@@ -417,6 +420,15 @@ class Plan:
     bandwidth_efficiency: float
     steps: list[StepPlan]
     notices: list[str] = field(default_factory=list)
+    rope: str = "compact"  # RoPE positions of the engine: compact (contiguous) or document
+    question_tokens: int = 0  # question-aware: the question's tokens read with every step
+
+    @property
+    def largest_position(self) -> int:
+        """How many RoPE positions the run uses (0..n-1): compact positions stop at the widest step."""
+        if self.rope == "compact" and self.schedule.name != "full":
+            return max(s.memory_before + s.chunk_size for s in self.steps)
+        return self.schedule.tokens
 
     @property
     def peak_bytes(self) -> int:
@@ -464,8 +476,9 @@ class Plan:
             "dtype": self.dtype,
             "gpu": self.gpu.to_dict(),
             "schedule": {"name": s.name, "growth": s.growth, "tokens": s.tokens, "steps": s.steps,
-                         **{k: v for k, v in s.settings.items() if k in ("chunk", "memory")}},
+                         **{k: v for k, v in s.settings.items() if k in ("chunk", "memory", "layers")}},
             "attention": self.attention, "sinks": self.sinks, "evict_per_layer": self.evict_per_layer,
+            "rope": self.rope, "largest_position": self.largest_position, "question_tokens": self.question_tokens,
             "keep_maps": self.keep_maps, "efficiency": self.efficiency,
             "bandwidth_efficiency": self.bandwidth_efficiency,
             "peak_bytes": self.peak_bytes, "peak_step": self.peak_step, "kv_peak_bytes": self.kv_peak_bytes,
@@ -508,35 +521,74 @@ def retained_maps_bytes(shape: ModelShape, before: int, chunk: int) -> int:
     return (shape.layers - 1) * shape.heads * keys * keys * shape.dtype_bytes
 
 
+def _lengths(schedule: Schedule, sinks: int) -> list:
+    """(before, after) per step: entries per layer as ints, or as tuples under layer-wise budgets."""
+    if schedule.layerwise:
+        return [(tuple(b), tuple(a)) for b, a in schedule.layer_cache_lengths(sinks)]
+    return schedule.cache_lengths(sinks)
+
+
+def _widest(entries) -> int:
+    return entries if isinstance(entries, int) else max(entries)
+
+
+def _pairs(before, after) -> list[tuple[int, int]]:
+    if isinstance(before, int):
+        return [(before, after)]
+    return list(zip(before, after))
+
+
+def layer_step_work(shape: ModelShape, before, chunk: int, after, attention: str = "sdpa",
+                    scoring: bool = True) -> dict[str, tuple[int, int]]:
+    """step_work, where ``before``/``after`` may differ per layer (layer-wise budgets): the
+    layers are grouped by their sizes and each group's work is added up."""
+    if isinstance(before, int):
+        return step_work(shape, before, chunk, after, attention, scoring)
+    groups = Counter(_pairs(before, after))
+    total: dict[str, tuple[int, int]] = {}
+    for (b, a), count in groups.items():
+        for part, (flops, moved) in step_work(replace(shape, layers=count), b, chunk, a, attention, scoring).items():
+            f0, m0 = total.get(part, (0, 0))
+            total[part] = (f0 + flops, m0 + moved)
+    return total
+
+
 def plan_schedule(shape: ModelShape, gpu: Gpu, schedule: Schedule, *, dtype: str = "bf16",
                   attention: str = "sdpa", sinks: int = 4, evict_per_layer: bool | None = None,
                   keep_maps: bool = False, efficiency: float = DEFAULT_EFFICIENCY,
-                  bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY) -> Plan:
-    """Plan an already-built schedule. ``evict_per_layer`` defaults to the engine's per-layer
-    eviction, except for the padded reference code, which evicts after the whole forward."""
+                  bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY, rope: str = "compact",
+                  question_tokens: int = 0) -> Plan:
+    """Plan an already-built schedule. ``question_tokens``: question-aware compression reads
+    the question after every chunk of a compressed schedule (more rows, and their entries
+    until the layer is cut). ``evict_per_layer`` defaults to the engine's per-layer
+    eviction, except for the padded reference code, which evicts after the whole forward.
+    ``rope`` only decides which positions the tokens get (for the trained-positions notice)."""
     dtype = dtype_name(dtype)
     if evict_per_layer is None:
         evict_per_layer = attention != "padded"
     scoring = schedule.name != "full"
-    memo: dict[tuple[int, int, int], tuple] = {}  # FM repeats the same step thousands of times
+    memo: dict[tuple, tuple] = {}  # FM repeats the same step thousands of times
     steps = []
-    for i, ((before, after), start, chunk) in enumerate(
-            zip(schedule.cache_lengths(sinks), schedule.chunk_starts, schedule.chunk_sizes)):
+    extra = question_tokens if scoring else 0
+    for i, ((before, after), start, read) in enumerate(
+            zip(_lengths(schedule, sinks), schedule.chunk_starts, schedule.chunk_sizes)):
+        chunk = read + extra  # the tokens the step runs: the chunk, and the question when question-aware
         key = (before, chunk, after)
         if key not in memo:
             parts = step_bytes(shape, before, chunk, after, attention=attention,
                                evict_per_layer=evict_per_layer, scoring=scoring)
             if keep_maps and attention == "padded":
-                parts["attention"] += retained_maps_bytes(shape, before, chunk)
+                parts["attention"] += retained_maps_bytes(shape, _widest(before), chunk)
             total = sum(parts[p] for p in PARTS)
-            work = step_work(shape, before, chunk, after, attention, scoring)
-            seconds = step_seconds(work, gpu, dtype, shape.layers, scoring and before + chunk > after,
-                                   efficiency, bandwidth_efficiency)
+            work = layer_step_work(shape, before, chunk, after, attention, scoring)
+            evicts = scoring and any(b + chunk > a for b, a in _pairs(before, after))
+            seconds = step_seconds(work, gpu, dtype, shape.layers, evicts, efficiency, bandwidth_efficiency)
             memo[key] = ({p: parts[p] for p in PARTS}, total, sum(f for f, _ in work.values()), seconds)
         parts, total, flops, seconds = memo[key]
-        steps.append(StepPlan(i, start, chunk, before, after, dict(parts), total, flops, dict(seconds)))
+        steps.append(StepPlan(i, start, read, _widest(before), _widest(after), dict(parts), total, flops,
+                              dict(seconds), list(after) if isinstance(after, tuple) else None))
     plan = Plan(shape, gpu, dtype, schedule, attention, sinks, evict_per_layer, keep_maps, efficiency,
-                bandwidth_efficiency, steps)
+                bandwidth_efficiency, steps, rope=rope, question_tokens=extra)
     plan.notices.extend(_notices(plan))
     return plan
 
@@ -544,9 +596,14 @@ def plan_schedule(shape: ModelShape, gpu: Gpu, schedule: Schedule, *, dtype: str
 def _notices(plan: Plan) -> list[str]:
     out = []
     limit = plan.model.max_positions
-    if limit and plan.schedule.tokens > limit:
-        out.append(f"{plan.schedule.tokens} tokens exceed {plan.model.name}'s {limit} positions: positions "
-                   "beyond it were not trained (RoPE scaling needed); the plan still counts them.")
+    if limit and plan.largest_position > limit:
+        what = (f"{plan.schedule.tokens} tokens" if plan.largest_position == plan.schedule.tokens
+                else f"the widest step ({plan.largest_position} entries)")
+        out.append(f"{plan.rope} positions: {what} go beyond {plan.model.name}'s {limit} trained positions "
+                   "(RoPE scaling needed); the plan still counts them.")
+    elif limit and plan.schedule.tokens > limit:
+        out.append(f"{plan.schedule.tokens} tokens are more than {plan.model.name}'s {limit} trained positions, "
+                   f"but with compact RoPE positions no step uses more than {plan.largest_position} positions.")
     if plan.dtype == "bf16" and plan.gpu.bf16_tflops is None:
         out.append(f"{plan.gpu.name} has no bf16 tensor cores: bf16 runs at FP32 speed; plan with fp16 instead.")
     if not plan.weights_fit:
@@ -565,16 +622,23 @@ def plan(model="llama-3.1-8b", gpu="h100-80gb", *, schedule: str = "imdc", token
          chunk: int | None = 1024, memory: int | None = 1024, growth: str = "linear", attention: str = "sdpa",
          dtype: str = "bf16", sinks: int = 4, evict_per_layer: bool | None = None, keep_maps: bool = False,
          efficiency: float = DEFAULT_EFFICIENCY,
-         bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY) -> Plan:
+         bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY, rope: str = "compact",
+         question_tokens: int = 0) -> Plan:
     """Plan one schedule; ``model`` and ``gpu`` take anything resolve_model/resolve_gpu take."""
     schedule = str(schedule).lower()
     _check_settings(tokens, chunk, memory, sinks, schedule, attention, growth, efficiency, bandwidth_efficiency)
     shape = resolve_model(model, dtype)
     gpu = gpu if isinstance(gpu, Gpu) else resolve_gpu(gpu)
-    built = make_schedule(schedule, tokens, chunk, memory, growth)
+    if rope not in ("compact", "document"):
+        raise MemstepError(f"unknown RoPE position mode '{rope}': choose compact or document")
+    if not isinstance(question_tokens, int) or question_tokens < 0:
+        raise MemstepError(f"question tokens must be a whole number, 0 or more (got {question_tokens})")
+    # FM and full have no growth curve: planned beside IM/IMDC, they ignore the growth
+    built = make_schedule(schedule, tokens, chunk, memory, growth if schedule in ("im", "imdc") else "linear",
+                          layers=shape.layers)
     return plan_schedule(shape, gpu, built, dtype=dtype, attention=attention, sinks=sinks,
                          evict_per_layer=evict_per_layer, keep_maps=keep_maps, efficiency=efficiency,
-                         bandwidth_efficiency=bandwidth_efficiency)
+                         bandwidth_efficiency=bandwidth_efficiency, rope=rope, question_tokens=question_tokens)
 
 
 def compare(model="llama-3.1-8b", gpu="h100-80gb", schedules=("fm", "imdc", "full"), **settings) -> dict[str, Plan]:
@@ -598,8 +662,9 @@ def ratios(plans: dict[str, Plan], reference: Plan | None) -> dict[str, dict[str
 def _peak_at(shape: ModelShape, gpu: Gpu, schedule: str, tokens: int, settings: dict) -> int | None:
     """Peak bytes of a schedule at ``tokens`` (None when the schedule cannot be built there)."""
     try:
-        built = make_schedule(schedule, tokens, settings.get("chunk"), settings.get("memory"),
-                              settings.get("growth", "linear"))
+        growth = settings.get("growth", "linear") if schedule in ("im", "imdc") else "linear"
+        built = make_schedule(schedule, tokens, settings.get("chunk"), settings.get("memory"), growth,
+                              layers=shape.layers)
     except MemstepError:
         return None
     attention = settings.get("attention", "sdpa")
@@ -607,14 +672,16 @@ def _peak_at(shape: ModelShape, gpu: Gpu, schedule: str, tokens: int, settings: 
     evict = attention != "padded" if evict is None else evict
     scoring = schedule != "full"
     peak, seen = 0, set()
-    for (before, after), chunk in zip(built.cache_lengths(settings.get("sinks", 4)), built.chunk_sizes):
+    extra = settings.get("question_tokens", 0) if scoring else 0
+    for (before, after), read in zip(_lengths(built, settings.get("sinks", 4)), built.chunk_sizes):
+        chunk = read + extra
         if (before, chunk, after) in seen:
             continue
         seen.add((before, chunk, after))
         parts = step_bytes(shape, before, chunk, after, attention=attention, evict_per_layer=evict, scoring=scoring)
         total = parts["total"]
         if settings.get("keep_maps") and attention == "padded":
-            total += retained_maps_bytes(shape, before, chunk)
+            total += retained_maps_bytes(shape, _widest(before), chunk)
         peak = max(peak, total)
     return peak
 

@@ -20,16 +20,25 @@ class StepRecord:
     steps: int  # total steps in the schedule
     chunk_start: int  # document position of the chunk's first token
     chunk_size: int
-    memory_before: int  # cache entries per layer before the step (sinks included)
-    memory_budget: int  # the schedule's budget after the step (sinks not included)
-    memory_after: int  # cache entries per layer after the step: min(budget + sinks, seen)
+    memory_before: int  # cache entries per layer before the step (sinks included; the widest layer)
+    memory_budget: int  # the schedule's budget after the step (sinks not included; layer average)
+    memory_after: int  # cache entries per layer after the step: min(budget + sinks, before + chunk)
     seconds: float
     bytes_measured: int | None  # device peak during the step (CUDA/MPS); None on CPU
     bytes_modeled: int  # modeled peak during the step (memory.step_bytes)
     bytes_modeled_parts: dict[str, int]  # the modeled peak by component
     kv_bytes_actual: int  # largest total size of the real cache tensors during the step
-    kept_positions: np.ndarray  # (layers, kv_heads, memory_after) document positions, sorted
+    kept_positions: np.ndarray  # (layers, kv_heads, memory_after) document positions, sorted; -1 pads
     evicted: bool  # whether any entry was dropped in this step
+    layer_memory_after: list[int] | None = None  # layer-wise budgets: each layer's entries after the step
+    layer_budgets: list[int] | None = None  # layer-wise budgets: each layer's budget after the step
+    first_position: int | None = None  # RoPE position of the chunk's first token
+    question_tokens: int = 0  # question-aware: the question's tokens read after the chunk (then dropped)
+
+    @property
+    def layer_entries(self) -> list[int]:
+        """Entries each layer holds after the step."""
+        return self.layer_memory_after or [self.memory_after] * self.kept_positions.shape[0]
 
     @property
     def tokens_seen(self) -> int:
@@ -38,7 +47,8 @@ class StepRecord:
     def kept_fraction(self) -> np.ndarray:
         """Per position seen so far: the fraction of (layer, KV head) slots that keep it."""
         layers, heads, _ = self.kept_positions.shape
-        counts = np.bincount(self.kept_positions.reshape(-1), minlength=self.tokens_seen)
+        flat = self.kept_positions.reshape(-1)
+        counts = np.bincount(flat[flat >= 0], minlength=self.tokens_seen)
         return counts[: self.tokens_seen] / float(layers * heads)
 
     def to_dict(self, with_positions: bool = False) -> dict:
@@ -55,9 +65,14 @@ class StepRecord:
             "bytes_modeled_parts": dict(self.bytes_modeled_parts),
             "kv_bytes_actual": self.kv_bytes_actual,
             "evicted": self.evicted,
+            "first_position": self.first_position,
+            "question_tokens": self.question_tokens,
         }
+        if self.layer_memory_after is not None:
+            out["layer_budgets"] = list(self.layer_budgets or [])
+            out["layer_memory_after"] = list(self.layer_memory_after)
         if with_positions:
-            out["kept_positions"] = self.kept_positions.tolist()
+            out["kept_positions"] = [layer[:, :n].tolist() for layer, n in zip(self.kept_positions, self.layer_entries)]
         return out
 
 
@@ -80,6 +95,10 @@ class RunResult:
     continuation_nll: float | None = None
     continuation_tokens: int = 0
     notices: list[str] = field(default_factory=list)
+    rope: str = "compact"  # RoPE positions: compact (contiguous, as the reference) or document
+    attention: str = "sdpa"  # sdpa (memstep's) or padded (the reference code's (m + c)^2 maps)
+    question_aware: bool = False  # the question's attention also scored every step
+    question_weight: float | None = None
 
     @property
     def peak_bytes_measured(self) -> int | None:
@@ -100,6 +119,10 @@ class RunResult:
             "prefix_tokens": self.prefix_tokens,
             "schedule": self.schedule,
             "scorer": self.scorer,
+            "rope": self.rope,
+            "attention": self.attention,
+            "question_aware": self.question_aware,
+            "question_weight": self.question_weight,
             "sinks": self.sinks,
             "device": self.device,
             "dtype": self.dtype,

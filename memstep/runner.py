@@ -9,13 +9,16 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from memstep.engine import ChunkedPrefill
+from memstep.engine import QUESTION_WEIGHT, ChunkedPrefill
 from memstep.errors import MemstepError
-from memstep.generate import answer, continuation_nll, crop_memory, prompt_parts
+from memstep.generate import answer, continuation_nll, crop_memory, memory_mark, prompt_parts
 from memstep.models import LoadedModel
 from memstep.records import RunResult, StepRecord
 from memstep.schedules import check_run_settings, make_schedule
 from memstep.scorers import make_scorer
+
+
+QUESTION_ROOM = 64  # positions left for a question and its answer after the memory
 
 
 class DocumentRun:
@@ -26,7 +29,8 @@ class DocumentRun:
                  chunk: int = 512, memory: int = 512, growth: str = "linear",
                  scorer: str = "chunk-attention", sinks: int = 4, seed: int = 0, window: int = 32,
                  question: str | None = None, max_new_tokens: int = 32, continuation_tokens: int = 0,
-                 notices: list[str] | None = None, attention: str = "sdpa"):
+                 notices: list[str] | None = None, attention: str = "sdpa", rope: str = "compact",
+                 kernel: int = 5, question_aware: bool = False, question_weight: float = QUESTION_WEIGHT):
         if sinks < 0:
             raise MemstepError(f"sinks must be 0 or more (got {sinks})")
         if max_new_tokens < 1:
@@ -43,12 +47,47 @@ class DocumentRun:
         self.input_ids = self.head + kept
         tokens = len(self.input_ids)
         check_run_settings(schedule, tokens, chunk, memory, sinks)
-        self.schedule = make_schedule(schedule, tokens, chunk, memory, growth)
-        self.engine = ChunkedPrefill(lm.model, make_scorer(scorer, seed, window), sinks, attention)
+        self.schedule = make_schedule(schedule, tokens, chunk, memory, growth,
+                                      layers=lm.model.config.num_hidden_layers)
+        self.engine = ChunkedPrefill(lm.model, make_scorer(scorer, seed, window, kernel), sinks, attention,
+                                     rope=rope, question_ids=self._question_ids(question_aware),
+                                     question_weight=question_weight)
+        notices = list(notices or []) + self._positions_notice(lm.model.config, rope)
         self.result = RunResult(
             model=lm.name, tokens=tokens, prefix_tokens=len(self.head), schedule=self.schedule.to_dict(),
             scorer=scorer, sinks=sinks, device=lm.device, dtype=lm.dtype, question=self.question,
-            continuation_tokens=continuation_tokens, notices=list(notices or []))
+            continuation_tokens=continuation_tokens, notices=notices, rope=rope,
+            attention=attention, question_aware=bool(question_aware),
+            question_weight=question_weight if question_aware else None)
+
+    def _question_ids(self, question_aware: bool) -> list[int] | None:
+        """The tokens that follow the document when the question is asked (the chat template's
+        tail with the question): what a question-aware prefill reads after every chunk."""
+        if not question_aware:
+            return None
+        if not self.question:
+            raise MemstepError("question-aware compression needs a question: type one, or untick question-aware")
+        ids = prompt_parts(self.lm.tokenizer, self.question).tail
+        limit = getattr(self.lm.model.config, "max_position_embeddings", None)
+        if limit and len(ids) >= limit // 2:
+            raise MemstepError(f"the question has {len(ids)} tokens: question-aware compression reads it with every "
+                               f"chunk, so it must stay under half the model's {limit}-token context")
+        return ids
+
+    def _positions_notice(self, config, rope: str) -> list[str]:
+        """A warning when the run will put tokens at positions the model was not trained on
+        (with room for a question and its answer after the memory)."""
+        limit = getattr(config, "max_position_embeddings", None)
+        if rope == "compact" and self.schedule.name != "full":
+            used = max(before + chunk for (before, _), chunk in
+                       zip(self.schedule.cache_lengths(self.engine.sinks), self.schedule.chunk_sizes))
+        else:
+            used = self.schedule.tokens
+        if not limit or used + QUESTION_ROOM <= limit:
+            return []
+        return [f"{rope} RoPE positions reach {used}, beyond the model's {limit} trained positions: "
+                "answers may degrade" + (" (compact positions would stop at sinks + M + c)" if rope == "document"
+                                         and self.schedule.name != "full" else "") + "."]
 
     def __iter__(self) -> Iterator[StepRecord]:
         began = time.perf_counter()
@@ -56,7 +95,7 @@ class DocumentRun:
             self.result.steps.append(record)
             yield record
         self.result.seconds = time.perf_counter() - began
-        self._memory_entries, self._memory_tokens = self.engine.cache.get_seq_length(), self.engine.tokens_seen
+        self._mark = memory_mark(self.engine)
         if self.held_out:
             self.result.continuation_nll = continuation_nll(self.engine, self.held_out)
             self._restore()
@@ -80,4 +119,4 @@ class DocumentRun:
             self._restore()
 
     def _restore(self) -> None:
-        crop_memory(self.engine, self._memory_entries, self._memory_tokens)
+        crop_memory(self.engine, self._mark)

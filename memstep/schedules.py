@@ -9,19 +9,27 @@ included. With L tokens, chunk size c and memory M there are n = ceil(L / c) ste
 - ``fm``   (fixed memory): chunks of c (the last takes the remainder), budget M after every step.
 - ``im``   (incremental memory): chunks of c, the budget grows to M along a growth curve
   (step i = 0..n-1; the last step always ends at M):
-    linear           m_i = floor(M / n) * (i + 1)
-    square           m_i = floor(M * ((i + 1) / n) ** 2)
-    sqrt             m_i = floor(M * sqrt((i + 1) / n))
-    inverse-convex   m_i = floor(M / (n - i))
-    inverse-concave  m_i = floor(M + floor(M / n) - M / (i + 1))
+    linear           m_i = a * (i + 1)                          with a = floor(M / n)
+    square           m_i = int(i^2 * (M - a) / (n - 1)^2 + a)
+    sqrt             m_i = int(sqrt(i) * (M - a) / sqrt(n - 1) + a)
+    inverse-convex   m_i = int(M / (n - i))
+    inverse-concave  m_i = int(M + a - M / (i + 1))
+  and two layer-wise curves, where the budget depends on the layer too (the lower half of
+  the layers, l < layers // 2, follows the first curve, the upper half the second):
+    square-sqrt      square below, sqrt above
+    double-inverse   inverse-convex below, inverse-concave above
 - ``imdc`` (incremental memory, decremental chunk): budgets as ``im``; chunks
     c_0 = floor(L / n),  c_i = floor(L / n) + floor(mean(m_0 .. m_{n-2})) - m_{i-1},
-  the last chunk takes the remainder, so m_{i-1} + c_i stays constant.
+  the last chunk takes the remainder, so m_{i-1} + c_i stays constant. Under a layer-wise
+  curve m_i is the layer average floor(mean over layers of m_{i,l}): every layer reads the
+  same chunk, so the chunk can only follow one budget, and the average keeps the widest
+  step (the layer with the most memory + the chunk) as flat as one number can.
 - ``full``: one pass over the whole document, nothing evicted.
 - ``custom``: explicit chunk sizes and budgets.
 
 Budgets count tokens besides the always-kept sink tokens: after step i each layer's cache
-holds min(m_i + sinks, tokens seen) entries.
+holds min(m_i + sinks, entries before the step + c_i) entries (the tokens seen, unless an
+earlier step evicted).
 """
 
 from __future__ import annotations
@@ -32,7 +40,10 @@ from dataclasses import dataclass, field
 from memstep.errors import MemstepError
 
 SCHEDULES = ("full", "fm", "im", "imdc", "custom")
-GROWTHS = ("linear", "sqrt", "square", "inverse-convex", "inverse-concave")
+CURVES = ("linear", "sqrt", "square", "inverse-convex", "inverse-concave")
+# layer-wise growths of the reference code: (lower half of the layers, upper half)
+LAYERWISE = {"square-sqrt": ("square", "sqrt"), "double-inverse": ("inverse-convex", "inverse-concave")}
+GROWTHS = CURVES + tuple(LAYERWISE)
 
 # The most steps any schedule may have (CLI, API, app and planner alike). 16,384 steps build
 # in milliseconds and plan in well under a second, and still cover a 1M-token context at
@@ -53,6 +64,8 @@ class Schedule:
     memory_sizes: tuple[int, ...]
     growth: str | None = None
     settings: dict = field(default_factory=dict, compare=False)
+    # layer-wise growths only: the budget of every layer after each step (steps x layers)
+    layer_memory_sizes: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def steps(self) -> int:
@@ -70,15 +83,35 @@ class Schedule:
             pos += c
         return tuple(starts)
 
-    def cache_lengths(self, sinks: int) -> list[tuple[int, int]]:
-        """(memory before, memory after) of each step in cache entries, sinks included."""
-        out, before, seen = [], 0, 0
-        for chunk, budget in zip(self.chunk_sizes, self.memory_sizes):
-            seen += chunk
-            after = min(budget + sinks, seen)
+    @property
+    def layerwise(self) -> bool:
+        return self.layer_memory_sizes is not None
+
+    def layer_budgets(self, step: int, layers: int) -> list[int]:
+        """The budget of each of ``layers`` layers after ``step``."""
+        if self.layer_memory_sizes is None:
+            return [self.memory_sizes[step]] * layers
+        budgets = list(self.layer_memory_sizes[step])
+        if len(budgets) != layers:
+            raise MemstepError(f"this layer-wise schedule was made for {len(budgets)} layers, "
+                               f"the model has {layers}")
+        return budgets
+
+    def layer_cache_lengths(self, sinks: int) -> list[tuple[list[int], list[int]]]:
+        """Per step, each layer's cache entries before and after the step (sinks included)."""
+        layers = len(self.layer_memory_sizes[0]) if self.layer_memory_sizes else 1
+        out, before = [], [0] * layers
+        for step, chunk in enumerate(self.chunk_sizes):
+            # a layer holds at most what it had plus the chunk (a budget may grow faster than that)
+            after = [min(budget + sinks, b + chunk) for budget, b in zip(self.layer_budgets(step, layers), before)]
             out.append((before, after))
             before = after
         return out
+
+    def cache_lengths(self, sinks: int) -> list[tuple[int, int]]:
+        """(memory before, memory after) of each step in cache entries, sinks included; under a
+        layer-wise growth, of the layer that holds the most."""
+        return [(max(before), max(after)) for before, after in self.layer_cache_lengths(sinks)]
 
     def to_dict(self) -> dict:
         return {
@@ -88,27 +121,40 @@ class Schedule:
             "steps": self.steps,
             "chunk_sizes": list(self.chunk_sizes),
             "memory_sizes": list(self.memory_sizes),
+            **({"layer_memory_sizes": [list(m) for m in self.layer_memory_sizes]} if self.layerwise else {}),
             **{k: v for k, v in self.settings.items() if k not in ("tokens",)},
         }
 
 
 def growth_budgets(memory: int, steps: int, growth: str = "linear") -> list[int]:
-    """The IM budget after each of ``steps`` steps, growing to ``memory``."""
+    """The IM budget after each of ``steps`` steps, growing to ``memory`` (one curve)."""
     M, n = memory, steps
-    if growth == "linear":
-        sizes = [(M // n) * (i + 1) for i in range(n)]
-    elif growth == "square":
-        sizes = [math.floor(M * ((i + 1) / n) ** 2) for i in range(n)]
-    elif growth == "sqrt":
-        sizes = [math.floor(M * math.sqrt((i + 1) / n)) for i in range(n)]
-    elif growth == "inverse-convex":
-        sizes = [math.floor(M / (n - i)) for i in range(n)]
-    elif growth == "inverse-concave":
-        sizes = [math.floor(M + M // n - M / (i + 1)) for i in range(n)]
-    else:
-        raise MemstepError(f"unknown growth '{growth}': choose one of {', '.join(GROWTHS)}")
-    sizes[-1] = M  # every curve ends at the full budget
-    return sizes
+    a = M // n
+    # float expressions in the reference code's order, truncated with int() as it does
+    curves = {
+        "linear": lambda i: a * (i + 1),
+        "square": lambda i: int(i ** 2 * (M - a) / (n - 1) ** 2 + a),
+        "sqrt": lambda i: int(math.sqrt(i) * (M - a) / math.sqrt(n - 1) + a),
+        "inverse-convex": lambda i: int(M / (n - i)),
+        "inverse-concave": lambda i: int(M + a - M / (i + 1)),
+    }
+    if growth not in curves:
+        raise MemstepError(f"unknown growth '{growth}': choose one of {', '.join(CURVES)}")
+    return [curves[growth](i) for i in range(n - 1)] + [M]  # every curve ends at the full budget
+
+
+def layer_growth_budgets(memory: int, steps: int, growth: str, layers: int) -> list[list[int]]:
+    """Per step, the budget of every layer: a plain curve gives every layer the same budget;
+    a layer-wise growth gives the lower half (l < layers // 2) its first curve, the rest its second."""
+    if growth not in LAYERWISE:
+        return [[m] * layers for m in growth_budgets(memory, steps, growth)]
+    lower, upper = (growth_budgets(memory, steps, curve) for curve in LAYERWISE[growth])
+    half = layers // 2
+    return [[lower[i]] * half + [upper[i]] * (layers - half) for i in range(steps)]
+
+
+def _average_budgets(per_layer: list[list[int]]) -> list[int]:
+    return [sum(step) // len(step) for step in per_layer]
 
 
 def check_bounds(**sizes) -> None:
@@ -174,13 +220,22 @@ def largest_true(predicate, lo: int, hi: int) -> int:
     return lo
 
 
-def _imdc_max_memory(tokens: int, chunk: int, growth: str, memory: int) -> int | None:
+def _budgets(memory: int, steps: int, growth: str, layers: int) -> tuple[list[int], list[list[int]] | None]:
+    """The budgets IMDC's chunks follow (the layer average under a layer-wise growth) and,
+    for a layer-wise growth, every layer's budgets."""
+    if growth in LAYERWISE:
+        per_layer = layer_growth_budgets(memory, steps, growth, layers)
+        return _average_budgets(per_layer), per_layer
+    return growth_budgets(memory, steps, growth), None
+
+
+def _imdc_max_memory(tokens: int, chunk: int, growth: str, memory: int, layers: int = 1) -> int | None:
     """Largest memory <= ``memory`` whose IMDC schedule has no empty chunk (None if none).
     Binary search on the (nearly monotone) failure boundary, then checked downwards."""
     n = math.ceil(tokens / chunk)
 
     def ok(m: int) -> bool:
-        return _first_empty_chunk(_imdc_chunks(tokens, growth_budgets(m, n, growth))) is None
+        return _first_empty_chunk(_imdc_chunks(tokens, _budgets(m, n, growth, layers)[0])) is None
 
     if not ok(0):
         return None
@@ -219,8 +274,10 @@ def make_schedule(
     growth: str = "linear",
     chunk_sizes: list[int] | None = None,
     memory_sizes: list[int] | None = None,
+    layers: int | None = None,
 ) -> Schedule:
-    """Build a schedule by name; raises MemstepError with a fix for bad settings."""
+    """Build a schedule by name; raises MemstepError with a fix for bad settings. A layer-wise
+    growth (square-sqrt, double-inverse) needs the model's number of ``layers``."""
     name = name.lower()
     if name not in SCHEDULES:
         raise MemstepError(f"unknown schedule '{name}': choose one of {', '.join(SCHEDULES)}")
@@ -237,17 +294,25 @@ def make_schedule(
         raise MemstepError(f"unknown growth '{growth}': choose one of {', '.join(GROWTHS)}")
     settings = {"chunk": chunk, "memory": memory}
     n = math.ceil(tokens / chunk)
+    if growth in LAYERWISE:
+        if name == "fm":
+            raise MemstepError(f"growth '{growth}' is layer-wise: it schedules IM and IMDC budgets; "
+                               "FM keeps M in every layer (use schedule im or imdc, or growth linear)")
+        if not isinstance(layers, int) or layers < 1:
+            raise MemstepError(f"growth '{growth}' is layer-wise: it needs the model's number of layers")
+        settings["layers"] = layers
     if name == "fm":
         return Schedule("fm", tuple(_fixed_chunks(tokens, chunk)), (memory,) * n, None, settings)
 
-    budgets = growth_budgets(memory, n, growth)
+    budgets, per_layer = _budgets(memory, n, growth, layers or 1)
+    per_layer = tuple(map(tuple, per_layer)) if per_layer else None
     if name == "im":
-        return Schedule("im", tuple(_fixed_chunks(tokens, chunk)), tuple(budgets), growth, settings)
+        return Schedule("im", tuple(_fixed_chunks(tokens, chunk)), tuple(budgets), growth, settings, per_layer)
 
     chunks = _imdc_chunks(tokens, budgets)
     bad = _first_empty_chunk(chunks)
     if bad is not None:
-        best = _imdc_max_memory(tokens, chunk, growth, memory)
+        best = _imdc_max_memory(tokens, chunk, growth, memory, layers or 1)
         fix = (
             f"use a memory of at most {best} tokens at chunk {chunk}, a larger chunk, "
             f"or schedule 'im'" if best is not None else "use a larger chunk or schedule 'im'"
@@ -256,7 +321,7 @@ def make_schedule(
             f"IMDC with {tokens} tokens, chunk {chunk}, memory {memory}, {growth} growth would give "
             f"step {bad} a chunk of {chunks[bad]} tokens: {fix}"
         )
-    return Schedule("imdc", tuple(chunks), tuple(budgets), growth, settings)
+    return Schedule("imdc", tuple(chunks), tuple(budgets), growth, settings, per_layer)
 
 
 def custom_schedule(tokens: int, chunk_sizes: list[int], memory_sizes: list[int]) -> Schedule:

@@ -33,11 +33,12 @@ class LayerState:
     positions: torch.Tensor
     scaling: float
     layer: int = 0
+    rows: int | None = None  # the chunk's query rows, when the queries are not kept (one-pass sums)
     _memo: dict = field(default_factory=dict, repr=False)
 
     @property
     def chunk_size(self) -> int:
-        return self.queries.shape[1]
+        return self.rows if self.rows is not None else self.queries.shape[1]
 
     @property
     def memory_size(self) -> int:
@@ -87,6 +88,11 @@ class Scorer:
     def reset(self) -> None:
         """Called at the start of every run (seeded scorers restart their stream)."""
 
+    def attention_rows(self, chunk: int) -> tuple[int, ...]:
+        """First query rows of the column sums ``score`` reads (``LayerState.attention_sum``):
+        the attention pass computes them in the same pass (memstep/attention.py)."""
+        return (0,) if self.needs_queries else ()
+
     def score(self, layer: LayerState) -> torch.Tensor:
         raise NotImplementedError
 
@@ -103,6 +109,29 @@ class ChunkAttention(Scorer):
 
 
 @dataclass
+class Conv(Scorer):
+    """The reference code's pooled score (``conv`` in "Memorize Step by Step"): the attention
+    each key receives summed over the chunk's queries, average-pooled over ``kernel``
+    neighbouring keys (zero padding counted, as avg_pool1d does by default), then divided by
+    how many of the chunk's queries see the key."""
+
+    name: ClassVar[str] = "conv"
+    kernel: int = 5
+
+    def score(self, layer: LayerState) -> torch.Tensor:
+        pooled = pool_keys(layer.attention_sum(), self.kernel, count_padding=True)
+        return pooled / layer.visible_queries().clamp(min=1)
+
+
+def pool_keys(scores: torch.Tensor, kernel: int, count_padding: bool) -> torch.Tensor:
+    """Average of each key's score with its ``kernel`` neighbours (kernel odd: centred)."""
+    if kernel <= 1:
+        return scores
+    return F.avg_pool1d(scores[:, None], kernel, stride=1, padding=kernel // 2,
+                        count_include_pad=count_padding)[:, 0, :scores.shape[1]]
+
+
+@dataclass
 class SnapKV(Scorer):
     """SnapKV (Li et al., 2024): attention from the chunk's last ``window`` queries,
     average-pooled over neighbouring keys (``kernel``); the window itself is kept."""
@@ -111,13 +140,13 @@ class SnapKV(Scorer):
     window: int = 32
     kernel: int = 5
 
+    def attention_rows(self, chunk: int) -> tuple[int, ...]:
+        return (chunk - min(self.window, chunk),)
+
     def score(self, layer: LayerState) -> torch.Tensor:
         window = min(self.window, layer.chunk_size)
         first = layer.chunk_size - window
-        scores = layer.attention_sum(first) / window
-        if self.kernel > 1:
-            scores = F.avg_pool1d(scores[:, None], self.kernel, stride=1, padding=self.kernel // 2,
-                                  count_include_pad=False)[:, 0]
+        scores = pool_keys(layer.attention_sum(first) / window, self.kernel, count_padding=False)
         # the window outranks every other key, its most recent entries first: finite scores, so
         # select_kept can still put the sinks above it when the window exceeds the budget
         ramp = torch.arange(1, window + 1, dtype=scores.dtype, device=scores.device)
@@ -178,15 +207,19 @@ class RandomScorer(Scorer):
 
 
 SCORERS: dict[str, type[Scorer]] = {
-    cls.name: cls for cls in (ChunkAttention, SnapKV, VATP, KeyNorm, Recency, RandomScorer)
+    cls.name: cls for cls in (ChunkAttention, Conv, SnapKV, VATP, KeyNorm, Recency, RandomScorer)
 }
 
 
-def make_scorer(name: str, seed: int = 0, window: int = 32) -> Scorer:
+def make_scorer(name: str, seed: int = 0, window: int = 32, kernel: int = 5) -> Scorer:
     if name not in SCORERS:
         raise MemstepError(f"unknown scorer '{name}': choose one of {', '.join(SCORERS)}")
     if name == "random":
         return RandomScorer(seed=seed)
+    if name == "conv":
+        if not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0 or kernel > 255:
+            raise MemstepError(f"the conv kernel must be an odd number of keys from 1 to 255 (got {kernel})")
+        return Conv(kernel=kernel)
     if name == "snapkv":
         if window < 1:
             raise MemstepError(f"the SnapKV window must be at least 1 token (got {window})")

@@ -60,9 +60,14 @@ def crop(cache, entries: list[int]) -> None:
 def run_case(model, tokenizer, press, settings: dict, case: dict) -> dict:
     from transformers import DynamicCache
 
-    context = case["head_ids"] + case["document_ids"]
-    continuation = case["continuation_ids"]
-    keep = settings["budget"] + settings["sinks"] if settings.get("budget") else len(context)
+    # question-aware: the question (the chat template's tail) ends the context the press compresses, so
+    # SnapKV's window is the question; the document keeps the same budget, the question its own entries
+    aware = bool(settings.get("question_aware"))
+    question = case["question_ids"]
+    context = case["head_ids"] + case["document_ids"] + (question if aware else [])
+    continuation = [] if aware else case["continuation_ids"]  # the question would sit before it
+    keep = settings["budget"] + settings["sinks"] + (len(question) if aware else 0) if settings.get("budget") \
+        else len(context)
     cache = DynamicCache()
     began = time.perf_counter()
     with torch.inference_mode():
@@ -86,8 +91,11 @@ def run_case(model, tokenizer, press, settings: dict, case: dict) -> dict:
         eos = model.generation_config.eos_token_id
         eos = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
         position = len(context)
-        logits = extend(model, cache, case["question_ids"], position, True)
-        position += len(case["question_ids"])
+        if aware:  # the question is in the cache already
+            logits = model.get_output_embeddings()(hidden[:, -1]).float()
+        else:
+            logits = extend(model, cache, question, position, True)
+            position += len(question)
         out: list[int] = []
         for _ in range(settings["max_new_tokens"]):
             token = int(logits[-1].argmax())
@@ -110,6 +118,7 @@ def main(argv: list[str]) -> int:
     lm = load_model(job.get("model") or "embedded", device=job.get("device", "cpu"), dtype=job.get("dtype", "float32"))
     config, settings = job["config"], dict(job["settings"])
     settings["budget"] = config.get("budget")
+    settings["question_aware"] = config.get("question_aware")
     press = make_press(config.get("scorer"), settings.get("peer_window", 64))
     if config.get("scorer") == "observed-attention":  # needs the attention weights
         lm.model.set_attn_implementation("eager")

@@ -118,6 +118,22 @@ def test_an_oversized_upload_is_refused_with_the_limit(client, tmp_path):
     assert client.predict(tokens=1000, api_name="/schedule")["steps"] == 2
 
 
+def test_prefill_rope_and_reference_preset(client):
+    result = client.predict(document_text=NETHERFIELD, schedule="fm", chunk=256, memory=128, preset="reference",
+                            max_tokens=600, api_name="/prefill")
+    assert (result["scorer"], result["rope"], result["sinks"]) == ("conv", "compact", 4)
+    assert [s["first_position"] for s in result["steps"]] == [s["memory_before"] for s in result["steps"]]
+    result = client.predict(document_text=NETHERFIELD, schedule="im", growth="double-inverse", chunk=256,
+                            memory=128, rope="document", max_tokens=600, api_name="/prefill")
+    assert result["rope"] == "document" and result["scorer"] == "chunk-attention"
+    assert [s["first_position"] for s in result["steps"]] == [s["chunk_start"] for s in result["steps"]]
+    middle = result["steps"][1]  # 15 layers inverse-convex, 15 inverse-concave
+    assert len(middle["layer_memory_after"]) == 30 and len(set(middle["layer_memory_after"])) == 2
+    plan = client.predict(tokens=1000, schedule="imdc", chunk=200, memory=300, growth="double-inverse", layers=3,
+                          api_name="/schedule")
+    assert plan["layer_memory_sizes"][1] == [75, 210, 210]
+
+
 # ---- issue 12: a public API nobody can abuse --------------------------------------------------
 def _raw_call(url: str, endpoint: str, data: list) -> str:
     """POST a call as a client other than gradio_client would (no "meta" on files); returns
@@ -138,7 +154,7 @@ def test_server_files_never_come_back(app_url, client):
     readme = str(ASSETS.parent / "README.md")
     answers = []
     for path in ("README.md", readme, "/etc/hostname", "/no/such/file.txt"):
-        data = ["", {"path": path}, "", "full", 512, 512, "linear", "chunk-attention", 4, "", 4096, "", False]
+        data = ["", {"path": path}, "", "full", 512, 512, "linear", "chunk-attention", 4, "", 4096, "", False, "compact", ""]
         answers.append(_raw_call(app_url, "prefill", data))
     assert all("uploaded through the page" in a for a in answers), answers
     assert not any("sdk_version" in a or "Hugging Face Spaces" in a for a in answers)  # README never read

@@ -54,7 +54,11 @@ def test_schedule_json(capsys):
 def test_schedule_growth_and_full(capsys):
     code, out, _ = cli(capsys, "schedule", "--tokens", 2048, "--chunk", 512, "--memory", 512, "--schedule", "im",
                        "--growth", "square", "--json")
-    assert code == 0 and json.loads(out)["memory_sizes"] == [32, 128, 288, 512]
+    assert code == 0 and json.loads(out)["memory_sizes"] == [128, 170, 298, 512]  # tests/test_schedules.py
+    code, out, _ = cli(capsys, "schedule", "--tokens", 1000, "--chunk", 200, "--memory", 300, "--schedule", "imdc",
+                       "--growth", "double-inverse", "--layers", 3, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["layer_memory_sizes"][1] == [75, 210, 210] and data["chunk_sizes"][1] == 307
     code, out, _ = cli(capsys, "schedule", "--tokens", 700, "--schedule", "full", "--json")
     assert code == 0 and json.loads(out)["chunk_sizes"] == [700]
 
@@ -67,6 +71,8 @@ def test_schedule_growth_and_full(capsys):
     (["--tokens", "many"], ["invalid int value"]),
     (["--chunk", 10], ["--tokens"]),
     (["--tokens", 6000, "--chunk", 500, "--memory", 1500, "--growth", "square"], ["IMDC", "at most"]),
+    (["--tokens", 1000, "--growth", "square-sqrt"], ["layer-wise", "number of layers"]),
+    (["--tokens", 1000, "--schedule", "fm", "--growth", "double-inverse", "--layers", 30], ["layer-wise", "FM"]),
 ])
 def test_schedule_bad_input(capsys, argv, words):
     assert_one_line_error(*cli(capsys, "schedule", *argv)[::2], *words)
@@ -114,6 +120,9 @@ def test_run_directory_instead_of_file(capsys, tmp_path):
     (["--device", "tpu"], ["unknown device 'tpu'"]),
     (["--dtype", "int4"], ["unknown dtype 'int4'"]),
     (["--model", "/no/such/model"], ["model folder not found"]),
+    (["--rope", "absolute"], ["invalid choice: 'absolute'"]),
+    (["--preset", "paper"], ["invalid choice: 'paper'"]),
+    (["--scorer", "conv", "--kernel", 4], ["conv kernel", "odd"]),
 ])
 def test_run_bad_parameters(capsys, argv, words):
     assert_one_line_error(*cli(capsys, "run", EXAMPLE, *argv)[::2], *words)
@@ -149,12 +158,30 @@ def test_run_table_and_positions(capsys, tiny_lm_folder, tmp_path):
                        "--quiet")
     assert code == 0
     lines = out.splitlines()
-    assert "schedule fm, scorer recency" in lines[0] and lines[1].split()[:3] == ["step", "start", "chunk"]
+    assert "schedule fm, scorer recency, compact RoPE positions" in lines[0]
+    assert lines[1].split()[:3] == ["step", "start", "chunk"]
     assert lines[-1].startswith("total ") and "no device counter on CPU" in lines[-1]
     data = json.loads(output.read_text())
     kept = data["steps"][-1]["kept_positions"]  # (layers, kv_heads, entries)
     tokens = data["tokens"]
     assert kept[0][0] == [0, 1, 2, 3] + list(range(tokens - 50, tokens))
+
+
+def test_run_preset_reference_and_rope(capsys, tiny_lm_folder):
+    base = ["run", EXAMPLE, "--model", tiny_lm_folder, "--max-tokens", 300, "--schedule", "imdc", "--chunk", 100,
+            "--memory", 50, "--json", "--quiet"]
+    code, out, _ = cli(capsys, *base, "--preset", "reference")
+    data = json.loads(out)
+    assert code == 0 and (data["scorer"], data["rope"], data["sinks"]) == ("conv", "compact", 4)
+    # compact: every chunk starts right after the memory, never beyond sinks + M + c
+    assert [s["first_position"] for s in data["steps"]] == [s["memory_before"] for s in data["steps"]]
+    code, out, _ = cli(capsys, *base, "--preset", "reference", "--rope", "document", "--sinks", 2)
+    data = json.loads(out)  # explicit options win over the preset
+    assert (data["scorer"], data["rope"], data["sinks"]) == ("conv", "document", 2)
+    assert [s["first_position"] for s in data["steps"]] == [s["chunk_start"] for s in data["steps"]]
+    code, out, _ = cli(capsys, *base)
+    data = json.loads(out)  # the defaults: the paper's chunk-attention score, compact positions
+    assert (data["scorer"], data["rope"], data["sinks"]) == ("chunk-attention", "compact", 4)
 
 
 def test_run_from_stdin(capsys, tiny_lm_folder, monkeypatch):

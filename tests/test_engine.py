@@ -35,8 +35,8 @@ def full_prefill(model, ids, positions=None):
         return model.model(input_ids=torch.as_tensor(ids)[None], position_ids=pos).last_hidden_state[0]
 
 
-def run_engine(model, ids, schedule, scorer="chunk-attention", sinks=4, **kwargs):
-    engine = ChunkedPrefill(model, make_scorer(scorer), sinks=sinks, **kwargs)
+def run_engine(model, ids, schedule, scorer="chunk-attention", sinks=4, rope="document", **kwargs):
+    engine = ChunkedPrefill(model, make_scorer(scorer), sinks=sinks, rope=rope, **kwargs)
     return engine, list(engine.run(ids, schedule))
 
 
@@ -64,17 +64,20 @@ def test_budget_covering_the_document_reproduces_full_prefill(family_model):
 
 
 # ---- eviction: the next chunk sees exactly the kept entries at their true positions -------
+@pytest.mark.parametrize("rope", ["document", "compact"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_recency_eviction_equals_full_prefill_over_kept_tokens(family):
+def test_recency_eviction_equals_full_prefill_over_kept_tokens(family, rope):
     """With one layer, a cache entry's key and value depend only on its token and position, so
     after eviction a chunk must see exactly what a full prefill over [sinks + kept tokens +
-    chunk] at the original position ids sees. Fails if eviction drops the wrong entries,
-    re-RoPEs kept keys, or masks the compressed cache wrongly."""
+    chunk] sees: at the original position ids (document), or at contiguous positions 0..n-1
+    (compact). Fails if eviction drops the wrong entries, rotates kept keys wrongly, or masks
+    the compressed cache wrongly."""
     model = make_tiny_model(family, layers=1, seed=1)
     ids = random_ids(170, seed=1)
     sinks, memory = 4, 24
     schedule = make_schedule("fm", 170, 32, memory)
-    engine, records = run_engine(model, ids, schedule, scorer="recency", sinks=sinks, collect_hidden=True)
+    engine, records = run_engine(model, ids, schedule, scorer="recency", sinks=sinks, collect_hidden=True,
+                                 rope=rope)
     for step, record in enumerate(records):
         seen = record.tokens_seen
         expected = list(range(sinks)) + list(range(seen - memory, seen)) if seen > memory + sinks else list(
@@ -84,8 +87,12 @@ def test_recency_eviction_equals_full_prefill_over_kept_tokens(family):
             continue
         kept = records[step - 1].kept_positions[0, 0].tolist()
         positions = kept + list(range(record.chunk_start, seen))
-        reference = full_prefill(model, ids[positions], positions)[-record.chunk_size:]
+        rope_positions = positions if rope == "document" else list(range(len(positions)))
+        assert record.first_position == rope_positions[len(kept)]
+        reference = full_prefill(model, ids[positions], rope_positions)[-record.chunk_size:]
         torch.testing.assert_close(engine.hidden_chunks[step], reference, **TOL)
+    # compact positions never exceed sinks + M + c; document positions reach the document's end
+    assert engine.position == (sinks + memory if rope == "compact" else 170)
     # and not merely because any context gives the same answer: the full context differs
     assert not torch.allclose(engine.hidden_chunks[-1], full_prefill(model, ids)[-records[-1].chunk_size:],
                               atol=1e-3)
@@ -256,7 +263,7 @@ def test_scorer_attention_equals_the_model_attention(family):
             return super().score(layer)
 
     handles = [layer.self_attn.register_forward_hook(keep_probabilities) for layer in model.model.layers]
-    engine = ChunkedPrefill(model, Capture(), sinks=2)
+    engine = ChunkedPrefill(model, Capture(), sinks=2, rope="document")  # eager: the model rotates
     checked = 0
     try:
         for record in engine.run(random_ids(150, seed=7), make_schedule("fm", 150, 40, 30)):
@@ -300,3 +307,62 @@ def test_embedded_model_chunked_equals_full_prefill(embedded):
         next_logits = model.get_output_embeddings()(engine.last_hidden)[0]
     torch.testing.assert_close(next_logits, logits, **TOL)
     assert int(next_logits.argmax()) == int(logits.argmax())
+
+
+# ---- positions after the prefill, per-layer budgets, refusals -------------------------------
+@pytest.mark.parametrize("rope", ["compact", "document"])
+def test_appended_tokens_continue_right_after_the_memory(rope):
+    """A question appended after the prefill sees the kept entries at their positions and sits
+    right after them: after the compact memory (compact) or after the document's end (document)."""
+    from memstep.generate import _extend
+
+    model = make_tiny_model("llama", layers=1, seed=1)
+    ids, extra = random_ids(170, seed=1), random_ids(5, seed=9)
+    engine, records = run_engine(model, ids, make_schedule("fm", 170, 32, 24), scorer="recency", rope=rope)
+    kept = records[-1].kept_positions[0, 0].tolist()
+    logits = _extend(engine, extra.tolist())
+    tokens = torch.cat([ids[kept], extra])
+    positions = kept + list(range(170, 175)) if rope == "document" else list(range(len(kept) + 5))
+    with torch.inference_mode():
+        reference = model.get_output_embeddings()(full_prefill(model, tokens, positions))[-5:]
+    torch.testing.assert_close(logits, reference, **TOL)
+    assert engine.position == positions[-1] + 1 and engine.tokens_seen == 175
+
+
+def test_layerwise_budgets_keep_a_different_number_of_entries_per_layer():
+    model = make_tiny_model("llama", layers=4, seed=8)
+    ids = random_ids(300, seed=8)
+    schedule = make_schedule("imdc", 300, 64, 60, "double-inverse", layers=4)
+    engine = ChunkedPrefill(model, make_scorer("chunk-attention"), sinks=4)
+    shape = model_shape(model)
+    for step, (record, (before, after)) in enumerate(zip(engine.run(ids, schedule), schedule.layer_cache_lengths(4))):
+        assert [layer.keys.shape[2] for layer in engine.cache.layers] == after == record.layer_entries
+        assert record.layer_budgets == schedule.layer_budgets(step, 4)
+        assert record.memory_after == max(after) and record.memory_before == max(before)
+        parts = record.bytes_modeled_parts
+        assert record.kv_bytes_actual == parts["kv_memory"] + parts["kv_chunk"]  # per-layer bytes, to the byte
+        assert engine.cache_bytes() == sum(after) * shape.kv_bytes_per_entry
+        for layer, entries in enumerate(after):  # padding only beyond each layer's own entries
+            assert (record.kept_positions[layer][:, :entries] >= 0).all()
+            assert (record.kept_positions[layer][:, entries:] == -1).all()
+        assert abs(record.kept_fraction().sum() - sum(after) / 4) < 1e-9
+        data = record.to_dict(with_positions=True)
+        assert data["layer_memory_after"] == after and len(data["kept_positions"][0][0]) == after[0]
+    assert len(set(after)) == 1  # the last step is M everywhere
+    assert len(set(schedule.layer_cache_lengths(4)[2][1])) == 2  # mid-run the halves differ
+
+
+def test_compact_and_layerwise_need_sdpa(tiny_model):
+    eager = make_tiny_model("llama", layers=2, seed=3)
+    eager.config._attn_implementation = "eager"
+    with pytest.raises(MemstepError, match="compact RoPE positions need"):
+        list(ChunkedPrefill(eager, rope="compact").run(random_ids(100), make_schedule("fm", 100, 40, 20)))
+    with pytest.raises(MemstepError, match="layer-wise budgets need"):
+        list(ChunkedPrefill(eager, rope="document").run(
+            random_ids(100), make_schedule("im", 100, 40, 20, "square-sqrt", layers=2)))
+    with pytest.raises(MemstepError, match="unknown RoPE position mode 'absolute'"):
+        ChunkedPrefill(tiny_model, rope="absolute")
+    with pytest.raises(MemstepError, match="made for 3 layers"):
+        list(ChunkedPrefill(tiny_model).run(random_ids(100), make_schedule("im", 100, 40, 20, "square-sqrt",
+                                                                            layers=3)))
+    assert eager.config._attn_implementation == "eager"  # left as it was

@@ -13,7 +13,7 @@ from memstep.errors import MemstepError
 from memstep.evaluation import metrics, process, report, runner
 from memstep.evaluation.grid import Config, cell_key, make_grid
 from memstep.evaluation.store import ResultStore
-from memstep.evaluation.suite import DEFAULT_HAYSTACK, make_case
+from memstep.evaluation.suite import DEFAULT_HAYSTACK, make_case, rotate
 from memstep.evaluation.worker import retention_per_layer
 from memstep.passkey import make_haystack
 
@@ -52,10 +52,11 @@ def test_case_places_the_passkey_at_depth_and_length(tokenizer, prose, length, d
 def test_continuation_is_the_prose_after_the_haystack(tokenizer, prose):
     for depth in (0.0, 0.5, 1.0):
         case = make_case(prose, tokenizer, 600, depth, seed=1, continuation_tokens=24)
-        doc = make_haystack(prose, tokenizer, 600, depth, case.passkey, thing=case.question.split("the ")[-1][:-1])
+        window = rotate(prose, case.start)  # the case's own window of the text
+        doc = make_haystack(window, tokenizer, 600, depth, case.passkey, thing=case.question.split("the ")[-1][:-1])
         without_needle = doc.text.replace(doc.needle + " ", "", 1) if depth < 1.0 else \
             doc.text[:doc.needle_char_start].rstrip()
-        source = prose.strip()
+        source = window
         assert source.startswith(without_needle)
         following = tokenizer.decode(case.continuation_ids)
         assert len(case.continuation_ids) == 24
@@ -74,13 +75,14 @@ def test_grid_full_once_peers_at_each_budget():
                         peers=["kvpress", "hf"], presses=["snapkv"])
     labels = [c.label for c in configs]
     assert labels.count("memstep full") == 1
-    assert "fm knorm M=128" in labels and "imdc-sqrt chunk-attention M=256" in labels
+    assert "fm knorm M=128 compact" in labels and "imdc-sqrt chunk-attention M=256 compact" in labels
     assert [c.label for c in configs if c.kind == "kvpress"] == ["kvpress snapkv M=128", "kvpress snapkv M=256"]
     assert labels[-1] == "hf full cache" and len(configs) == 1 + 2 * 2 * 2 + 2 + 1
 
 
 @pytest.mark.parametrize("kwargs", [dict(schedules=["lifo"]), dict(scorers=["magic"]), dict(budgets=[0]),
-                                    dict(peers=["vllm"]), dict(presses=["tova"]), dict(chunk=0)])
+                                    dict(peers=["vllm"]), dict(presses=["tova"]), dict(chunk=0),
+                                    dict(ropes=["true"]), dict(ropes=[])])
 def test_grid_rejects_bad_settings(kwargs):
     settings = dict(schedules=["fm"], scorers=["knorm"], budgets=[64], chunk=64, peers=[], presses=["snapkv"])
     settings.update(kwargs)
@@ -89,12 +91,144 @@ def test_grid_rejects_bad_settings(kwargs):
 
 
 def test_cell_key_changes_with_any_setting():
-    config, cell, settings = Config("memstep", "fm", None, "knorm", 64, 64), {"length": 1, "depth": 0.5, "seed": 0}, {"m": 1}
+    config = Config("memstep", "fm", None, "knorm", 64, 64, "compact")
+    cell, settings = {"haystack": "a.txt", "length": 1, "depth": 0.5, "seed": 0, "start": 0}, {"m": 1}
     key = cell_key(config, cell, settings)
     assert key == cell_key(Config.from_dict(config.to_dict()), dict(cell), dict(settings))
-    assert key != cell_key(Config("memstep", "fm", None, "knorm", 128, 64), cell, settings)
+    assert key != cell_key(Config("memstep", "fm", None, "knorm", 128, 64, "compact"), cell, settings)
+    assert key != cell_key(Config("memstep", "fm", None, "knorm", 64, 64, "document"), cell, settings)
     assert key != cell_key(config, {**cell, "seed": 1}, settings)
+    assert key != cell_key(config, {**cell, "haystack": "b.txt"}, settings)
     assert key != cell_key(config, cell, {"m": 2})
+
+
+def test_rope_axis_in_grid_and_labels():
+    configs = make_grid(["full", "fm", "imdc"], ["chunk-attention"], [512], 512, peers=["kvpress"],
+                        presses=["snapkv"], ropes=["compact", "document"])
+    assert [c.label for c in configs] == [
+        "memstep full", "fm chunk-attention M=512 compact", "fm chunk-attention M=512 document",
+        "imdc chunk-attention M=512 compact", "imdc chunk-attention M=512 document", "kvpress snapkv M=512"]
+    # without eviction both position modes are the same run: the full cache and the peers carry none
+    assert [c.rope for c in configs if c.is_peer or c.schedule == "full"] == [None, None]
+    assert len({cell_key(c, {"length": 1}, {}) for c in configs}) == len(configs)
+    assert [c.label for c in make_grid(["fm"], ["knorm"], [64], 64)] == ["fm knorm M=64 compact"]  # the default
+
+
+def test_question_aware_axis_in_grid_labels_and_keys():
+    configs = make_grid(["fm"], ["chunk-attention", "knorm"], [512], 512, peers=["kvpress"], presses=["snapkv"],
+                        question_aware=(False, True))
+    assert [c.label for c in configs] == [
+        "fm chunk-attention M=512 compact", "fm knorm M=512 compact",
+        "fm chunk-attention M=512 compact question-aware",  # knorm reads no attention: no question-aware variant
+        "kvpress snapkv M=512", "kvpress snapkv M=512 question-aware"]
+    # an agnostic configuration's dict (and so its cells' keys) is what it was before the axis existed
+    assert "question_aware" not in configs[0].to_dict() and configs[2].to_dict()["question_aware"] is True
+    assert Config.from_dict(configs[2].to_dict()) == configs[2]
+    assert len({cell_key(c, {"length": 1}, {}) for c in configs}) == len(configs)
+
+
+LEGACY_LINE = (  # a cell as `memstep eval` wrote it before the rope and haystack axes (results/cells.jsonl)
+    '{"answer": "It is 14688.", "baseline_rss_bytes": 951787520, "config": {"budget": 512, "chunk": 512, '
+    '"growth": null, "kind": "memstep", "schedule": "fm", "scorer": "chunk-attention"}, "continuation_nll": 2.9, '
+    '"correct": false, "depth": 0.1, "document_tokens": 2041, "key": "0ed379fdde23ee99", '
+    '"label": "fm chunk-attention M=512", "length": 2048, "memory_entries": 516, "passkey": "14688", '
+    '"peak_device_bytes": null, "peak_rss_bytes": 1150812160, "peer": false, "prefill_seconds": 12.7, '
+    '"retention": [0.5], "seconds": 14.2, "seed": 0, "transformers": "5.24.0"}')
+
+
+def test_legacy_cells_load_as_document_positions(tmp_path):
+    (tmp_path / "cells.jsonl").write_text(
+        LEGACY_LINE + "\n" + LEGACY_LINE.replace('"schedule": "fm", "scorer": "chunk-attention"',
+                                                 '"schedule": "full", "scorer": null')
+        .replace("0ed379fdde23ee99", "full").replace("fm chunk-attention M=512", "memstep full") + "\n")
+    store = ResultStore(tmp_path)
+    assert "0ed379fdde23ee99" in store and "full" in store  # the same keys: nothing reruns, nothing is renamed
+    cells = {c["key"]: c for c in store.cells()}
+    fm, full = cells["0ed379fdde23ee99"], cells["full"]
+    assert fm["config"]["rope"] == "document" and fm["label"] == "fm chunk-attention M=512 document"
+    assert full["config"]["rope"] is None and full["label"] == "memstep full"
+    assert fm["haystack"] == full["haystack"] == "pride_and_prejudice_ch1-12.txt"
+    # a compact configuration never takes the old cell's key
+    compact = Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact")
+    cell = {"haystack": fm["haystack"], "length": 2048, "depth": 0.1, "seed": 0, "start": 0}
+    assert cell_key(compact, cell, runner.EvalSettings().key_fields()) not in store
+    rows = {r["label"]: r for r in metrics.summarize(store.cells())["rows"]}
+    assert rows["fm chunk-attention M=512 document"]["nll_gap"] == pytest.approx(0.0)
+
+
+def test_cases_over_several_haystacks(tokenizer):
+    from memstep.evaluation.suite import DEFAULT_HAYSTACKS, make_cases, paragraph_starts, read_haystacks
+
+    cases = make_cases(tokenizer, [300], [0.2, 0.8], [0, 1], continuation_tokens=8)
+    texts = read_haystacks()
+    assert list(texts) == [p.name for p in DEFAULT_HAYSTACKS] == ["pride_and_prejudice_ch1-12.txt",
+                                                                  "persuasion_excerpt.txt"]
+    assert len(cases) == 8 and [c.haystack for c in cases].count("persuasion_excerpt.txt") == 4
+    assert len({tuple(c.document_ids) for c in cases}) == 8  # every case its own document
+    assert len({tuple(c.continuation_ids) for c in cases}) == 8  # and its own held-out prose
+    assert len({c.passkey for c in cases}) == 8
+    for case in cases:
+        text = texts[case.haystack].strip()
+        assert case.start in paragraph_starts(text)
+        first = tokenizer.decode(case.document_ids[:5]).strip()
+        assert text[case.start:].startswith(first) or case.needle_tokens[0] == 0
+        assert case.cell == {"haystack": case.haystack, "length": 300, "depth": case.depth, "seed": case.seed,
+                             "start": case.start}
+    # a wider grid leaves the cases it shares with a narrower one exactly as they were
+    (again,) = make_cases(tokenizer, [300], [0.8], [1], [DEFAULT_HAYSTACKS[1]], continuation_tokens=8)
+    assert again == next(c for c in cases if c.cell == again.cell)
+
+
+def test_haystacks_bad_input(tmp_path):
+    from memstep.evaluation.suite import read_haystacks
+
+    with pytest.raises(MemstepError, match="not found"):
+        read_haystacks([tmp_path / "missing.txt"])
+    (tmp_path / "empty.txt").write_text("  \n")
+    with pytest.raises(MemstepError, match="empty"):
+        read_haystacks([tmp_path / "empty.txt"])
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "pride_and_prejudice_ch1-12.txt").write_text("Some prose.")
+    with pytest.raises(MemstepError, match="rename"):
+        read_haystacks([DEFAULT_HAYSTACK, tmp_path / "a" / "pride_and_prejudice_ch1-12.txt"])
+
+
+def test_window_start_is_a_paragraph_with_room(prose):
+    from memstep.evaluation.suite import paragraph_starts, window_start
+
+    text = prose.strip()
+    starts = {window_start(prose, "p.txt", 2048, d, s) for d in (0.1, 0.5, 0.9) for s in range(4)}
+    assert len(starts) > 6 and starts <= set(paragraph_starts(text))
+    assert all(s + 5 * 2048 <= len(text) for s in starts)
+    assert window_start(prose, "p.txt", 2048, 0.5, 1) == window_start(prose, "p.txt", 2048, 0.5, 1)
+    assert window_start("One.\n\nTwo.", "short.txt", 8192, 0.5, 0) in (0, 6)  # shorter than the window
+
+
+def test_worker_passes_the_rope_mode(monkeypatch):
+    from memstep import runner as document_runner
+    from memstep.evaluation import worker
+
+    seen = []
+
+    class FakeRun:
+        def __init__(self, lm, ids, **kwargs):
+            seen.append(kwargs)
+
+        def run(self):
+            step = type("Step", (), {"memory_after": 36, "kept_positions": np.zeros((1, 1, 36), dtype=int)})
+            return type("Result", (), {"answer": "1", "continuation_nll": 2.0, "seconds": 0.1, "prefix_tokens": 0,
+                                       "steps": [step], "peak_bytes_modeled": 1})
+
+    monkeypatch.setattr(document_runner, "DocumentRun", FakeRun)
+    case = {"document_ids": list(range(50)), "continuation_ids": [1, 2], "seed": 0, "question": "q?",
+            "passkey_tokens": [3, 5]}
+    settings = {"sinks": 4, "window": 32, "max_new_tokens": 4}
+    for rope in ("compact", "document"):
+        worker.run_case(None, Config("memstep", "fm", None, "knorm", 32, 16, rope).to_dict(), settings, case)
+    worker.run_case(None, Config("memstep", "full").to_dict(), settings, case)
+    assert [k.get("rope") for k in seen] == ["compact", "document", None]  # full: the engine's default
+    worker.run_case(None, Config("memstep", "fm", None, "conv", 32, 16, "compact", True).to_dict(), settings, case)
+    assert [k["question_aware"] for k in seen] == [False, False, False, True]
 
 
 # ---- scoring and retention ---------------------------------------------------------------
@@ -207,10 +341,12 @@ def test_peer_output_becomes_cells(tmp_path, tokenizer, prose, monkeypatch):
 
 
 # ---- metrics and report ------------------------------------------------------------------
-def _cell(label, kind, length, depth, correct, nll, seconds, peak, schedule="full", budget=None, scorer=None):
-    config = Config(kind, schedule, "linear" if schedule in ("im", "imdc") else None, scorer, budget, 512)
-    return {"key": f"{label}{length}{depth}", "config": config.to_dict(), "label": label, "peer": kind != "memstep",
-            "length": length, "depth": depth, "seed": 0, "correct": correct, "continuation_nll": nll,
+def _cell(label, kind, length, depth, correct, nll, seconds, peak, schedule="full", budget=None, scorer=None,
+          rope=None, haystack="a.txt", seed=0):
+    config = Config(kind, schedule, "linear" if schedule in ("im", "imdc") else None, scorer, budget, 512, rope)
+    return {"key": f"{label}{length}{depth}{haystack}{seed}", "config": config.to_dict(), "label": label,
+            "peer": kind != "memstep", "haystack": haystack,
+            "length": length, "depth": depth, "seed": seed, "correct": correct, "continuation_nll": nll,
             "prefill_seconds": seconds / 2, "seconds": seconds, "peak_rss_bytes": peak, "baseline_rss_bytes": 100,
             "peak_device_bytes": None, "memory_entries": 516, "retention": [1.0, 1.0] if correct else [1.0, 0.5]}
 
@@ -237,7 +373,8 @@ def test_summary_rows_heatmaps_and_gap(cells):
     assert rows["imdc ca M=512"]["working_rss_bytes"] == 700
     assert rows["imdc ca M=512"]["retention"] == pytest.approx(0.875)
     assert rows["imdc ca M=512"]["retained_and_correct"] == 1.0
-    assert summary["heatmaps"]["imdc ca M=512"] == {"depths": [0.1, 0.9], "lengths": [8192], "accuracy": [[1.0], [0.0]]}
+    assert summary["heatmaps"]["imdc ca M=512"] == {"depths": [0.1, 0.9], "lengths": [8192], "accuracy": [[1.0], [0.0]],
+                                                    "cases": [[1], [1]]}
 
 
 def test_goals_and_dominated(cells):
@@ -256,6 +393,89 @@ def test_goals_and_dominated(cells):
     # full (better NLL), fm ca (cheaper) and imdc ca (knorm is less accurate) lose to no peer on both
     text = report.markdown(summary, "results/")
     assert "NOT met" in text and "**fm snap M=512**" in text and "results/heatmaps.png" in text
+
+
+def test_wilson_interval_by_hand():
+    from memstep.evaluation.stats import wilson_interval
+
+    # z = 1.959964, z^2 = 3.841459; n = 12: 1 + z^2/n = 1.320122, z^2/2n = 0.160061, z^2/4n^2 = 0.006669
+    # 0/12: centre 0.160061/1.320122 = 0.121247, half 1.484684 * sqrt(0.006669) = 0.121247
+    assert wilson_interval(0, 12) == (0.0, pytest.approx(0.242494, abs=1e-6))
+    # 6/12: centre 0.5, half 1.484684 * sqrt(0.25/12 + 0.006669) = 0.246218
+    assert wilson_interval(6, 12) == (pytest.approx(0.253782, abs=1e-6), pytest.approx(0.746218, abs=1e-6))
+    assert wilson_interval(12, 12) == (pytest.approx(0.757506, abs=1e-6), 1.0)
+    # 3/10: 1 + z^2/n = 1.384146; centre (0.3 + 0.192073)/1.384146 = 0.355506;
+    # half 1.416011 * sqrt(0.021 + 0.009604) = 0.247713
+    assert wilson_interval(3, 10) == (pytest.approx(0.107793, abs=1e-5), pytest.approx(0.603219, abs=1e-5))
+    for bad in ((1, 0), (-1, 5), (6, 5)):
+        with pytest.raises(ValueError):
+            wilson_interval(*bad)
+
+
+def test_t_quantiles_and_mean_interval_by_hand():
+    from memstep.evaluation.stats import mean_interval, t_quantile_975
+
+    assert t_quantile_975(1) == 12.7062 and t_quantile_975(11) == 2.2010 and t_quantile_975(30) == 2.0423
+    # beyond the table: Cornish-Fisher, against the printed values for 40, 60 and 120 degrees of freedom
+    assert t_quantile_975(40) == pytest.approx(2.0211, abs=2e-4)
+    assert t_quantile_975(60) == pytest.approx(2.0003, abs=2e-4)
+    assert t_quantile_975(120) == pytest.approx(1.9799, abs=2e-4)
+    assert 1.9599 < t_quantile_975(10**6) < 1.9601  # the normal quantile
+    with pytest.raises(ValueError):
+        t_quantile_975(0)
+    # 0.1, 0.2, 0.3, 0.4: mean 0.25, s = 0.129099, t(3) = 3.1824: half 3.1824 * 0.129099 / 2 = 0.205423
+    found = mean_interval([0.1, 0.2, 0.3, 0.4, None])
+    assert found["n"] == 4 and found["mean"] == pytest.approx(0.25)
+    assert found["half"] == pytest.approx(0.205423, abs=1e-6) and found["low"] == pytest.approx(0.25 - 0.205423)
+    assert mean_interval([0.7]) == {"mean": 0.7, "low": None, "high": None, "half": None, "n": 1}
+    assert mean_interval([]) is None and mean_interval([None]) is None
+
+
+def test_summary_carries_intervals_and_contrasts():
+    cells = []
+    for i, (depth, haystack) in enumerate((d, h) for d in (0.2, 0.5, 0.8) for h in ("a.txt", "b.txt")):
+        base = 2.0 + 0.1 * i  # the full cache's NLL differs by case; the gaps are paired per case
+        cells += [_cell("memstep full", "memstep", 2048, depth, True, base, 10, 900, haystack=haystack),
+                  _cell("fm ca M=64 compact", "memstep", 2048, depth, i < 3, base + 0.05 * i, 10, 800, "fm", 64,
+                        "chunk-attention", "compact", haystack),
+                  _cell("fm ca M=64 document", "memstep", 2048, depth, i < 2, base + 0.1, 10, 800, "fm", 64,
+                        "chunk-attention", "document", haystack),
+                  _cell("fm conv M=64 compact", "memstep", 2048, depth, i % 2 == 0, base + 0.2, 10, 800, "fm", 64,
+                        "conv", "compact", haystack)]
+    summary = metrics.summarize(cells)
+    rows = {r["label"]: r for r in summary["rows"]}
+    compact = rows["fm ca M=64 compact"]
+    assert (compact["correct"], compact["cells"], compact["accuracy"]) == (3, 6, 0.5)
+    assert compact["haystacks"] == ["a.txt", "b.txt"]
+    # 3/6: 1 + z^2/6 = 1.640243, centre 0.5, half 1.194923 * sqrt(1/24 + 3.841459/144) = 0.312384
+    assert (compact["accuracy_low"], compact["accuracy_high"]) == (pytest.approx(0.187616, abs=1e-5),
+                                                                    pytest.approx(0.812384, abs=1e-5))
+    # gaps 0, 0.05, ..., 0.25: mean 0.125, s = 0.093541, t(5) = 2.5706: half 0.098168
+    assert compact["nll_gap"] == pytest.approx(0.125) and compact["nll_gap_cases"] == 6
+    assert compact["nll_gap_high"] - compact["nll_gap"] == pytest.approx(0.098168, abs=1e-5)
+    assert rows["fm ca M=64 document"]["nll_gap_low"] == pytest.approx(0.1)  # no spread: a zero-width interval
+    assert rows["memstep full"]["retention_low"] == 1.0 and rows["fm ca M=64 compact"]["retention_high"] <= 1.0
+    found = {(c["axis"], c["first"], c["second"]): c for c in summary["contrasts"]}
+    assert set(found) == {("rope", "fm ca M=64 compact", "fm ca M=64 document"),
+                          ("scorer", "fm conv M=64 compact", "fm ca M=64 compact")}
+    rope = found[("rope", "fm ca M=64 compact", "fm ca M=64 document")]
+    assert (rope["cases"], rope["first_correct"], rope["second_correct"]) == (6, 3, 2)
+    assert (rope["only_first"], rope["only_second"]) == (1, 0)
+    assert rope["nll_difference"] == pytest.approx(0.025)  # mean of 0.05 i - 0.1
+    assert rope["nll_difference_high"] - rope["nll_difference"] == pytest.approx(0.098168, abs=1e-5)
+    text = report.markdown(summary)
+    assert "| 2048 | fm ca M=64 compact | 3/6 (50%, 95% CI 19-81%) |" in text
+    assert "+0.125 ± 0.098" in text and "passkeys 3 vs 2 of 6 (only the first: 1, only the second: 0)" in text
+    assert summary["heatmaps"]["fm ca M=64 compact"]["cases"] == [[2], [2], [2]]
+
+
+def test_report_formats():
+    assert report.plus_minus(0.0123, 0.0023, 0.0223) == "+0.012 ± 0.010"
+    assert report.plus_minus(-0.5, None, None) == "-0.500" and report.plus_minus(None, None, None) == "-"
+    row = {"correct": 0, "cells": 12, "accuracy": 0.0, "accuracy_low": 0.0, "accuracy_high": 0.2425}
+    assert report.accuracy_text(row) == "0/12 (0%, 95% CI 0-24%)"
+    assert report.retention_text({"retention": 0.5, "retention_low": 0.3, "retention_high": 0.7}) == "50% (30-70%)"
+    assert report.retention_text({"retention": None}) == "-"
 
 
 def test_refresh_readme_replaces_only_the_block(tmp_path):

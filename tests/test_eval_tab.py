@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from memstep.evaluation import metrics, plots
+from memstep.evaluation import metrics, plots, report
 
 try:
     from test_eval import _cell
@@ -44,7 +44,8 @@ def test_tradeoff_figure_marks_peers(summary):
     fig = plots.tradeoff_figure(summary)
     by_name = {t.name: t for t in fig.data}
     assert set(by_name) == {"memstep", "kvpress", "HF full cache"}
-    assert by_name["kvpress"].marker.symbol == "diamond" and by_name["HF full cache"].marker.symbol == "star"
+    assert list(by_name["kvpress"].marker.symbol) == ["diamond"]
+    assert list(by_name["HF full cache"].marker.symbol) == ["star"]
     memstep = by_name["memstep"]
     assert list(memstep.text) == ["imdc ca M=512", "memstep full"]
     assert list(memstep.x) == [800, 5000] and list(memstep.y) == [pytest.approx(200 / 3), 100]
@@ -53,10 +54,28 @@ def test_tradeoff_figure_marks_peers(summary):
     assert "1024 tokens" in plots.tradeoff_figure(summary, 1024).layout.title.text
 
 
+def test_intervals_figure_draws_the_intervals(summary):
+    fig = plots.intervals_figure(summary)
+    accuracy = [t for t in fig.data if t.xaxis == "x"]  # the 1024-token row, left panel
+    imdc = next(t for t in accuracy if "imdc ca M=512" in t.y)
+    i = list(imdc.y).index("imdc ca M=512")
+    # 2/3 answered: 66.7% with the Wilson interval 20.8-93.9% as asymmetric bars
+    assert imdc.x[i] == pytest.approx(200 / 3)
+    assert imdc.error_x.arrayminus[i] == pytest.approx(200 / 3 - 20.77, abs=0.01)
+    assert imdc.error_x.array[i] == pytest.approx(93.85 - 200 / 3, abs=0.01)
+    gaps = [t for t in fig.data if t.xaxis == "x2" and "imdc ca M=512" in t.y]
+    assert gaps and gaps[0].x[list(gaps[0].y).index("imdc ca M=512")] == pytest.approx(0.4)
+    assert {t.marker.color for t in fig.data} == set(plots.KIND_COLORS.values())
+    assert "1024 tokens" in fig.layout.annotations[0].text and "8192 tokens" in fig.layout.annotations[2].text
+    tradeoff = {t.name: t for t in plots.tradeoff_figure(summary).data}
+    assert tradeoff["memstep"].error_y.arrayminus[0] == pytest.approx(200 / 3 - 20.77, abs=0.01)
+
+
 def test_figures_of_empty_results():
     empty = {"rows": [], "heatmaps": {}}
     assert plots.heatmap_figure(empty).layout.annotations[0].text.startswith("no passkey")
     assert plots.tradeoff_figure(empty).layout.annotations[0].text.startswith("no results")
+    assert plots.intervals_figure(empty).layout.annotations[0].text.startswith("no results")
 
 
 def test_latest_results_and_table(tmp_path, summary):
@@ -74,8 +93,24 @@ def test_latest_results_and_table(tmp_path, summary):
     rows = eval_tab.table_rows(found)
     assert len(rows[0]) == len(eval_tab.TABLE_HEADERS)
     imdc = next(r for r in rows if r[1] == "imdc ca M=512" and r[0] == 8192)
-    assert imdc[2:] == ["memstep", 67.0, 0.4, 92.0, 20.0, 800.0, pytest.approx(800 - 100 / 2**20, abs=1)]
+    # 2/3: Wilson 20.8-93.9%; the kept passkey 100%, 75%, 100%: mean 91.7%, t(2) interval 56-100%
+    assert imdc[2:] == ["memstep", "2/3 (67%, 95% CI 21-94%)", "92% (56-100%)", "+0.400 ± 0.000", 20.0, 800.0,
+                        pytest.approx(800 - 100 / 2**20, abs=1)]
     assert "4 configurations at 1024, 8192 tokens" in eval_tab.headline((folder, found))
+
+
+def test_a_summary_from_before_the_intervals_still_shows(summary):
+    """results/summary.json written by an older memstep (no counts, intervals, contrasts)."""
+    from ui import eval_tab
+
+    new_fields = ("correct", "accuracy_low", "accuracy_high", "nll_gap_low", "nll_gap_high", "nll_gap_cases",
+                  "retention_low", "retention_high", "retention_cases", "haystacks")
+    old = {**summary, "rows": [{k: v for k, v in r.items() if k not in new_fields} for r in summary["rows"]]}
+    old.pop("contrasts")
+    rows = eval_tab.table_rows(old)
+    imdc = next(r for r in rows if r[1] == "imdc ca M=512" and r[0] == 8192)
+    assert imdc[3:6] == ["2/3 (67%, 95% CI 21-94%)", "92%", "+0.400"]
+    assert plots.intervals_figure(old).data and "none" in report.contrasts_text(old)
 
 
 def test_build_tab_inside_blocks(tmp_path, monkeypatch, summary):
@@ -88,5 +123,6 @@ def test_build_tab_inside_blocks(tmp_path, monkeypatch, summary):
     monkeypatch.delenv("MEMSTEP_RESULTS", raising=False)
     with gr.Blocks() as demo, gr.Tab("Evaluate"):
         parts = eval_tab.build_tab()
-    assert set(parts) == {"status", "heatmaps", "tradeoff", "table", "goals"}
-    assert "Goal 1" in parts["goals"].value
+    assert set(parts) == {"status", "heatmaps", "tradeoff", "table", "goals", "intervals"}
+    assert "Goal 1" in parts["goals"].value and "Paired differences" in parts["goals"].value
+    assert parts["table"].headers[3] == "passkey accuracy (95% CI)"

@@ -233,3 +233,16 @@ def test_a_run_view_renders_any_step_for_replay(imdc):
     assert 'data-stat="steps"' in stats_html(view, 1) and "2 / 4" in stats_html(view, 1)
     assert "passkey in memory" in stats_html(view)  # the needle was read by the last step
     assert "4 / 4" in stats_html(view) and 'data-progress="1.000"' in stats_html(view)
+
+
+def test_layer_memory_figure_draws_each_layers_entries_and_budget():
+    record = StepRecord(step=1, steps=4, chunk_start=100, chunk_size=100, memory_before=64, memory_budget=150,
+                        memory_after=214, seconds=0.1, bytes_measured=None, bytes_modeled=1, bytes_modeled_parts={},
+                        kv_bytes_actual=0, kept_positions=np.zeros((3, 2, 214), dtype=int), evicted=True,
+                        layer_memory_after=[79, 214, 214], layer_budgets=[75, 210, 210])
+    fig = figures.layer_memory_figure(record, sinks=4)
+    bars, budgets = fig.data
+    assert list(bars.x) == [1, 2, 3] and list(bars.y) == [79, 214, 214]
+    assert list(budgets.y) == [79, 214, 214]  # budget + 4 sinks
+    assert "after step 2" in fig.layout.title.text
+    assert figures.layer_memory_figure(None, 4).layout.annotations  # placeholder before a step

@@ -82,9 +82,9 @@ def test_question_is_appended_uncompressed_and_memory_is_restored(tiny_lm, docum
     grown = []
     real_crop = runner.crop_memory
 
-    def spy_crop(engine, entries, tokens_seen):  # how big the cache got while answering
+    def spy_crop(engine, mark):  # how big the cache got while answering
         grown.append([layer.keys.shape[2] for layer in engine.cache.layers])
-        real_crop(engine, entries, tokens_seen)
+        real_crop(engine, mark)
 
     monkeypatch.setattr(runner, "crop_memory", spy_crop)
     run = DocumentRun(tiny_lm, document, schedule="imdc", chunk=64, memory=48, question="Who is Mr. Bingley?",

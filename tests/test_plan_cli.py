@@ -43,7 +43,7 @@ def test_full_prefill_that_does_not_fit_says_so_and_warns(capsys):
                          "200000", "--schedule", "full", "--output", "/dev/null")
     assert code == 0
     assert "DOES NOT FIT" in out and "nothing fits" in out
-    assert "exceed Llama-3.1-8B's 131072 positions" in err and "does not fit" in err
+    assert "200000 tokens go beyond Llama-3.1-8B's 131072 trained positions" in err and "does not fit" in err
 
 
 def test_config_json_custom_gpu_and_keep_maps(tmp_path, capsys):
@@ -59,7 +59,12 @@ def test_config_json_custom_gpu_and_keep_maps(tmp_path, capsys):
     data = json.loads(out)
     assert data["model"]["name"] == "tinyllama" and data["model"]["kv_bytes_per_token"] == 2 * 22 * 4 * 64 * 2
     assert data["gpu"]["memory_bytes"] == 24 << 30 and data["keep_maps"] and data["evict_per_layer"] is False
-    assert any("2048 positions" in n for n in data["notices"])
+    # IMDC at c = M = 1024 with compact positions stays within the 2048 trained positions; document ones do not
+    assert any("2048 trained positions, but with compact RoPE positions" in n for n in data["notices"])
+    assert data["rope"] == "compact" and data["largest_position"] <= 2048
+    code, out, _ = run(capsys, "--model", str(path), "--gpu", "a100", "--tokens", "8192", "--rope", "document",
+                       "--json")
+    assert any("document positions: 8192 tokens go beyond tinyllama's 2048" in n for n in json.loads(out)["notices"])
 
 
 def test_output_file_and_list(tmp_path, capsys):

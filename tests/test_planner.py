@@ -48,8 +48,8 @@ def test_linear_flops_are_two_per_weight_per_token():
     assert work["linear"][0] == 2 * 1024 * 32 * 202_375_168
     # attention: QK^T and PV, 2 x 2 FLOPs per pair and dimension, 32 heads, 32 layers
     assert work["attention"][0] == 32 * 4 * 32 * 128 * (1024 * 2052)
-    # the chunk-attention scorer recomputes the chunk's logits: 2 x pairs x dims per head
-    assert work["scorer"][0] == 32 * 2 * 32 * 128 * (1024 * 2052)
+    # the scores come from the attention's own probabilities (one pass): one add per pair and head
+    assert work["scorer"][0] == 32 * 32 * (1024 * 2052)
 
 
 def test_attention_pairs_by_implementation():
@@ -220,10 +220,44 @@ def test_bad_sizes_raise_memstep_error(settings, message):
 
 
 def test_contexts_beyond_the_position_limit_warn_and_still_plan():
-    plan = planner.plan("llama-2-7b", "a100", schedule="fm", tokens=32768, chunk=1024, memory=1024)
-    assert plan.schedule.tokens == 32768 and len(plan.steps) == 32
-    assert any("4096 positions" in n for n in plan.notices)
+    plan = planner.plan("llama-2-7b", "a100", schedule="fm", tokens=32768, chunk=1024, memory=1024,
+                        rope="document")
+    assert plan.schedule.tokens == 32768 and len(plan.steps) == 32 and plan.largest_position == 32768
+    assert any("document positions: 32768 tokens go beyond" in n and "4096 trained positions" in n
+               for n in plan.notices)
+    assert plan.to_dict()["rope"] == "document"
+    # compact positions (the default) stop at the widest step: 4 sinks + 1024 + 1024
+    compact = planner.plan("llama-2-7b", "a100", schedule="fm", tokens=32768, chunk=1024, memory=1024)
+    assert compact.largest_position == 2052
+    assert [n for n in compact.notices if "trained positions" in n] == [
+        "32768 tokens are more than Llama-2-7B's 4096 trained positions, but with compact RoPE positions "
+        "no step uses more than 2052 positions."]
+    wide = planner.plan("llama-2-7b", "a100", schedule="fm", tokens=32768, chunk=4096, memory=1024)
+    assert any("compact positions: the widest step (5124 entries) go beyond" in n for n in wide.notices)
     assert not planner.plan("llama-2-7b", "a100", schedule="fm", tokens=4096).notices
+    full = planner.plan("llama-2-7b", "a100", schedule="full", tokens=32768)
+    assert full.largest_position == 32768  # one pass: every token at its own position
+    with pytest.raises(MemstepError, match="RoPE position mode"):
+        planner.plan("llama-2-7b", "a100", schedule="fm", tokens=4096, rope="absolute")
+
+
+def test_layerwise_growth_plans_bytes_per_layer():
+    """square-sqrt on the SmolLM2 preset (30 layers): the lower 15 layers follow square, the upper
+    15 sqrt; the KV peak adds up each layer's own entries."""
+    from memstep.memory import kv_peak_entries
+
+    shape = planner.resolve_model("smollm2-135m", "fp32")
+    plan = planner.plan(shape, "a100", schedule="im", tokens=4096, chunk=512, memory=512, growth="square-sqrt",
+                        dtype="fp32")
+    step = plan.steps[1]  # after step 1: square 73, sqrt int(sqrt(1) * 448 / sqrt(7) + 64) = 233 (+4 sinks)
+    assert step.layer_memory_after == [77] * 15 + [237] * 15
+    before = [68] * 30  # after step 0 both curves are at a = 64
+    # while layer l runs: layers below hold their new entries, l memory + chunk, the rest memory
+    expected = max(sum(step.layer_memory_after[:l]) + before[l] + 512 + sum(before[l + 1:]) for l in range(30))
+    assert expected == kv_peak_entries(shape, before, 512, step.layer_memory_after)
+    assert step.kv_bytes == expected * shape.kv_bytes_per_entry
+    assert plan.to_dict()["steps"][1]["layer_memory_after"][0] == 77
+    assert plan.to_dict()["schedule"]["layers"] == 30
 
 
 # ---- against reality ----------------------------------------------------------------------------
@@ -336,7 +370,7 @@ def test_summary_table_and_headline():
     assert [r[0] for r in rows] == ["FM", "IMDC (linear)", "FULL"] and len(rows[0]) == len(tab.TABLE_HEADERS)
     assert rows[0][7] == "1.000x" and rows[2][4] == "NO" and rows[2][-1].endswith("tokens")
     text = tab.headline(plans)
-    assert "**IMDC** vs FM: 0.825x peak memory (17.5% saved)" in text and "4096 positions" in text
+    assert "**IMDC** vs FM: 0.825x peak memory (17.5% saved)" in text and "4096 trained positions" in text
 
 
 def test_tab_handler_reads_an_uploaded_config_and_reports_bad_input(tmp_path):
@@ -371,3 +405,21 @@ def test_build_tab_inside_blocks():
             parts = tab.build_tab()
     assert {"model", "gpu", "tokens", "schedules", "memory_plot", "time_plot", "table"} <= set(parts)
     assert parts["memory_plot"].value is not None and demo is not None
+
+
+def test_question_tokens_count_in_every_compressed_step():
+    """Question-aware: each step also reads the question (20 tokens here): its KV entries sit in the
+    running layer until the cut, and its rows cost projections and attention."""
+    shape = planner.resolve_model("smollm2-135m", "fp32")
+    plain = planner.plan(shape, "a100", schedule="imdc", tokens=4096, chunk=512, memory=512, dtype="fp32")
+    aware = planner.plan(shape, "a100", schedule="imdc", tokens=4096, chunk=512, memory=512, dtype="fp32",
+                         question_tokens=20)
+    for a, b in zip(plain.steps, aware.steps):
+        assert b.chunk_size == a.chunk_size  # the chunk is the same; the step reads 20 tokens more
+        assert b.kv_bytes == a.kv_bytes + 20 * shape.kv_bytes_per_entry
+        assert b.flops > a.flops
+    assert aware.to_dict()["question_tokens"] == 20
+    full = planner.plan(shape, "a100", schedule="full", tokens=4096, dtype="fp32", question_tokens=20)
+    assert full.question_tokens == 0  # nothing is cut: nothing to score
+    with pytest.raises(MemstepError, match="question tokens"):
+        planner.plan(shape, "a100", schedule="fm", tokens=4096, question_tokens=-1)

@@ -9,7 +9,8 @@ import re
 import pytest
 
 from memstep.errors import MemstepError
-from memstep.schedules import GROWTHS, custom_schedule, format_table, growth_budgets, make_schedule
+from memstep.schedules import (CURVES, GROWTHS, LAYERWISE, custom_schedule, format_table, growth_budgets,
+                               layer_growth_budgets, make_schedule)
 
 # (schedule, tokens, chunk, memory, growth) -> (chunk sizes, memory sizes), worked out by hand:
 #   n = ceil(L / c); IM linear m_i = floor(M / n) * (i + 1), last = M; IMDC c_0 = floor(L / n),
@@ -24,14 +25,19 @@ HAND_TABLES = [
     (("im", 1000, 300, 203, "linear"), ([300, 300, 300, 100], [50, 100, 150, 203])),
     # base floor(1000 / 4) = 250, mean(50, 100, 150) = 100: 250, 350 - 50, 350 - 100, 1000 - 800
     (("imdc", 1000, 300, 200, "linear"), ([250, 300, 250, 200], [50, 100, 150, 200])),
-    # square, n = 4: floor(512 * ((i + 1) / 4) ** 2) = 32, 128, 288, 512
-    (("im", 2048, 512, 512, "square"), ([512, 512, 512, 512], [32, 128, 288, 512])),
-    # base 512, floor(mean(32, 128, 288)) = floor(448 / 3) = 149: 512, 661 - 32, 661 - 128, rest
-    (("imdc", 2048, 512, 512, "square"), ([512, 629, 533, 374], [32, 128, 288, 512])),
-    # sqrt, n = 4: floor(400 * sqrt(0.25, 0.5, 0.75)) = 200, 282, 346, then 400
-    (("im", 1000, 250, 400, "sqrt"), ([250, 250, 250, 250], [200, 282, 346, 400])),
-    # base 250, mean(200, 282, 346) = 276: 250, 526 - 200, 526 - 282, 1000 - 820
-    (("imdc", 1000, 250, 400, "sqrt"), ([250, 326, 244, 180], [200, 282, 346, 400])),
+    # square (reference), n = 4, a = floor(512 / 4) = 128: int(i^2 * (512 - 128) / 9 + 128) for
+    # i = 0, 1, 2 = 128, int(170.67) = 170, int(298.67) = 298, then M
+    (("im", 2048, 512, 512, "square"), ([512, 512, 512, 512], [128, 170, 298, 512])),
+    # base 512, floor(mean(128, 170, 298)) = floor(596 / 3) = 198: 512, 710 - 128, 710 - 170, rest
+    (("imdc", 2048, 512, 512, "square"), ([512, 582, 540, 414], [128, 170, 298, 512])),
+    # the example: 4096 tokens, c = M = 512, n = 8, a = 64: 64, int(448 / 49 + 64) = 73,
+    # int(4 * 448 / 49 + 64) = 100, int(9 * 448 / 49 + 64) = 146, ...
+    (("im", 4096, 512, 512, "square"), ([512] * 8, [64, 73, 100, 146, 210, 292, 393, 512])),
+    # sqrt (reference), n = 4, a = 100: int(sqrt(i) * 300 / sqrt(3) + 100) = 100, int(273.2) = 273,
+    # int(344.9) = 344, then M
+    (("im", 1000, 250, 400, "sqrt"), ([250, 250, 250, 250], [100, 273, 344, 400])),
+    # base 250, floor(mean(100, 273, 344)) = floor(717 / 3) = 239: 250, 489 - 100, 489 - 273, 1000 - 855
+    (("imdc", 1000, 250, 400, "sqrt"), ([250, 389, 216, 145], [100, 273, 344, 400])),
     # inverse-convex, n = 5: floor(300 / (5 - i)) = 60, 75, 100, 150, 300
     (("im", 1000, 200, 300, "inverse-convex"), ([200] * 5, [60, 75, 100, 150, 300])),
     # base 200, floor(mean(60, 75, 100, 150)) = floor(96.25) = 96: 200, 236, 221, 196, 1000 - 853
@@ -74,8 +80,11 @@ GRID = list(itertools.product(
 
 def _imdc_possible(name, tokens, chunk, memory, growth):
     try:
-        return make_schedule(name, tokens, chunk, memory, growth)
+        return make_schedule(name, tokens, chunk, memory, growth, layers=6)
     except MemstepError as err:
+        if name == "fm" and growth in LAYERWISE:
+            assert "layer-wise" in str(err)  # FM has no growth curve to make layer-wise
+            return None
         assert name == "imdc" and "chunk of" in str(err)  # only IMDC may refuse valid sizes
         return None
 
@@ -85,7 +94,7 @@ def test_invariants_over_a_grid_of_settings():
     for name, tokens, chunk, memory, growth in GRID:
         schedule = _imdc_possible(name, tokens, chunk, memory, growth)
         if schedule is None:
-            refused += 1
+            refused += name != "fm"
             continue
         chunks, budgets = schedule.chunk_sizes, schedule.memory_sizes
         label = (name, tokens, chunk, memory, growth)
@@ -93,6 +102,10 @@ def test_invariants_over_a_grid_of_settings():
         assert all(c >= 1 for c in chunks), label
         assert len(chunks) == len(budgets) == -(-tokens // chunk), label
         assert all(0 <= m <= memory for m in budgets), label
+        if schedule.layerwise:  # every layer grows to M; the chunks follow the layer average
+            assert all(len(step) == 6 and all(0 <= m <= memory for m in step) for step in schedule.layer_memory_sizes)
+            assert schedule.layer_memory_sizes[-1] == (memory,) * 6, label
+            assert list(budgets) == [sum(step) // 6 for step in schedule.layer_memory_sizes], label
         assert budgets[-1] == memory, label
         if name in ("fm", "im"):
             assert all(c == chunk for c in chunks[:-1]), label
@@ -100,6 +113,8 @@ def test_invariants_over_a_grid_of_settings():
             assert set(budgets) == {memory}, label
         else:
             assert list(budgets) == sorted(budgets), label  # every growth curve is non-decreasing
+            for layer in zip(*(schedule.layer_memory_sizes or [])):
+                assert list(layer) == sorted(layer), label
         if name == "imdc" and len(chunks) > 2:
             # memory + chunk stays constant, except the last step (which takes the remainder)
             totals = {budgets[i - 1] + chunks[i] for i in range(1, len(chunks) - 1)}
@@ -110,7 +125,7 @@ def test_invariants_over_a_grid_of_settings():
     assert 0 < refused < len(GRID) // 3
 
 
-@pytest.mark.parametrize("growth", GROWTHS)
+@pytest.mark.parametrize("growth", CURVES)
 def test_growth_budgets_end_at_memory(growth):
     for steps in (1, 2, 7, 40):
         budgets = growth_budgets(1000, steps, growth)
@@ -122,9 +137,10 @@ def test_imdc_refuses_empty_chunks_and_names_settings_that_work():
     with pytest.raises(MemstepError) as err:
         make_schedule("imdc", 6000, 500, 1500, "square")
     message = str(err.value)
-    # by hand: n = 12, m_9 = floor(1500 * 100 / 144) = 1041, mean(m_0..m_10) = floor(5265 / 11) = 478,
-    # so c_10 = 500 + 478 - 1041 = -63
-    assert "step 10" in message and "-63" in message
+    # by hand: n = 12, a = 125, m_i = int(i^2 * 1375 / 121 + 125): m_9 = int(1045.45) = 1045, and
+    # m_0..m_10 = 125, 136, 170, 227, 306, 409, 534, 681, 852, 1045, 1261 sum to 5746, mean 522,
+    # so c_10 = 500 + 522 - 1045 = -23
+    assert "step 10" in message and "-23" in message
     assert "'im'" in message
     suggested = int(re.search(r"at most (\d+) tokens", message).group(1))
     assert 0 < suggested < 1500
@@ -183,3 +199,35 @@ def test_run_settings_checks_name_the_fix():
         check_run_settings("fm", 1000, 64, 2, 4)
     check_run_settings("full", 100, 512, 0, 4)  # full ignores chunk and memory
     check_run_settings("im", 1000, 64, 4, 4)
+
+
+def test_layerwise_budgets_by_hand():
+    # double-inverse, 3 layers: layer 0 (the lower half, 3 // 2 = 1 layer) follows inverse-convex,
+    # n = 5, M = 300: int(300 / (5 - i)) = 60, 75, 100, 150, 300; layers 1-2 inverse-concave,
+    # a = 60: int(360 - 300 / (i + 1)) = 60, 210, 260, 285, then 300
+    assert layer_growth_budgets(300, 5, "double-inverse", 3) == [
+        [60, 60, 60], [75, 210, 210], [100, 260, 260], [150, 285, 285], [300, 300, 300]]
+    # square-sqrt, 4 layers, n = 4, M = 512, a = 128: layers 0-1 square 128, 170, 298, 512;
+    # layers 2-3 sqrt int(sqrt(i) * 384 / sqrt(3) + 128) = 128, 349, 441, 512
+    assert layer_growth_budgets(512, 4, "square-sqrt", 4) == [
+        [128] * 4, [170, 170, 349, 349], [298, 298, 441, 441], [512] * 4]
+    # IMDC follows the layer average: floor((60 + 120) / 3) = 60, floor(495 / 3) = 165, floor(620 / 3) = 206,
+    # floor(720 / 3) = 240, 300; base 200, mean(60, 165, 206, 240) = floor(167.75) = 167:
+    # chunks 200, 367 - 60, 367 - 165, 367 - 206, 1000 - 870
+    schedule = make_schedule("imdc", 1000, 200, 300, "double-inverse", layers=3)
+    assert schedule.memory_sizes == (60, 165, 206, 240, 300)
+    assert schedule.chunk_sizes == (200, 307, 202, 161, 130)
+    assert schedule.layer_budgets(1, 3) == [75, 210, 210]
+    # each layer's cache: min(budget + 4 sinks, seen); the widest layer for cache_lengths
+    assert schedule.layer_cache_lengths(4)[1] == ([64, 64, 64], [79, 214, 214])
+    assert schedule.cache_lengths(4)[1] == (64, 214)
+    assert schedule.to_dict()["layer_memory_sizes"][1] == [75, 210, 210]
+
+
+def test_layerwise_growth_needs_layers_and_refuses_fm():
+    with pytest.raises(MemstepError, match="number of layers"):
+        make_schedule("im", 1000, 200, 300, "square-sqrt")
+    with pytest.raises(MemstepError, match="layer-wise.*FM"):
+        make_schedule("fm", 1000, 200, 300, "double-inverse", layers=4)
+    with pytest.raises(MemstepError, match="made for 3 layers"):
+        make_schedule("im", 1000, 200, 300, "double-inverse", layers=3).layer_budgets(0, 30)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from memstep.errors import MemstepError
-from memstep.scorers import (SCORERS, VATP, ChunkAttention, KeyNorm, LayerState, RandomScorer, Recency, SnapKV,
+from memstep.scorers import (SCORERS, VATP, ChunkAttention, Conv, KeyNorm, LayerState, RandomScorer, Recency, SnapKV,
                              make_scorer, select_kept)
 
 LN2, LN3 = math.log(2), math.log(3)
@@ -92,6 +92,25 @@ def test_vatp_prefers_the_larger_value_norm_at_equal_attention():
     close(VATP().score(layer), [[0.2, 0.6, 0.4, 0.1, 0.14]])
     kept = select_kept(VATP().score(layer), layer.positions, keep=2, sinks=0)
     assert kept.tolist() == [[1, 2]]
+
+
+def test_conv_pools_the_sums_with_zero_padding_counted_then_divides():
+    # ONE_HEAD: attention sums 7/12, 7/6, 1/4 (14/24, 28/24, 6/24); kernel 3 with one zero pad each side,
+    # counted in the average: (0 + 14 + 28)/3, (14 + 28 + 6)/3, (28 + 6 + 0)/3 in 24ths = 42/72, 48/72, 34/72;
+    # divided by the visible queries 2, 2, 1
+    layer = state(**ONE_HEAD)
+    close(Conv(kernel=3).score(layer), [[42 / 144, 48 / 144, 34 / 72]])
+    # kernel 5 (the reference's): pads of 2, every window divides by 5:
+    # (14 + 28 + 6)/5, (14 + 28 + 6)/5, (14 + 28 + 6)/5 in 24ths, then / 2, 2, 1
+    close(Conv().score(layer), [[48 / 240, 48 / 240, 48 / 120]])
+    close(Conv(kernel=1).score(layer), ChunkAttention().score(layer).tolist())  # no pooling
+
+
+def test_conv_kernel_is_checked():
+    assert make_scorer("conv", kernel=7).kernel == 7
+    for bad in (0, 4, -3, 257):
+        with pytest.raises(MemstepError, match="odd number"):
+            make_scorer("conv", kernel=bad)
 
 
 def test_snapkv_pools_the_window_attention_and_keeps_the_window():
@@ -178,7 +197,7 @@ def test_select_kept_protects_sinks_by_position_not_index():
 
 
 def test_make_scorer_names_and_errors():
-    assert set(SCORERS) == {"chunk-attention", "snapkv", "vatp", "knorm", "recency", "random"}
+    assert set(SCORERS) == {"chunk-attention", "conv", "snapkv", "vatp", "knorm", "recency", "random"}
     for name in SCORERS:
         assert make_scorer(name).name == name
     assert make_scorer("snapkv", window=7).window == 7

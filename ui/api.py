@@ -11,16 +11,19 @@ from gradio.data_classes import FileData
 
 from memstep.errors import MemstepError
 from memstep.passkey import answer_contains_passkey
+from memstep.presets import PRESETS, preset_settings
 from memstep.schedules import make_schedule
 
 from ui.documents import EXAMPLES, DocumentSource, example, read_upload, uploaded_path, with_needle
 from ui.models import context_tokens, get_model, normalize_spec
+from ui.inputs import choice
 from ui.runs import DEFAULT_MAX_TOKENS, check_settings, prefill_stream, prepare, settings_from, whole_number
 from ui.summary import needle_kept
 
 
 SCHEDULE_CONCURRENCY = 4
 MAX_QUESTION_CHARS = 2000
+MAX_LAYERS = 1024  # /schedule's layers (the layer-wise growths): far beyond any model
 
 
 def _document(text: str, file: FileData | dict | None, example_name: str, tokenizer) -> DocumentSource:
@@ -43,7 +46,8 @@ def _document(text: str, file: FileData | dict | None, example_name: str, tokeni
 def prefill(document_text: str = "", document_file: FileData | None = None, example_name: str = "",
             schedule: str = "imdc", chunk: int = 512, memory: int = 512, growth: str = "linear",
             scorer: str = "chunk-attention", sinks: int = 4, question: str = "",
-            max_tokens: int = DEFAULT_MAX_TOKENS, model: str = "", full_reference: bool = False) -> Iterator[dict]:
+            max_tokens: int = DEFAULT_MAX_TOKENS, model: str = "", full_reference: bool = False,
+            rope: str = "compact", preset: str = "") -> Iterator[dict]:
     """Prefill a document chunk by chunk under a memory schedule (full, fm, im, imdc).
 
     Give the document as text, as a file (.txt, .md, .pdf, .html) or as the name of a
@@ -51,9 +55,13 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
     ends with {"event": "result", ...}: the settings, every step, the fraction of
     layer-head slots keeping each position, the answer to the question from the
     compressed memory and, for passkey documents, whether the passkey survived. An empty
-    question asks the document's own question (bundled examples, passkey documents)."""
+    question asks the document's own question (bundled examples, passkey documents).
+    ``rope``: compact (contiguous positions, the reference code's) or document (true
+    positions); ``preset`` "reference" sets scorer conv, compact positions and 4 sinks."""
     try:
-        settings = settings_from(schedule, chunk, memory, growth, scorer, sinks)
+        fixed = preset_settings(choice(preset, "preset", list(PRESETS), "") or None)
+        settings = settings_from(schedule, chunk, memory, growth, fixed.get("scorer", scorer),
+                                 fixed.get("sinks", sinks), fixed.get("rope", rope))
         if question is not None and (not isinstance(question, str) or len(question) > MAX_QUESTION_CHARS):
             raise MemstepError(f"question must be a text of at most {MAX_QUESTION_CHARS:,} characters")
         lm = get_model(model)
@@ -84,14 +92,17 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
 
 
 def schedule(tokens: int, schedule: str = "imdc", chunk: int = 512, memory: int = 512, growth: str = "linear",
-             sinks: int = 4) -> dict:
+             sinks: int = 4, layers: int = 30) -> dict:
     """The chunk sizes and memory budgets of a schedule for a document of ``tokens`` tokens
-    (pure math, no model), with each step's cache entries before and after (sinks included)."""
+    (pure math, no model), with each step's cache entries before and after (sinks included).
+    ``layers`` (30: the embedded model) matters for the layer-wise growths only."""
     try:
         settings = settings_from(schedule, chunk, memory, growth, None, sinks)
         tokens = whole_number(tokens, "tokens", 1)
+        layers = whole_number(layers, "layers", 1, MAX_LAYERS)
         check_settings(settings, tokens, run=False)  # schedule math: memstep.schedules.MAX_STEPS
-        plan = make_schedule(settings.schedule, tokens, settings.chunk, settings.memory, settings.growth)
+        plan = make_schedule(settings.schedule, tokens, settings.chunk, settings.memory, settings.growth,
+                             layers=layers)
     except MemstepError as err:
         raise gr.Error(str(err), title="memstep", print_exception=False) from err
     lengths = plan.cache_lengths(settings.sinks)

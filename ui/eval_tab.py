@@ -14,15 +14,15 @@ from pathlib import Path
 
 import gradio as gr
 
-from memstep.evaluation.plots import heatmap_figure, tradeoff_figure
-from memstep.evaluation.report import goals_text
+from memstep.evaluation.plots import heatmap_figure, intervals_figure, tradeoff_figure
+from memstep.evaluation.report import accuracy_text, contrasts_text, goals_text, plus_minus, retention_text
 from memstep.evaluation.store import SUMMARY, load_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 # `memstep eval`'s default output, then the committed `make bench` results.
 RESULT_FOLDERS = (ROOT / "results" / "local", ROOT / "results")
-TABLE_HEADERS = ["length", "configuration", "kind", "accuracy %", "NLL gap", "passkey kept %", "seconds",
-                 "peak MiB", "peak - baseline MiB"]
+TABLE_HEADERS = ["length", "configuration", "kind", "passkey accuracy (95% CI)", "passkey kept", "NLL gap (95% CI)",
+                 "seconds", "peak MiB", "peak - baseline MiB"]
 
 
 def result_folders() -> list[Path]:
@@ -48,9 +48,9 @@ def table_rows(summary: dict) -> list[list]:
     def num(value, scale=1.0, digits=0):
         return None if value is None else round(value * scale, digits)
 
-    return [[r["length"], r["label"], r["config"]["kind"], num(r["accuracy"], 100), num(r["nll_gap"], 1, 3),
-             num(r["retention"], 100), num(r["seconds"], 1, 1), num(r["peak_rss_bytes"], 2**-20),
-             num(r["working_rss_bytes"], 2**-20)] for r in summary["rows"]]
+    return [[r["length"], r["label"], r["config"]["kind"], accuracy_text(r), retention_text(r),
+             plus_minus(r["nll_gap"], r.get("nll_gap_low"), r.get("nll_gap_high")), num(r["seconds"], 1, 1),
+             num(r["peak_rss_bytes"], 2**-20), num(r["working_rss_bytes"], 2**-20)] for r in summary["rows"]]
 
 
 def headline(found: tuple[Path, dict] | None) -> str:
@@ -61,9 +61,13 @@ def headline(found: tuple[Path, dict] | None) -> str:
     run = summary.get("run", {})
     settings = run.get("settings", {})
     configs = len({r["label"] for r in summary["rows"]})
+    haystacks = sorted({h for r in summary["rows"] for h in r.get("haystacks", [])})
     return (f"Results from `{folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder}`: "
             f"{configs} configurations at {', '.join(map(str, lengths(summary)))} tokens, model "
-            f"{settings.get('model', '?')}, chunk {settings.get('chunk', '?')}. Peak memory is the peak "
+            f"{settings.get('model', '?')}, chunk {settings.get('chunk', '?')}"
+            f"{', haystacks ' + ', '.join(haystacks) if haystacks else ''}. Accuracy is k/n passkeys with its 95% "
+            "Wilson interval; the NLL gap is the mean per-case difference to memstep's full cache with its 95% "
+            "t interval; compact/document in a label = memstep's RoPE positions. Peak memory is the peak "
             "resident memory of a fresh worker process per configuration and length (the baseline is the "
             "worker right after loading the model); peers are kvpress presses and the plain HF full cache.")
 
@@ -75,12 +79,13 @@ def show(length=None):
         empty = {"rows": [], "heatmaps": {}, "goals": {"imdc_vs_fm_accuracy": [], "imdc_vs_kvpress_memory": []},
                  "dominated": []}
         return (headline(None), heatmap_figure(empty), tradeoff_figure(empty), [], "",
-                gr.update(choices=[], value=None))
+                gr.update(choices=[], value=None), intervals_figure(empty))
     _, summary = found
     choices = lengths(summary)
     length = int(length) if length in choices else (choices[-1] if choices else None)
     return (headline(found), heatmap_figure(summary), tradeoff_figure(summary, length), table_rows(summary),
-            goals_text(summary), gr.update(choices=choices, value=length))
+            contrasts_text(summary) + "\n\n" + goals_text(summary), gr.update(choices=choices, value=length),
+            intervals_figure(summary))
 
 
 def build_tab() -> dict:
@@ -91,10 +96,12 @@ def build_tab() -> dict:
         length = gr.Dropdown(first[5]["choices"], value=first[5]["value"], label="trade-off at length (tokens)")
         reload = gr.Button("Reload", variant="secondary")
     tradeoff = gr.Plot(first[2], show_label=False, elem_id="eval-tradeoff")
-    heatmaps = gr.Plot(first[1], show_label=False, elem_id="eval-heatmaps")
     table = gr.Dataframe(first[3], headers=TABLE_HEADERS, interactive=False, wrap=True, elem_id="eval-table")
+    intervals = gr.Plot(first[6], show_label=False, elem_id="eval-intervals")
+    heatmaps = gr.Plot(first[1], show_label=False, elem_id="eval-heatmaps")
     goals = gr.Markdown(first[4], elem_id="eval-goals")
-    outputs = [status, heatmaps, tradeoff, table, goals, length]
+    outputs = [status, heatmaps, tradeoff, table, goals, length, intervals]
     reload.click(show, [length], outputs, api_visibility="private")
     length.input(show, [length], outputs, api_visibility="private", show_progress="hidden")
-    return {"status": status, "heatmaps": heatmaps, "tradeoff": tradeoff, "table": table, "goals": goals}
+    return {"status": status, "heatmaps": heatmaps, "tradeoff": tradeoff, "table": table, "goals": goals,
+            "intervals": intervals}

@@ -371,3 +371,22 @@ def compare_memory_figure(runs: Sequence[tuple[str, Sequence[StepRecord]]], heig
     note = "solid modeled, dashed measured" if measured_any else "modeled; measured n/a on CPU"
     return _compare_style(fig, f"Memory per step above the weights ({note})", height,
                           "document position of the step's chunk (tokens)", "MiB above the weights")
+
+
+def layer_memory_figure(record: StepRecord | None, sinks: int, height: int = 260) -> go.Figure:
+    """Entries each layer holds after ``record``'s step, against its budget (layer-wise
+    growths keep a different number of entries per layer)."""
+    title = "Memory per layer" + (f" after step {record.step + 1}" if record is not None else "")
+    if record is None:
+        return placeholder_figure("Memory per layer appears after the first step", title, height)
+    entries = np.array(record.layer_entries)
+    layers = np.arange(1, len(entries) + 1)
+    budgets = np.array(record.layer_budgets or [record.memory_budget] * len(entries)) + sinks
+    fig = _style(go.Figure(), title, height, "layer", "cache entries (sinks included)")
+    fig.add_bar(x=layers, y=entries, name="kept after the step", marker=dict(color=COLORS["memory"]),
+                hovertemplate="layer %{x}: %{y:,} entries<extra></extra>")
+    fig.add_scatter(x=layers, y=budgets, name="budget + sinks", mode="markers",
+                    marker=dict(symbol="line-ew-open", size=14, color=COLORS["budget"], line=dict(width=2)),
+                    hovertemplate="layer %{x}: budget %{y:,}<extra></extra>")
+    fig.update_xaxes(tickmode="linear", tick0=1, dtick=max(1, math.ceil(len(entries) / 15)))
+    return fig

@@ -15,12 +15,13 @@ import gradio as gr
 from memstep.errors import MemstepError
 from memstep.documents import tokenize_prefix
 from memstep.generate import prompt_parts
+from memstep.presets import preset_settings
 from memstep.schedules import make_schedule
 
 from ui.documents import (DEFAULT_EXAMPLE, TOKENIZER_FREE_EXAMPLE, DocumentSource, describe, example, read_upload,
                           uploaded_path)
 from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure, schedule_figure
-from ui.models import cached_model, context_tokens, get_model, normalize_spec, preview_tokenizer
+from ui.models import cached_model, context_tokens, get_model, layer_count, normalize_spec, preview_tokenizer
 from ui.runs import (MAX_TOKENS_LIMIT, check_settings, document_limit, prefill_stream, prepare, settings_from,
                      whole_number)
 from ui.summary import COMPARE_HEADERS, ComparedRun, compare_rows
@@ -97,13 +98,19 @@ def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, 
         limit, reason = document_limit(_whole(max_tokens), context_tokens(cached_model(model)), prefix)
         tokens = prefix + min(document, limit)
         check_settings(settings, tokens)
-        plan = make_schedule(settings.schedule, tokens, settings.chunk, settings.memory, settings.growth)
+        layers, exact_layers = layer_count(model)
+        plan = make_schedule(settings.schedule, tokens, settings.chunk, settings.memory, settings.growth,
+                             layers=layers)
     except MemstepError as err:
         return (placeholder_figure(f"⚠ {err}", "Chunk and memory per step", 320),
                 f"⚠ **Cannot preview this schedule:** {err}")
     held = [before + c for (before, _), c in zip(plan.cache_lengths(settings.sinks), plan.chunk_sizes)]
     cut = f", cut to {limit:,} by {reason}" if document > limit else ""
     estimate = "" if exact else " (tokens counted with the embedded tokenizer until this model is loaded)"
+    if plan.layerwise:
+        estimate += (f" · layer-wise budgets: layers 1-{layers // 2} follow the first curve, the rest the second; "
+                     "the bars show the widest layer" + ("" if exact_layers else f" ({layers} layers assumed until "
+                                                                               "the model is loaded)"))
     lines = [f"**Preview** · {plan.steps} steps over {tokens:,} tokens ({prefix} prompt + "
              f"{min(document, limit):,} document{cut}) · peak memory + chunk **{max(held):,}** tokens{estimate}"]
     if plan.steps <= 24:
@@ -144,16 +151,22 @@ def _run_outputs(view: RunView, step: int | None = None):
     slider = gr.update(maximum=steps, value=len(view.records) if step is None else step + 1,
                        interactive=view.finished or view.stopped)
     return (stats_html(view, step), shown.sizes, shown.retained, shown.memory, shown.seconds, shown.text,
-            answer_markdown(view), slider, view, gr.Column(visible=True), gr.Markdown(visible=False))
+            answer_markdown(view), slider, view, gr.Column(visible=True), gr.Markdown(visible=False),
+            _layers_plot(shown))
+
+
+def _layers_plot(shown):
+    """Memory per layer: shown for layer-wise budgets only."""
+    return gr.Plot(shown.layers, visible=True) if shown.layers is not None else gr.Plot(visible=False)
 
 
 def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens,
-                 question, full_reference, progress=gr.Progress()):
+                 question, full_reference, rope="compact", progress=gr.Progress()):
     """Stream a run: one update as soon as the schedule is known, then one per step, then
     the answer (and the full-cache reference answer when asked)."""
     began = time.perf_counter()
     try:
-        settings = settings_from(schedule, chunk, memory, growth, scorer, sinks)
+        settings = settings_from(schedule, chunk, memory, growth, scorer, sinks, rope)
         progress(0.0, desc="Loading the model")
         lm = get_model(model)
         document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm))
@@ -191,6 +204,14 @@ def _stream_run(stream, document, settings, question, full_reference, began, pro
         yield _run_outputs(view)
 
 
+def choose_preset(preset: str | None):
+    """A preset picked: set the controls it fixes (scorer, RoPE positions, sinks); 'none' keeps them."""
+    chosen = preset_settings(preset if preset and preset != "none" else None)
+    if not chosen:
+        return gr.skip(), gr.skip(), gr.skip()
+    return chosen["scorer"], chosen["rope"], chosen["sinks"]
+
+
 def stop_run(view: RunView | None):
     """Stop pressed: the run is cancelled after its current step; the steps so far stay."""
     if view is None or view.finished:  # nothing left running
@@ -203,14 +224,15 @@ def stop_run(view: RunView | None):
 def replay(step, view: RunView | None):
     """The step slider moved: redraw the views as they were after that step."""
     if view is None:
-        return (gr.skip(),) * 6
+        return (gr.skip(),) * 7
     index = min(max(int(step or 0), 0), len(view.records)) - 1  # slider k: the run after k steps
     shown = render(view, index)
-    return stats_html(view, index), shown.sizes, shown.retained, shown.memory, shown.seconds, shown.text
+    return (stats_html(view, index), shown.sizes, shown.retained, shown.memory, shown.seconds, shown.text,
+            _layers_plot(shown))
 
 
 # ---- comparison ----------------------------------------------------------------------
-CONFIG_FIELDS = 6  # enabled, schedule, growth, chunk, memory, scorer
+CONFIG_FIELDS = 7  # enabled, schedule, growth, chunk, memory, scorer, RoPE positions
 TIME_CAVEAT = ("Times are wall-clock seconds of one run each on a shared machine: ratios within about 10-20% "
                "are noise; the memory columns do not depend on the load.")
 
@@ -229,7 +251,8 @@ def compare(doc: DocumentSource, model, sinks, max_tokens, question, *config_val
     """Run the ticked configurations one after another on the same document; stream the
     overlaid plots and the summary table after every step."""
     try:
-        settings = [settings_from(s, c, m, g, sc, sinks) for on, s, g, c, m, sc in _configs(config_values) if on]
+        settings = [settings_from(s, c, m, g, sc, sinks, r) for on, s, g, c, m, sc, r in _configs(config_values)
+                    if on]
         if not settings:
             raise MemstepError("no configuration is ticked: tick at least one to compare")
         progress(0.0, desc="Loading the model")
@@ -238,7 +261,8 @@ def compare(doc: DocumentSource, model, sinks, max_tokens, question, *config_val
         runs, labels = [], set()
         for s in settings:  # check every configuration before running any
             check_settings(s, document.tokens)
-            plan = make_schedule(s.schedule, document.tokens, s.chunk, s.memory, s.growth)
+            plan = make_schedule(s.schedule, document.tokens, s.chunk, s.memory, s.growth,
+                                 layers=lm.model.config.num_hidden_layers)
             label = s.label()
             while label in labels:
                 label += "′"

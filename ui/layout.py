@@ -11,6 +11,7 @@ import gradio as gr
 
 from memstep.documents import SUPPORTED_EXTENSIONS
 from memstep.models import allowed_models, default_model, offered_models
+from memstep.presets import PRESETS, ROPE_HELP, ROPE_MODES
 from memstep.schedules import GROWTHS
 from memstep.scorers import SCORERS
 
@@ -24,6 +25,8 @@ from ui.views import answer_markdown
 SCHEDULE_CHOICES = [("full", "full"), ("FM", "fm"), ("IM", "im"), ("IMDC", "imdc")]
 QUEUE_SIZE = int(os.environ.get("MEMSTEP_QUEUE_SIZE", "16"))  # waiting line for runs
 COMPARE_DEFAULTS = [(True, "fm", "linear"), (True, "im", "linear"), (True, "imdc", "linear")]
+ROPE_CHOICES = [("compact (reference)", "compact"), ("document", "document")]
+ROPE_INFO = "compact: " + ROPE_HELP["compact"] + ". document: " + ROPE_HELP["document"] + "."
 OPTIONAL_TABS = [("Plan", "ui.plan_tab"), ("Evaluate", "ui.eval_tab"), ("Compress", "ui.compress_tab")]
 
 CSS = """
@@ -158,8 +161,16 @@ def build_app() -> gr.Blocks:
                                               elem_id="sinks", min_width=90)
                             max_tokens = gr.Number(DEFAULT_MAX_TOKENS, label="Max tokens", minimum=1, precision=0,
                                                    elem_id="max-tokens", min_width=90)
-                        scorer = gr.Dropdown(list(SCORERS), value="chunk-attention", label="Scorer", elem_id="scorer")
-                        model = gr.Dropdown(_model_choices(), value=default_model(), allow_custom_value=allowed_models() is None,
+                        with gr.Row():
+                            preset = gr.Dropdown(["none", *PRESETS], value="none", label="Preset", elem_id="preset",
+                                                 info="reference: the paper's code (conv score, compact "
+                                                      "positions, 4 sinks)", min_width=140)
+                            scorer = gr.Dropdown(list(SCORERS), value="chunk-attention", label="Scorer",
+                                                 elem_id="scorer", min_width=140)
+                        rope = gr.Radio(ROPE_CHOICES, value="compact", label="RoPE positions", info=ROPE_INFO,
+                                        elem_id="rope")
+                        model = gr.Dropdown(_model_choices(), value=default_model(),
+                                            allow_custom_value=allowed_models() is None,
                                             label="Model", info="'embedded': SmolLM2-135M-Instruct shipped with "
                                             "memstep. Or a hub id, a local folder or a .gguf file.",
                                             elem_id="model")
@@ -181,6 +192,7 @@ def build_app() -> gr.Blocks:
                             with gr.Row():
                                 memory_plot = gr.Plot(show_label=False, elem_id="memory-plot", scale=3)
                                 seconds_plot = gr.Plot(show_label=False, elem_id="seconds-plot", scale=2)
+                            layers_plot = gr.Plot(show_label=False, elem_id="layers-plot", visible=False)
                             with gr.Column(elem_id="answer-text"):
                                 answer = gr.Markdown(answer_markdown(None), elem_id="answer", container=True)
                                 text = gr.HTML(elem_id="retained-text")
@@ -203,6 +215,8 @@ def build_app() -> gr.Blocks:
                             gr.Number(512, label="memory", precision=0, minimum=0, scale=1, min_width=90),
                             gr.Dropdown(list(SCORERS), value="chunk-attention", label="scorer", scale=2,
                                         min_width=140),
+                            gr.Dropdown(list(ROPE_MODES), value="compact", label="RoPE positions", scale=1,
+                                        min_width=120),
                         ]
                 with gr.Row():
                     compare_run = gr.Button("Run comparison", variant="primary", elem_id="compare-run")
@@ -236,17 +250,19 @@ def build_app() -> gr.Blocks:
                       [doc_state, question, doc_info, upload, example],
                       concurrency_limit=None, api_visibility="private")
 
+        preset.input(handlers.choose_preset, [preset], [scorer, rope, sinks], concurrency_limit=None,
+                     api_visibility="private")
         run_outputs = [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, answer, replay_step,
-                       view_state, run_views, run_hint]
+                       view_state, run_views, run_hint, layers_plot]
         running = run.click(handlers.run_document,
                             [doc_state, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens, question,
-                             full_reference], run_outputs,
+                             full_reference, rope], run_outputs,
                             concurrency_id="prefill", concurrency_limit=1, show_progress="minimal",
                             show_progress_on=[stats], api_visibility="private")
         stop.click(handlers.stop_run, [view_state], [stats, answer, replay_step, view_state], cancels=[running],
                    concurrency_limit=None, api_visibility="private")
         replay_step.input(handlers.replay, [replay_step, view_state],
-                          [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text],
+                          [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, layers_plot],
                           trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
                           api_visibility="private")
 

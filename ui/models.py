@@ -106,6 +106,18 @@ def preview_tokenizer(spec: str | None):
         raise MemstepError(_tokenizer_failures[default][1]) from err
 
 
+EMBEDDED_LAYERS = 30  # SmolLM2-135M: the layer count a preview assumes before a model is loaded
+
+
+def layer_count(spec: str | None) -> tuple[int, bool]:
+    """(layers, exact): the loaded model's decoder layers, else the embedded model's 30 as an
+    estimate (a layer-wise preview needs a number before any model is loaded)."""
+    lm = cached_model(spec)
+    if lm is not None:
+        return int(lm.model.config.num_hidden_layers), True
+    return EMBEDDED_LAYERS, normalize_spec(spec) == EMBEDDED
+
+
 def context_tokens(lm: LoadedModel | None) -> int:
     """Positions the model was trained for (its context window)."""
     config = getattr(getattr(lm, "model", None), "config", None)

@@ -211,7 +211,7 @@ def _whole(value, label: str, minimum: int) -> int:
 
 def compute(model: str, config_file, gpu: str, dtype: str, tokens, chunk, memory, growth: str, attention: str,
             schedules: list[str], sinks=4, keep_maps: bool = False, tflops=None, bandwidth=None,
-            gpu_memory=None) -> tuple[dict[str, planner.Plan], dict[str, planner.Longest]]:
+            gpu_memory=None, rope: str = "compact") -> tuple[dict[str, planner.Plan], dict[str, planner.Longest]]:
     """Plans and longest contexts for the tab's settings (raises MemstepError on bad input)."""
     if not schedules:
         raise MemstepError("choose at least one schedule to plan")
@@ -222,7 +222,7 @@ def compute(model: str, config_file, gpu: str, dtype: str, tokens, chunk, memory
     tokens = _whole(tokens, "tokens", 1)
     settings = dict(tokens=tokens, chunk=_whole(chunk, "chunk", 1), memory=_whole(memory, "memory", 1),
                     growth=growth, attention=attention, dtype=dtype, sinks=_whole(sinks, "sinks", 0),
-                    keep_maps=bool(keep_maps) and attention == "padded")
+                    keep_maps=bool(keep_maps) and attention == "padded", rope=rope)
     device = planner.resolve_gpu(gpu, tflops or None, bandwidth or None, gpu_memory or None)
     shape = planner.resolve_model(model, dtype)
     order = [s for s in planner.PLAN_SCHEDULES if s in schedules]
@@ -233,11 +233,11 @@ def compute(model: str, config_file, gpu: str, dtype: str, tokens, chunk, memory
 
 
 def on_plan(model, config_file, gpu, dtype, tokens, chunk, memory, growth, attention, schedules, sinks,
-            keep_maps, include_weights, tflops, bandwidth, gpu_memory):
+            keep_maps, include_weights, tflops, bandwidth, gpu_memory, rope="compact"):
     """Gradio handler: figures, table and headline; bad input shows a toast and keeps the page."""
     try:
         plans, longest = compute(model, config_file, gpu, dtype, tokens, chunk, memory, growth, attention,
-                                 schedules, sinks, keep_maps, tflops, bandwidth, gpu_memory)
+                                 schedules, sinks, keep_maps, tflops, bandwidth, gpu_memory, rope)
     except MemstepError as err:
         raise gr.Error(str(err), print_exception=False) from None
     return (headline(plans), plan_memory_figure(plans, include_weights), plan_time_figure(plans),
@@ -271,6 +271,8 @@ def build_tab() -> dict:
                                      value=DEFAULTS["schedules"], label="schedules side by side",
                                      elem_id="plan-schedules")
         keep_maps = gr.Checkbox(False, label="padded: count every layer's maps (reference code as written)")
+        rope = gr.Radio(["compact", "document"], value="compact", label="RoPE positions",
+                        info="compact: contiguous, at most sinks + M + c (the reference); document: true positions")
         include_weights = gr.Checkbox(False, label="draw the weights")
     with gr.Accordion("your own model config.json or GPU numbers", open=False):
         with gr.Row():
@@ -286,7 +288,7 @@ def build_tab() -> dict:
     button = gr.Button("Plan", variant="primary")
 
     inputs = [model, config_file, gpu, dtype, tokens, chunk, memory, growth, attention, schedules, sinks,
-              keep_maps, include_weights, tflops, bandwidth, gpu_memory]
+              keep_maps, include_weights, tflops, bandwidth, gpu_memory, rope]
     try:  # the defaults are known to plan; show them before the first click
         first = on_plan(DEFAULTS["model"], None, DEFAULTS["gpu"], DEFAULTS["dtype"], DEFAULTS["tokens"],
                         DEFAULTS["chunk"], DEFAULTS["memory"], DEFAULTS["growth"], DEFAULTS["attention"],
@@ -305,10 +307,10 @@ def build_tab() -> dict:
                  trigger_mode="always_last")
     button.click(on_plan, inputs, outputs, **quick)
     triggers = [c.change for c in (model, config_file, gpu, dtype, growth, attention, schedules, keep_maps,
-                                   include_weights)]
+                                   include_weights, rope)]
     triggers += [n.submit for n in (tokens, chunk, memory, sinks, tflops, bandwidth, gpu_memory)]
     gr.on(triggers, on_plan, inputs, outputs, show_progress="hidden", **quick)
     return dict(zip(["model", "config_file", "gpu", "dtype", "tokens", "chunk", "memory", "growth", "attention",
-                     "schedules", "sinks", "keep_maps", "include_weights", "tflops", "bandwidth", "gpu_memory"],
+                     "schedules", "sinks", "keep_maps", "include_weights", "tflops", "bandwidth", "gpu_memory", "rope"],
                     inputs)) | {"button": button, "summary": summary, "memory_plot": memory_plot,
                                 "time_plot": time_plot, "table": table}

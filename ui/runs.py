@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from memstep.documents import tokenize_prefix, truncation_notice
 from memstep.errors import MemstepError
 from memstep.generate import prompt_parts
+from memstep.presets import ROPE_MODES
 from memstep.runner import DocumentRun
 from memstep.schedules import GROWTHS, SCHEDULES, check_run_settings, check_steps
 from memstep.scorers import SCORERS
@@ -55,25 +56,27 @@ class RunSettings:
     growth: str = "linear"
     scorer: str = "chunk-attention"
     sinks: int = 4
+    rope: str = "compact"  # RoPE positions: compact (the reference's) or document
 
     def label(self) -> str:
         if self.schedule == "full":
             return "FULL"
         growth = f" {self.growth}" if self.schedule in ("im", "imdc") and self.growth != "linear" else ""
         scorer = f" · {self.scorer}" if self.scorer != "chunk-attention" else ""
-        return f"{self.schedule.upper()}{growth} c{self.chunk} M{self.memory}{scorer}"
+        rope = " · document positions" if self.rope == "document" else ""
+        return f"{self.schedule.upper()}{growth} c{self.chunk} M{self.memory}{scorer}{rope}"
 
     def run_kwargs(self) -> dict:
         return asdict(self)
 
 
-def settings_from(schedule, chunk, memory, growth, scorer, sinks) -> RunSettings:
+def settings_from(schedule, chunk, memory, growth, scorer, sinks, rope="compact") -> RunSettings:
     """Settings from the page's controls or an API call, each checked with a one-line reason."""
     return RunSettings(choice(schedule, "schedule", [s for s in SCHEDULES if s != "custom"], "imdc"),
                        whole_number(chunk, "chunk size", 1), whole_number(memory, "memory size", 0),
                        choice(growth, "growth", GROWTHS, "linear"),
                        choice(scorer, "scorer", list(SCORERS), "chunk-attention"),
-                       whole_number(sinks, "sinks", 0, MAX_SINKS))
+                       whole_number(sinks, "sinks", 0, MAX_SINKS), choice(rope, "RoPE positions", ROPE_MODES, "compact"))
 
 
 def check_settings(settings: RunSettings, tokens: int, run: bool = True) -> None:
@@ -147,17 +150,18 @@ def prefill_stream(model_spec: str, ids: list[int], settings: RunSettings, quest
             yield "step", record
         yield "result", run.result
         if full_reference and run.question:
-            yield "full", _reference(lm, model_spec, ids, settings.sinks, run.question, cache_reference)
+            yield "full", _reference(lm, model_spec, ids, settings, run.question, cache_reference)
     finally:
         _model_in_use.release()
 
 
-def _reference(lm, model_spec: str, ids: list[int], sinks: int, question: str, cached: bool):
+def _reference(lm, model_spec: str, ids: list[int], settings: RunSettings, question: str, cached: bool):
     """The same document prefilled with the full cache, answered; for a bundled example
     (``cached``) computed once and then read back (ui/reference.py)."""
-    key = reference_key(model_spec, question, ids) if cached else None
+    key = reference_key(f"{model_spec}|{settings.rope}", question, ids) if cached else None
     hit = lookup(key) if key else None
-    full = DocumentRun(lm, ids, schedule="full", sinks=sinks, question=question, max_new_tokens=MAX_NEW_TOKENS)
+    full = DocumentRun(lm, ids, schedule="full", sinks=settings.sinks, question=question,
+                       max_new_tokens=MAX_NEW_TOKENS, rope=settings.rope)
     if hit is not None:
         full.result.answer, full.result.seconds = hit["answer"], hit["seconds"]
         full.result.notices.append("reference answer computed once for this example and cached")

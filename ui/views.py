@@ -16,7 +16,8 @@ from memstep.memory import format_bytes
 from memstep.records import RunResult, StepRecord
 from memstep.schedules import Schedule
 
-from ui.figures import memory_figure, placeholder_figure, retained_map_figure, schedule_figure, seconds_figure
+from ui.figures import (layer_memory_figure, memory_figure, placeholder_figure, retained_map_figure, schedule_figure,
+                        seconds_figure)
 from ui.highlight import highlight_html
 from ui.runs import PreparedDocument, RunSettings
 from ui.summary import needle_kept, passkey_verdict, stat_cards
@@ -74,6 +75,7 @@ class Rendered:
     memory: object
     seconds: object
     text: str
+    layers: object = None  # memory per layer (layer-wise budgets only)
 
 
 def render(view: RunView, step: int | None = None) -> Rendered:
@@ -91,8 +93,10 @@ def render(view: RunView, step: int | None = None) -> Rendered:
     else:
         retained = placeholder_figure("The retained-token map fills in as the steps run",
                                       "Retained tokens: what memory holds after each step", 340)
+    layers = layer_memory_figure(records[-1] if records else None, view.settings.sinks) \
+        if view.schedule.layerwise else None
     return Rendered(sizes, retained, memory_figure(records, view.steps),
-                    seconds_figure(records, view.steps), text_view(view, records[-1] if records else None))
+                    seconds_figure(records, view.steps), text_view(view, records[-1] if records else None), layers)
 
 
 def text_view(view: RunView, record: StepRecord | None) -> str:
@@ -134,7 +138,7 @@ def stats_html(view: RunView, step: int | None = None) -> str:
         ("state", "run", f"{state} · {view.settings.label()}"),
         ("steps", "step", f"{len(records)} / {view.steps}"),
         ("tokens", "tokens read", f"{last.tokens_seen if last else 0:,} / {view.schedule.tokens:,}"),
-        ("memory", "memory kept", f"{last.memory_after:,} per layer" if last else "—"),
+        ("memory", "memory kept", _memory_kept(last)),
         ("seconds", "prefill seconds", f"{seconds:.1f} s"),
         ("modeled", "peak modeled", format_bytes(modeled) if modeled is not None else "—"),
         ("measured", "peak measured", format_bytes(measured) if measured is not None else "n/a on this device"),
@@ -157,6 +161,15 @@ def charts_text(view: RunView, records: list[StepRecord]) -> str:
             f"per layer after each step {kept}; peak modeled {format_bytes(max(r.bytes_modeled for r in records))}.")
     story = passkey_story(view, records)
     return text + (" " + story.replace("**", "") if story else "")
+
+
+def _memory_kept(record: StepRecord | None) -> str:
+    if record is None:
+        return "—"
+    entries = record.layer_entries
+    if min(entries) == max(entries):
+        return f"{entries[0]:,} per layer"
+    return f"{min(entries):,}–{max(entries):,} per layer"
 
 
 def answer_markdown(view: RunView | None) -> str:

@@ -1,9 +1,10 @@
 """The grid: which configurations run, and the key that identifies each finished cell.
 
-A configuration is one way of holding the document: a memstep schedule with a scorer and
-a memory budget, a kvpress press at the same final budget, or the plain Hugging Face full
-cache. A cell is a configuration on one case (length, depth, seed); its key hashes
-everything that could change its result, so a resumed run never recomputes it.
+A configuration is one way of holding the document: a memstep schedule with a scorer, a
+memory budget and RoPE positions (compact or document), a kvpress press at the same final
+budget, or the plain Hugging Face full cache. A cell is a configuration on one case
+(haystack, length, depth, seed); its key hashes everything that could change its result,
+so a resumed run never recomputes it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from memstep.schedules import GROWTHS
 # kvpress presses run by the peer (peers/kvpress_peer.py), named as kvpress names them.
 PRESSES = ("snapkv", "knorm", "streaming-llm", "observed-attention")
 PEERS = ("kvpress", "hf")
+# RoPE positions of a memstep run: "compact" (the reference code's: the memory at 0..len-1,
+# the chunk right after it) or "document" (each token at its position in the document).
+ROPES = ("compact", "document")
+ATTENTION_SCORERS = ("chunk-attention", "conv", "snapkv", "vatp")  # the ones question-aware scoring extends
 SCHEDULE_CHOICES = ("full", "fm", "im", "imdc") + tuple(f"im-{g}" for g in GROWTHS) \
     + tuple(f"imdc-{g}" for g in GROWTHS)
 
@@ -32,28 +37,59 @@ class Config:
     scorer: str | None = None  # memstep scorer or kvpress press
     budget: int | None = None  # memory budget M in tokens, sinks not counted
     chunk: int | None = None
+    rope: str | None = None  # memstep with eviction only: compact | document (full: no eviction, same)
+    question_aware: bool = False  # memstep: the question's attention scores each step; kvpress: the
+    # question at the end of the compressed context (so SnapKV's window holds it)
 
     @property
     def label(self) -> str:
         if self.kind == "hf":
             return "hf full cache"
+        aware = " question-aware" if self.question_aware else ""
         if self.kind == "kvpress":
-            return f"kvpress {self.scorer} M={self.budget}"
+            return f"kvpress {self.scorer} M={self.budget}{aware}"
         if self.schedule == "full":
             return "memstep full"
         name = self.schedule if self.growth in (None, "linear") else f"{self.schedule}-{self.growth}"
-        return f"{name} {self.scorer} M={self.budget}"
+        return f"{name} {self.scorer} M={self.budget}" + (f" {self.rope}" if self.rope else "") + aware
 
     @property
     def is_peer(self) -> bool:
         return self.kind != "memstep"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Its fields; ``question_aware`` only when set, so the keys of the cells of every
+        configuration from before that axis stay what they were."""
+        data = asdict(self)
+        if not data["question_aware"]:
+            del data["question_aware"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> Config:
-        return cls(**{k: data.get(k) for k in ("kind", "schedule", "growth", "scorer", "budget", "chunk")})
+        """A configuration from its dict; one written before the rope axis existed (no
+        "rope" field) ran at true document positions, so it reads as rope "document"."""
+        fields = {k: data.get(k) for k in ("kind", "schedule", "growth", "scorer", "budget", "chunk", "rope")}
+        fields["question_aware"] = bool(data.get("question_aware"))
+        if fields["kind"] == "memstep" and fields["schedule"] != "full" and fields["rope"] is None:
+            fields["rope"] = "document"
+        return cls(**fields)
+
+
+# The only haystack `memstep eval` used before cases carried their haystack's name.
+LEGACY_HAYSTACK = "pride_and_prejudice_ch1-12.txt"
+
+
+def upgrade_cell(cell: dict) -> dict:
+    """A stored cell in today's form. Cells written before the rope and haystack axes keep
+    their key and read as what they were: true document positions, on the one bundled
+    haystack of that time. Today's cases (each in its own window of its text) have other
+    keys, so an old cell is never taken for a new one."""
+    if "config" not in cell:
+        return cell
+    config = Config.from_dict(cell["config"])
+    return {**cell, "config": config.to_dict(), "label": config.label,
+            "haystack": cell.get("haystack") or LEGACY_HAYSTACK}
 
 
 def cell_key(config: Config, cell: dict, settings: dict) -> str:
@@ -73,9 +109,12 @@ def _split_schedule(name: str) -> tuple[str, str | None]:
     raise MemstepError(f"unknown schedule '{name}': choose from {', '.join(SCHEDULE_CHOICES)}")
 
 
-def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES) -> list[Config]:
-    """memstep configurations (schedule x scorer x budget; 'full' once), then the peers:
-    each kvpress press at each budget, and the HF full cache."""
+def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES,
+              ropes=("compact",), question_aware=(False,)) -> list[Config]:
+    """memstep configurations (schedule x scorer x budget x rope x question-aware; 'full'
+    once: without eviction neither axis changes anything), then the peers: each kvpress
+    press at each budget (and question-aware setting), and the HF full cache.
+    Question-aware memstep configurations take the attention-based scorers only."""
     from memstep.scorers import SCORERS  # here, not at the top: `memstep --help` needs no torch
 
     for scorer in scorers:
@@ -87,6 +126,11 @@ def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES
     for press in presses:
         if press not in PRESSES:
             raise MemstepError(f"unknown kvpress press '{press}': choose from {', '.join(PRESSES)}")
+    for rope in ropes:
+        if rope not in ROPES:
+            raise MemstepError(f"unknown RoPE position mode '{rope}': choose from {', '.join(ROPES)}")
+    if not ropes:
+        raise MemstepError(f"choose at least one RoPE position mode ({', '.join(ROPES)})")
     for budget in budgets:
         if budget < 1:
             raise MemstepError(f"memory budgets must be at least 1 token (got {budget})")
@@ -98,10 +142,12 @@ def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES
         if schedule == "full":
             configs.append(Config("memstep", "full"))
             continue
-        configs += [Config("memstep", schedule, growth, scorer, budget, chunk)
-                    for budget in budgets for scorer in scorers]
+        configs += [Config("memstep", schedule, growth, scorer, budget, chunk, rope, aware)
+                    for aware in question_aware for budget in budgets for scorer in scorers for rope in ropes
+                    if not aware or scorer in ATTENTION_SCORERS]
     if "kvpress" in peers:
-        configs += [Config("kvpress", "full", None, press, budget) for budget in budgets for press in presses]
+        configs += [Config("kvpress", "full", None, press, budget, question_aware=aware)
+                    for aware in question_aware for budget in budgets for press in presses]
     if "hf" in peers:
         configs.append(Config("hf", "full"))
     return list(dict.fromkeys(configs))  # drop repeats, keep order

@@ -1,6 +1,8 @@
-"""From finished cells to the numbers users compare: accuracy, NLL gap to the full cache,
-retention of the passkey, seconds and peak memory per (configuration, length); the
-depth x length accuracy grid per configuration; and the goals of the evaluation.
+"""From finished cells to the numbers users compare: passkey accuracy (with its Wilson
+95% interval), NLL gap to the full cache (mean of per-case paired differences, with a t
+interval), retention of the passkey, seconds and peak memory per (configuration, length);
+the depth x length accuracy grid per configuration; paired contrasts between
+configurations that differ in one setting (RoPE positions, scorer); and the goals.
 """
 
 from __future__ import annotations
@@ -8,7 +10,15 @@ from __future__ import annotations
 from collections import defaultdict
 from statistics import mean
 
+from memstep.evaluation.stats import mean_interval, wilson_interval
+
 REFERENCE = "memstep full"  # the NLL gap is measured against memstep's own full cache
+DEFAULT_SCORER = "chunk-attention"  # other scorers are contrasted with the paper's
+
+
+def case_of(cell: dict) -> tuple:
+    """What identifies a case across configurations (the pairing of paired differences)."""
+    return cell.get("haystack"), cell["length"], cell["depth"], cell["seed"]
 
 
 def _mean(values) -> float | None:
@@ -22,23 +32,30 @@ def _max(values) -> int | None:
 
 
 def summarize(cells: list[dict]) -> dict:
-    """Rows per (configuration, length) plus per-configuration heatmaps and the goals."""
-    reference = {(c["length"], c["depth"], c["seed"]): c["continuation_nll"]
+    """Rows per (configuration, length), per-configuration heatmaps, paired contrasts, the
+    goals and the configurations a peer beats."""
+    reference = {case_of(c): c["continuation_nll"]
                  for c in cells if c["label"] == REFERENCE and c["continuation_nll"] is not None}
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for cell in cells:
         groups[(cell["label"], cell["length"])].append(cell)
     rows = []
     for (label, length), group in sorted(groups.items(), key=lambda item: (item[0][1], _order(item[1][0]), item[0][0])):
-        gaps = [c["continuation_nll"] - reference[(c["length"], c["depth"], c["seed"])] for c in group
-                if c["continuation_nll"] is not None and (c["length"], c["depth"], c["seed"]) in reference]
-        retention = [mean(c["retention"]) for c in group if c.get("retention")]
+        # paired: this configuration's NLL minus the full cache's on the same case
+        gap = mean_interval(c["continuation_nll"] - reference[case_of(c)] for c in group
+                            if c["continuation_nll"] is not None and case_of(c) in reference)
+        kept = mean_interval(mean(c["retention"]) for c in group if c.get("retention"))
+        correct = sum(1 for c in group if c["correct"])
+        low, high = wilson_interval(correct, len(group))
         peak, baseline = _max(c["peak_rss_bytes"] for c in group), _max(c["baseline_rss_bytes"] for c in group)
         rows.append({
             "label": label, "config": group[0]["config"], "peer": group[0]["peer"], "length": length,
-            "cells": len(group), "accuracy": mean(1.0 if c["correct"] else 0.0 for c in group),
-            "nll": _mean(c["continuation_nll"] for c in group), "nll_gap": _mean(gaps),
-            "retention": _mean(retention),
+            "cells": len(group), "correct": correct, "accuracy": correct / len(group),
+            "accuracy_low": low, "accuracy_high": high,
+            "haystacks": sorted({str(c.get("haystack")) for c in group}),
+            "nll": _mean(c["continuation_nll"] for c in group),
+            **_interval("nll_gap", gap),
+            **_interval("retention", kept, clip=(0.0, 1.0)),
             "retained_and_correct": _agreement(group),
             "prefill_seconds": _mean(c["prefill_seconds"] for c in group),
             "seconds": _mean(c["seconds"] for c in group),
@@ -47,7 +64,18 @@ def summarize(cells: list[dict]) -> dict:
             "peak_device_bytes": _max(c.get("peak_device_bytes") for c in group),
             "memory_entries": _max(c["memory_entries"] for c in group),
         })
-    return {"rows": rows, "heatmaps": heatmaps(cells), "goals": goals(rows), "dominated": dominated(rows)}
+    return {"rows": rows, "heatmaps": heatmaps(cells), "contrasts": contrasts(cells, rows), "goals": goals(rows),
+            "dominated": dominated(rows)}
+
+
+def _interval(name: str, found: dict | None, clip: tuple[float, float] | None = None) -> dict:
+    """``name`` (the mean), ``name_low``/``name_high`` (95% t interval) and ``name_cases``."""
+    if found is None:
+        return {name: None, f"{name}_low": None, f"{name}_high": None, f"{name}_cases": 0}
+    low, high = found["low"], found["high"]
+    if clip and low is not None:  # a fraction's interval stays a fraction
+        low, high = max(clip[0], low), min(clip[1], high)
+    return {name: found["mean"], f"{name}_low": low, f"{name}_high": high, f"{name}_cases": found["n"]}
 
 
 def _order(cell: dict) -> int:
@@ -62,7 +90,8 @@ def _agreement(group: list[dict]) -> float | None:
 
 
 def heatmaps(cells: list[dict]) -> dict:
-    """Per configuration: accuracy over seeds for each (depth, length)."""
+    """Per configuration: accuracy over seeds and haystacks for each (depth, length), and
+    the number of cases behind each."""
     grid: dict[str, dict] = defaultdict(lambda: defaultdict(list))
     for cell in cells:
         grid[cell["label"]][(cell["depth"], cell["length"])].append(1.0 if cell["correct"] else 0.0)
@@ -72,7 +101,48 @@ def heatmaps(cells: list[dict]) -> dict:
         lengths = sorted({n for _, n in values})
         out[label] = {"depths": depths, "lengths": lengths,
                       "accuracy": [[mean(values[(d, n)]) if (d, n) in values else None for n in lengths]
-                                   for d in depths]}
+                                   for d in depths],
+                      "cases": [[len(values.get((d, n), ())) for n in lengths] for d in depths]}
+    return out
+
+
+def _differs_in(a: dict, b: dict) -> set[str]:
+    return {k for k in set(a) | set(b) if a.get(k) != b.get(k)}
+
+
+def contrasts(cells: list[dict], rows: list[dict]) -> list[dict]:
+    """Paired comparisons on the cases both ran, between memstep configurations at the same
+    length that differ in one setting: RoPE positions (compact - document) and the scorer
+    (each other scorer - chunk-attention). Accuracy as the discordant pairs (the cases one
+    answers and the other does not), the NLL as the mean per-case difference with its 95% t
+    interval (negative: the first configuration predicts the held-out prose better)."""
+    by_case = defaultdict(dict)
+    for cell in cells:
+        by_case[(cell["label"], cell["length"])][case_of(cell)] = cell
+    memstep = [r for r in rows if r["config"]["kind"] == "memstep" and r["config"]["schedule"] != "full"]
+    out = []
+    for a in memstep:
+        for b in memstep:
+            differs = _differs_in(a["config"], b["config"])
+            if a["length"] != b["length"] or differs not in ({"rope"}, {"scorer"}):
+                continue
+            axis = differs.pop()
+            if (a["config"][axis], b["config"][axis]) != ("compact", "document") and \
+                    not (axis == "scorer" and b["config"]["scorer"] == DEFAULT_SCORER):
+                continue
+            first, second = by_case[(a["label"], a["length"])], by_case[(b["label"], b["length"])]
+            shared = [k for k in first if k in second]
+            if not shared:
+                continue
+            nll = mean_interval(first[k]["continuation_nll"] - second[k]["continuation_nll"] for k in shared
+                                if None not in (first[k]["continuation_nll"], second[k]["continuation_nll"]))
+            out.append({"axis": axis, "length": a["length"],
+                        "first": a["label"], "second": b["label"], "cases": len(shared),
+                        "first_correct": sum(first[k]["correct"] for k in shared),
+                        "second_correct": sum(second[k]["correct"] for k in shared),
+                        "only_first": sum(first[k]["correct"] and not second[k]["correct"] for k in shared),
+                        "only_second": sum(second[k]["correct"] and not first[k]["correct"] for k in shared),
+                        **_interval("nll_difference", nll)})
     return out
 
 
@@ -85,11 +155,13 @@ def goals(rows: list[dict]) -> dict:
     for imdc in (r for r in memstep if r["config"]["schedule"] == "imdc"):
         for fm in memstep:
             c, f = imdc["config"], fm["config"]
-            if f["schedule"] == "fm" and (f["scorer"], f["budget"], f["chunk"]) == (c["scorer"], c["budget"], c["chunk"]) \
+            if f["schedule"] == "fm" and (f["scorer"], f["budget"], f["chunk"], f.get("rope")) \
+                    == (c["scorer"], c["budget"], c["chunk"], c.get("rope")) \
                     and fm["length"] == imdc["length"] and c["growth"] in (None, "linear"):
                 points = 100 * (imdc["accuracy"] - fm["accuracy"])
                 accuracy.append({"imdc": imdc["label"], "fm": fm["label"], "length": imdc["length"],
                                  "imdc_accuracy": imdc["accuracy"], "fm_accuracy": fm["accuracy"],
+                                 "imdc_cases": imdc["cells"], "fm_cases": fm["cells"],
                                  "points": round(points, 1), "met": points >= -5.0})
     longest = max((r["length"] for r in rows), default=None)
     memory = []

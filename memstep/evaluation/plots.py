@@ -11,7 +11,10 @@ import os
 from pathlib import Path
 
 PEER_SYMBOLS = {"memstep": "circle", "kvpress": "diamond", "hf": "star"}
-KIND_COLORS = {"memstep": "#1f77b4", "kvpress": "#d62728", "hf": "#2ca02c"}
+# Okabe-Ito blue, vermillion, bluish green: told apart with the common colour-vision deficiencies
+KIND_COLORS = {"memstep": "#0072B2", "kvpress": "#D55E00", "hf": "#009E73"}
+# RoPE positions of a memstep configuration, by marker fill (not colour)
+ROPE_SYMBOLS = {"compact": "circle", "document": "circle-open", None: "circle"}
 
 
 def heatmap_figure(summary: dict, labels: list[str] | None = None, columns: int = 4):
@@ -62,19 +65,93 @@ def tradeoff_figure(summary: dict, length: int | None = None):
             continue
         fig.add_trace(go.Scatter(
             x=[r["peak_rss_bytes"] / 2**20 for r in group], y=[100 * r["accuracy"] for r in group],
+            error_y=_wilson_bars(group),
             mode="markers+text", textposition="top center", textfont={"size": 10},  # labelled markers
             name=kind if kind != "hf" else "HF full cache",
-            marker={"symbol": PEER_SYMBOLS[kind], "color": KIND_COLORS[kind], "opacity": 0.75,
+            marker={"symbol": [_symbol(r) for r in group], "color": KIND_COLORS[kind], "opacity": 0.75,
                     "size": [10 + 30 * (r["seconds"] or 0) / slowest for r in group],
                     "line": {"width": 1, "color": "black"}},
             text=[r["label"] for r in group],
             customdata=[[r["seconds"] or 0, r["nll_gap"] if r["nll_gap"] is not None else float("nan")] for r in group],
             hovertemplate="%{text}<br>peak %{x:.0f} MiB<br>accuracy %{y:.0f}%<br>%{customdata[0]:.1f} s"
                           "<br>NLL gap %{customdata[1]:.3f}<extra></extra>"))
-    fig.update_layout(title=f"Quality vs peak memory vs seconds at {length} tokens (marker size = seconds)",
+    fig.update_layout(title=f"Quality vs peak memory vs seconds at {length} tokens<br><sup>marker size = seconds; "
+                            "bars: 95% Wilson interval; memstep open = document RoPE positions</sup>",
                       xaxis_title="peak resident memory of the worker (MiB)", yaxis_title="passkey accuracy (%)",
                       yaxis_range=[-5, 105], height=480, margin={"l": 60, "r": 20, "t": 60, "b": 50})
     return fig
+
+
+def _symbol(row: dict) -> str:
+    """Peers by shape; memstep filled at compact RoPE positions, open at document positions."""
+    kind = row["config"]["kind"]
+    return ROPE_SYMBOLS.get(row["config"].get("rope"), "circle") if kind == "memstep" else PEER_SYMBOLS[kind]
+
+
+def _wilson_bars(rows: list[dict]) -> dict:
+    """Asymmetric error bars (percent) for the accuracy's Wilson interval."""
+    low = [100 * (r["accuracy"] - r["accuracy_low"]) if r.get("accuracy_low") is not None else 0 for r in rows]
+    high = [100 * (r["accuracy_high"] - r["accuracy"]) if r.get("accuracy_high") is not None else 0 for r in rows]
+    return {"type": "data", "symmetric": False, "array": high, "arrayminus": low, "thickness": 1.2, "width": 3}
+
+
+def intervals_figure(summary: dict, lengths: list[int] | None = None):
+    """Per configuration, one row of panels per length: passkey accuracy with its 95%
+    Wilson interval (left) and the NLL gap to the full cache with its 95% t interval
+    (right). Colour = kind (memstep, kvpress, HF); memstep markers are filled at compact
+    RoPE positions and open at document positions."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    rows = summary["rows"]
+    lengths = [n for n in (lengths or sorted({r["length"] for r in rows})) if any(r["length"] == n for r in rows)]
+    if not lengths:
+        return _empty("no results yet")
+    counts = [sum(1 for r in rows if r["length"] == n) for n in lengths]
+    titles = [t for n in lengths for t in (f"{n} tokens: passkey accuracy %, 95% Wilson interval",
+                                           f"{n} tokens: NLL gap to the full cache, 95% t interval")]
+    fig = make_subplots(rows=len(lengths), cols=2, shared_yaxes=True, horizontal_spacing=0.03,
+                        vertical_spacing=0.3 / len(lengths), row_heights=counts, subplot_titles=titles)
+    shown = set()
+    for i, length in enumerate(lengths, start=1):
+        at = [r for r in rows if r["length"] == length]
+        for kind in ("memstep", "kvpress", "hf"):
+            group = [r for r in at if r["config"]["kind"] == kind]
+            if not group:
+                continue
+            _interval_traces(fig, go, group, kind, i, kind not in shown)
+            shown.add(kind)
+        fig.update_yaxes(categoryorder="array", categoryarray=[r["label"] for r in at][::-1], automargin=True,
+                         row=i, col=1)
+        fig.update_xaxes(range=[-5, 105], row=i, col=1)
+        fig.add_vline(x=0, line={"color": "grey", "width": 1, "dash": "dot"}, row=i, col=2)
+    fig.update_annotations(font_size=12)
+    fig.update_layout(title="Quality with 95% intervals (filled = compact RoPE positions, open = document)",
+                      height=160 + 24 * sum(counts) + 50 * len(lengths), margin={"l": 20, "r": 20, "t": 80, "b": 40},
+                      legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 0.99, "yanchor": "top",
+                              "yref": "container"})
+    return fig
+
+
+def _interval_traces(fig, go, group: list[dict], kind: str, row: int, legend: bool) -> None:
+    name = kind if kind != "hf" else "HF full cache"
+    symbols = [_symbol(r) for r in group]
+    marker = {"color": KIND_COLORS[kind], "size": 9, "line": {"width": 1.5, "color": KIND_COLORS[kind]}}
+    fig.add_trace(go.Scatter(
+        x=[100 * r["accuracy"] for r in group], y=[r["label"] for r in group], error_x=_wilson_bars(group),
+        mode="markers", marker={**marker, "symbol": symbols}, name=name, legendgroup=kind, showlegend=legend,
+        text=[f"{r.get('correct', '?')}/{r['cells']}" for r in group],
+        hovertemplate="%{y}<br>%{text} passkeys: %{x:.0f}%<extra></extra>"), row=row, col=1)
+    gaps = [(r, s) for r, s in zip(group, symbols) if r.get("nll_gap") is not None]
+    if gaps:
+        fig.add_trace(go.Scatter(
+            x=[r["nll_gap"] for r, _ in gaps], y=[r["label"] for r, _ in gaps],
+            error_x={"type": "data", "thickness": 1.2, "width": 3,
+                     "array": [r["nll_gap_high"] - r["nll_gap"] if r.get("nll_gap_high") is not None else 0
+                               for r, _ in gaps]},
+            mode="markers", marker={**marker, "symbol": [s for _, s in gaps]}, name=name, legendgroup=kind,
+            showlegend=False, text=[f"{r.get('nll_gap_cases', 0)} cases" for r, _ in gaps],
+            hovertemplate="%{y}<br>NLL gap %{x:.3f} (%{text})<extra></extra>"), row=row, col=2)
 
 
 def _ordered_labels(summary: dict) -> list[str]:
@@ -91,13 +168,14 @@ def _empty(message: str):
 
 
 def write_plots(summary: dict, folder: str | Path) -> tuple[list[Path], list[str]]:
-    """heatmaps.html/.png and tradeoff.html/.png; PNGs need kaleido and a Chromium (a
+    """intervals, heatmaps and tradeoff as .html and .png; PNGs need kaleido and a Chromium (a
     notice, not an error, when they are missing)."""
     folder = Path(folder)
     written, notices = [], []
     if os.path.exists("/usr/bin/chromium"):
         os.environ.setdefault("BROWSER_PATH", "/usr/bin/chromium")  # kaleido cannot download one offline
-    for name, fig, size in (("heatmaps", heatmap_figure(summary), (1100, None)),
+    for name, fig, size in (("intervals", intervals_figure(summary), (1100, None)),
+                            ("heatmaps", heatmap_figure(summary), (1100, None)),
                             ("tradeoff", tradeoff_figure(summary), (900, 480))):
         html = folder / f"{name}.html"
         fig.write_html(html, include_plotlyjs="cdn")  # small files; the page loads plotly.js

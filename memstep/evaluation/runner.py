@@ -34,8 +34,7 @@ KVPRESS_PYTHON = ROOT / ".venv-kvpress" / "bin" / "python"
 class EvalSettings:
     """Everything besides the configuration and the case that can change a cell's result."""
 
-    model: str = "embedded"
-    haystack: str = "pride_and_prejudice_ch1-12.txt"
+    model: str = "embedded"  # (the haystack text is part of each case)
     chunk: int = 512
     sinks: int = 4
     window: int = 32  # memstep's SnapKV observation window

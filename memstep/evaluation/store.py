@@ -2,7 +2,8 @@
 
 Appending a line per cell means an interrupted run loses at most the cell in flight, and
 a rerun skips every key already present. ``summary.json`` beside it is rebuilt from the
-cells after each run.
+cells after each run. Cells written by an older memstep are read in today's form
+(``grid.upgrade_cell``), under their own keys.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 from pathlib import Path
 
 from memstep.errors import MemstepError
+from memstep.evaluation.grid import upgrade_cell
 
 CELLS = "cells.jsonl"
 SUMMARY = "summary.json"
@@ -36,7 +38,7 @@ class ResultStore:
             except json.JSONDecodeError:
                 continue  # a line cut by an interrupted run: that cell simply runs again
             if isinstance(cell, dict) and "key" in cell:
-                cells.append(cell)
+                cells.append(upgrade_cell(cell))
         return cells
 
     def __contains__(self, key: str) -> bool:

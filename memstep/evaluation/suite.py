@@ -1,13 +1,21 @@
 """The evaluation suite: passkey documents generated from bundled public-domain prose.
 
-One case = one haystack (length x depth x seed) with its question, the passkey's token
-span (for retention) and a held-out continuation: the prose that follows the haystack in
-the source, scored as a continuation of the compressed memory. Every case carries token
-ids, so memstep and a peer in another virtualenv see exactly the same tokens.
+One case = one haystack document (text x length x depth x seed) with its question, the
+passkey's token span (for retention) and a held-out continuation: the prose that follows
+the haystack in the source, scored as a continuation of the compressed memory. Every case
+carries token ids, so memstep and a peer in another virtualenv see exactly the same tokens.
+
+Each case reads its own window of the text: it starts at a paragraph drawn from (text,
+length, depth, seed), so the cases' continuations are different prose and their NLL
+differences are closer to independent samples than twelve needles in one passage would
+be. The draw depends on nothing else, so widening a grid leaves existing cases (and their
+finished cells) as they were.
 """
 
 from __future__ import annotations
 
+import random
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -17,6 +25,8 @@ from memstep.passkey import make_haystack, random_passkey, random_thing
 
 ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"
 DEFAULT_HAYSTACK = ASSETS / "pride_and_prejudice_ch1-12.txt"
+DEFAULT_HAYSTACKS = (DEFAULT_HAYSTACK, ASSETS / "persuasion_excerpt.txt")
+CHARS_PER_TOKEN = 5  # English prose is about 4.3-4.5 characters per SmolLM2 token: a margin
 
 
 @dataclass
@@ -26,6 +36,8 @@ class Case:
     length: int  # requested haystack length in tokens
     depth: float
     seed: int
+    haystack: str  # the text's file name
+    start: int  # character offset of the paragraph where this case's window of the text begins
     passkey: str
     question: str
     document_ids: list[int]  # the haystack with the needle, no prompt framing
@@ -37,7 +49,8 @@ class Case:
 
     @property
     def cell(self) -> dict:
-        return {"length": self.length, "depth": self.depth, "seed": self.seed}
+        return {"haystack": self.haystack, "length": self.length, "depth": self.depth, "seed": self.seed,
+                "start": self.start}
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -66,13 +79,40 @@ def _continuation(doc, prose: str, tokenizer, tokens: int) -> list[int]:
     return ids[:tokens]
 
 
+def paragraph_starts(prose: str) -> list[int]:
+    """Character offsets where the paragraphs of ``prose`` begin (blank-line separated)."""
+    text = prose.strip()
+    return [0] + [m.end() for m in re.finditer(r"\n\s*\n(?=\S)", text)]
+
+
+def window_start(prose: str, name: str, length: int, depth: float, seed: int) -> int:
+    """The paragraph where a case's window of the text begins: drawn from the paragraphs that
+    leave ``length`` tokens of text after them (any paragraph when the text is shorter)."""
+    text = prose.strip()
+    starts = paragraph_starts(text)
+    room = [s for s in starts if s + CHARS_PER_TOKEN * length <= len(text)] or starts
+    return random.Random(f"window-{name}-{length}-{depth}-{seed}").choice(room)
+
+
+def rotate(prose: str, start: int) -> str:
+    """The text read from ``start``, wrapping round to its beginning."""
+    text = prose.strip()
+    return text if start == 0 else text[start:] + "\n\n" + text[:start].strip()
+
+
 def make_case(prose: str, tokenizer, length: int, depth: float, seed: int,
-              continuation_tokens: int = 32) -> Case:
-    passkey = random_passkey(f"{length}-{depth}-{seed}")
-    doc = make_haystack(prose, tokenizer, length, depth, passkey, thing=random_thing(seed))
+              continuation_tokens: int = 32, name: str = DEFAULT_HAYSTACK.name, start: int | None = None) -> Case:
+    """One case on ``prose`` (named ``name``); ``start`` = None draws its window
+    (window_start), 0 reads the text from its beginning."""
+    if start is None:
+        start = window_start(prose, name, length, depth, seed)
+    prose = rotate(prose, start)
+    label = f"{name}-{length}-{depth}-{seed}"
+    passkey = random_passkey(label)
+    doc = make_haystack(prose, tokenizer, length, depth, passkey, thing=random_thing(label))
     parts = prompt_parts(tokenizer, doc.question)
     return Case(
-        length=length, depth=depth, seed=seed, passkey=doc.answer, question=doc.question,
+        length=length, depth=depth, seed=seed, haystack=name, start=start, passkey=doc.answer, question=doc.question,
         document_ids=tokenizer(doc.text, add_special_tokens=False)["input_ids"],
         continuation_ids=_continuation(doc, prose, tokenizer, continuation_tokens),
         head_ids=prompt_parts(tokenizer).head, question_ids=parts.tail,
@@ -80,11 +120,27 @@ def make_case(prose: str, tokenizer, length: int, depth: float, seed: int,
         passkey_tokens=_passkey_span(doc, tokenizer))
 
 
-def make_cases(tokenizer, lengths, depths, seeds, haystack: str | Path | None = None,
-               continuation_tokens: int = 32) -> list[Case]:
-    path = Path(haystack) if haystack else DEFAULT_HAYSTACK
-    if not path.is_file():
-        raise MemstepError(f"haystack text not found: {path}")
-    prose = path.read_text(encoding="utf-8")
-    return [make_case(prose, tokenizer, length, depth, seed, continuation_tokens)
-            for length in lengths for depth in depths for seed in seeds]
+def read_haystacks(paths=None) -> dict[str, str]:
+    """{file name: text} of the haystack texts (default: the two bundled Austen texts)."""
+    texts: dict[str, str] = {}
+    for path in map(Path, paths or DEFAULT_HAYSTACKS):
+        if not path.is_file():
+            raise MemstepError(f"haystack text not found: {path} (give existing .txt files to --haystacks)")
+        if path.name in texts:
+            raise MemstepError(f"two haystacks are named {path.name}: cells are keyed by the file name, rename one")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise MemstepError(f"haystack {path} is not UTF-8 text: give plain prose (.txt)") from None
+        if not text.strip():
+            raise MemstepError(f"haystack {path} is empty: give a text with some prose")
+        texts[path.name] = text
+    return texts
+
+
+def make_cases(tokenizer, lengths, depths, seeds, haystacks=None, continuation_tokens: int = 32) -> list[Case]:
+    """Every (haystack, length, depth, seed) case; ``haystacks`` are paths (default both
+    bundled texts)."""
+    texts = read_haystacks(haystacks)
+    return [make_case(prose, tokenizer, length, depth, seed, continuation_tokens, name)
+            for length in lengths for name, prose in texts.items() for depth in depths for seed in seeds]

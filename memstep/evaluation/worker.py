@@ -26,13 +26,15 @@ def run_case(lm, config: dict, settings: dict, case: dict) -> dict:
     from memstep.runner import DocumentRun
 
     continuation = case["continuation_ids"]
+    # RoPE positions: memstep's full cache (no eviction) has none set, and both modes agree there
+    positions = {"rope": config["rope"]} if config.get("rope") else {}
     run = DocumentRun(
         lm, case["document_ids"] + continuation, schedule=config["schedule"],
         chunk=config.get("chunk") or 512, memory=config.get("budget") or 512,
         growth=config.get("growth") or "linear", scorer=config.get("scorer") or "chunk-attention",
         sinks=settings["sinks"], seed=case["seed"], window=settings["window"],
         question=case["question"], max_new_tokens=settings["max_new_tokens"],
-        continuation_tokens=len(continuation))
+        continuation_tokens=len(continuation), question_aware=bool(config.get("question_aware")), **positions)
     began = time.perf_counter()
     result = run.run()
     seconds = time.perf_counter() - began

@@ -1,0 +1,134 @@
+"""memstep's attention function (memstep/attention.py): the one pass that also yields the
+scores, the plain lower-right causal SDPA and its fallbacks, and the reference's padded
+attention, against SDPA and against the scorer's own computation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_tiny_model
+
+import memstep.attention as attention
+from memstep.engine import ChunkedPrefill
+from memstep.schedules import make_schedule
+from memstep.scorers import ChunkAttention, LayerState, make_scorer
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma")
+EXACT = dict(rtol=1e-5, atol=1e-6)
+
+
+def tensors(heads, kv_heads, rows, memory, dim=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, heads, rows, dim, generator=g)
+    k = torch.randn(1, kv_heads, memory + rows, dim, generator=g)
+    v = torch.randn(1, kv_heads, memory + rows, dim, generator=g)
+    return q, k, v
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (4, 4), (6, 1)], ids=["gqa", "mha", "mqa"])
+@pytest.mark.parametrize("block", [3, 256])
+def test_one_pass_equals_sdpa_and_the_scorers_sums(heads, kv_heads, block):
+    q, k, v = tensors(heads, kv_heads, rows=11, memory=9)
+    out, sums = attention.one_pass_attention(q, k, v, 0.25, ranges=((0, None), (6, None), (2, 5)), block=block)
+    expected = attention.sdpa_lower_right(q, k, v, 0.25)
+    torch.testing.assert_close(out, expected, **EXACT)
+    state = LayerState(q[0], k[0], v[0], torch.arange(20).expand(kv_heads, -1), 0.25)
+    for first in (0, 6):
+        torch.testing.assert_close(sums[(first, None)], state.attention_sum(first), **EXACT)
+    # a middle range: rows 2..4 = rows from 2 on less rows from 5 on
+    torch.testing.assert_close(sums[(2, 5)], state.attention_sum(2) - state.attention_sum(5), **EXACT)
+    # every query row's probabilities add up to one: rows x heads in all
+    assert torch.isclose(sums[(0, None)].sum(), torch.tensor(11.0 * heads))
+
+
+def test_padded_attention_equals_the_chunk_rows_of_full_attention():
+    q, k, v = tensors(4, 2, rows=5, memory=7)
+    out, sums = attention.padded_attention(q, k, v, 0.25, ranges=((0, None), (1, 3)))
+    torch.testing.assert_close(out, attention.sdpa_lower_right(q, k, v, 0.25), **EXACT)
+    _, one_pass = attention.one_pass_attention(q, k, v, 0.25, ranges=((0, None), (1, 3)))
+    for key in ((0, None), (1, 3)):
+        torch.testing.assert_close(sums[key], one_pass[key], **EXACT)
+
+
+def test_fallbacks_without_the_causal_bias_or_native_gqa(monkeypatch):
+    q, k, v = tensors(4, 2, rows=6, memory=10)
+    expected = attention.sdpa_lower_right(q, k, v, 0.3)
+    monkeypatch.setattr(attention, "causal_lower_right", None)  # an older torch: an explicit mask
+    torch.testing.assert_close(attention.sdpa_lower_right(q, k, v, 0.3), expected, **EXACT)
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def no_gqa(*args, enable_gqa=False, **kwargs):  # a backend that rejects native GQA
+        if enable_gqa:
+            raise RuntimeError("enable_gqa is not supported here")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", no_gqa)
+    torch.testing.assert_close(attention.sdpa_lower_right(q, k, v, 0.3), expected, **EXACT)
+
+
+class Recomputing(ChunkAttention):
+    """chunk-attention that asks for no column sums: the scorer recomputes the query-key
+    products itself (the path before the one-pass attention)."""
+
+    def attention_rows(self, chunk):
+        return ()
+
+
+def run(model, ids, schedule, scorer, **kwargs):
+    engine = ChunkedPrefill(model, scorer, sinks=4, collect_hidden=True, **kwargs)
+    records = list(engine.run(ids, schedule))
+    return torch.cat(engine.hidden_chunks), [r.kept_positions for r in records]
+
+
+@pytest.mark.parametrize("rope", ["compact", "document"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_engine_one_pass_equals_the_recomputing_scorer(family, rope):
+    model = make_tiny_model(family, layers=2, seed=4)
+    ids = torch.randint(0, 128, (230,), generator=torch.Generator().manual_seed(4))
+    schedule = make_schedule("imdc", 230, 64, 48)
+    hidden, kept = run(model, ids, schedule, ChunkAttention(), rope=rope)
+    hidden_ref, kept_ref = run(model, ids, schedule, Recomputing(), rope=rope)
+    assert all(np.array_equal(a, b) for a, b in zip(kept, kept_ref)), family
+    torch.testing.assert_close(hidden, hidden_ref, **EXACT)
+
+
+@pytest.mark.parametrize("scorer", ["chunk-attention", "conv", "snapkv", "vatp"])
+def test_padded_reference_attention_keeps_the_same_sets(scorer):
+    model = make_tiny_model("llama", layers=3, seed=5)
+    ids = torch.randint(0, 128, (260,), generator=torch.Generator().manual_seed(5))
+    schedule = make_schedule("fm", 260, 64, 40)
+    hidden, kept = run(model, ids, schedule, make_scorer(scorer))
+    hidden_padded, kept_padded = run(model, ids, schedule, make_scorer(scorer), attention="padded")
+    assert all(np.array_equal(a, b) for a, b in zip(kept, kept_padded))
+    torch.testing.assert_close(hidden, hidden_padded, rtol=1e-4, atol=1e-4)
+
+
+def test_one_pass_runs_only_where_a_layer_is_cut(monkeypatch):
+    """Steps that evict nothing, and scorers that read no attention, take plain SDPA."""
+    calls = {"one_pass": 0, "sdpa": 0}
+    one_pass, sdpa = attention.one_pass_attention, attention.sdpa_lower_right
+
+    def count(name, fn):
+        def wrapped(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(attention, "one_pass_attention", count("one_pass", one_pass))
+    monkeypatch.setattr(attention, "sdpa_lower_right", count("sdpa", sdpa))
+    model = make_tiny_model("llama", layers=2, seed=6)
+    ids = torch.randint(0, 128, (160,), generator=torch.Generator().manual_seed(6))
+    schedule = make_schedule("fm", 160, 32, 40)  # step 0 keeps all 32: no eviction there
+    list(ChunkedPrefill(model, make_scorer("chunk-attention")).run(ids, schedule))
+    assert calls == {"one_pass": 2 * 4, "sdpa": 2 * 1}
+    calls.update(one_pass=0, sdpa=0)
+    list(ChunkedPrefill(model, make_scorer("recency")).run(ids, schedule))
+    assert calls == {"one_pass": 0, "sdpa": 2 * 5}
+
+
+def test_engine_rejects_an_unknown_attention():
+    from memstep.errors import MemstepError
+
+    with pytest.raises(MemstepError, match="unknown attention 'flash'"):
+        ChunkedPrefill(make_tiny_model("llama", layers=1), attention="flash")

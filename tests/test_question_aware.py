@@ -1,0 +1,183 @@
+"""Question-aware compression: the question's tokens ride after every chunk, their attention
+joins the score, and their own cache entries never stay in the memory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_tiny_model
+
+from memstep.engine import ChunkedPrefill, model_shape, question_mix
+from memstep.errors import MemstepError
+from memstep.schedules import make_schedule
+from memstep.scorers import make_scorer
+
+QUESTION = [7, 9, 11, 13, 17]
+
+
+def ids(tokens, seed=0):
+    return torch.randint(20, 128, (tokens,), generator=torch.Generator().manual_seed(seed))
+
+
+def run(model, tokens, schedule, question=None, scorer="chunk-attention", **kwargs):
+    engine = ChunkedPrefill(model, make_scorer(scorer), sinks=4, question_ids=question, **kwargs)
+    return engine, list(engine.run(tokens, schedule))
+
+
+SCHEDULES = [("full", "linear"), ("fm", "linear"), ("im", "sqrt"), ("imdc", "linear"), ("imdc", "square-sqrt")]
+
+
+@pytest.mark.parametrize("rope", ["compact", "document"])
+@pytest.mark.parametrize("name,growth", SCHEDULES, ids=[f"{n}-{g}" for n, g in SCHEDULES])
+def test_the_questions_entries_never_stay_in_memory(tiny_model, name, growth, rope):
+    tokens = ids(230)
+    schedule = make_schedule(name, 230, 64, 40, growth, layers=2)
+    agnostic, plain = run(tiny_model, tokens, schedule, rope=rope)
+    engine, aware = run(tiny_model, tokens, schedule, QUESTION, rope=rope)
+    shape = model_shape(tiny_model)
+    for a, b in zip(plain, aware):
+        assert a.layer_entries == b.layer_entries  # the same cache lengths, step by step
+        assert b.kept_positions.max() < b.tokens_seen  # document positions only
+        # the question's tokens are read (and counted) with every evicting step, then dropped
+        assert b.question_tokens == (len(QUESTION) if name != "full" else 0)
+        parts = b.bytes_modeled_parts
+        assert b.kv_bytes_actual == parts["kv_memory"] + parts["kv_chunk"]  # the question's entries included
+    assert [layer.keys.shape[2] for layer in engine.cache.layers] == plain[-1].layer_entries
+    assert engine.cache_bytes() == agnostic.cache_bytes()
+    assert engine.position == agnostic.position and engine.tokens_seen == 230
+    if name != "full":
+        assert any(b.bytes_modeled > a.bytes_modeled for a, b in zip(plain, aware))
+        assert all(b.kv_bytes_actual == a.kv_bytes_actual + len(QUESTION) * shape.kv_bytes_per_entry
+                   for a, b in zip(plain, aware))  # the running layer holds the question's entries too
+
+
+@pytest.mark.parametrize("rope", ["compact", "document"])
+def test_the_chunks_hidden_states_do_not_see_the_question(tiny_model, rope):
+    """Causal attention: the question after the chunk changes what is kept, never the chunk's
+    own states in a step where both memories are the same (the first)."""
+    tokens = ids(200, seed=1)
+    schedule = make_schedule("fm", 200, 64, 40)
+    plain_engine, _ = run(tiny_model, tokens, schedule, rope=rope, collect_hidden=True)
+    aware_engine, _ = run(tiny_model, tokens, schedule, QUESTION, rope=rope, collect_hidden=True)
+    torch.testing.assert_close(aware_engine.hidden_chunks[0], plain_engine.hidden_chunks[0], rtol=1e-5, atol=1e-5)
+
+
+def needle_model(token: int):
+    """A one-layer Llama where ``token`` is the needle: the question rows of that token attend
+    (nearly) only to keys of that token, and every other row (nearly) ignores them.
+
+    Token ``token``'s embedding lives on hidden dims 7 and 15 alone; every other token has 1 on
+    dims 6 and 14 and nothing on 7 and 15. q_proj and k_proj copy dims 6, 7, 14, 15 into the
+    same dims of every head (x3) and read nothing else there, so in each head: needle query .
+    needle key is large, other query . other key gets a large common bonus, and the two kinds
+    see each other at logit 0. Dims 6-7 and 14-15 are the lowest RoPE frequencies of a 16-dim
+    head: over a few hundred positions the rotation barely moves them."""
+    model = make_tiny_model("llama", layers=1, seed=3)
+    dims = [6, 7, 14, 15]
+    with torch.no_grad():
+        emb = model.model.embed_tokens.weight
+        emb[:, dims] = 0
+        emb[:, [6, 14]] = 1.0
+        emb[token] = 0
+        emb[token, [7, 15]] = 1.0
+        attn = model.model.layers[0].self_attn
+        for proj, heads in ((attn.q_proj, 4), (attn.k_proj, 2)):
+            proj.weight[:, dims] = 0
+            for head in range(heads):
+                for dim in dims:
+                    proj.weight[head * 16 + dim] = 0
+                    proj.weight[head * 16 + dim, dim] = 3.0
+    return model
+
+
+@pytest.mark.parametrize("rope", ["compact", "document"])
+def test_a_token_the_question_looks_at_is_kept_only_with_the_option(rope):
+    needle, target = 5, 60  # token 5 sits once in the document, at position 60
+    model = needle_model(needle)
+    tokens = ids(300, seed=2)
+    tokens[target] = needle
+    schedule = make_schedule("fm", 300, 64, 24)
+    _, plain = run(model, tokens, schedule, rope=rope)
+    _, aware = run(model, tokens, schedule, [needle, 9, needle], rope=rope)
+    kept_plain, kept_aware = plain[-1].kept_positions, aware[-1].kept_positions
+    assert not np.isin(target, kept_plain)  # the agnostic score drops it
+    assert (kept_aware == target).any(axis=-1).all()  # every KV head keeps it, through every step
+    assert all((r.kept_positions == target).any(axis=-1).all() for r in aware if r.tokens_seen > target)
+
+
+def test_question_mix_shares_and_pooling():
+    positions = torch.arange(20)[None]
+    base = torch.ones(1, 20)
+    question = torch.zeros(1, 20)
+    question[0, 10] = 1.0
+    question[0, 1] = 50.0  # a sink: kept anyway, so it takes no share
+    mixed = question_mix(base, question, positions, sinks=4, weight=0.75)
+    # base: 16 non-sink keys, 1/16 each; question: max-pooled over 15 keys, so keys 4..17 all take key 10's 1.0
+    # (then divided by their 14): 0.25/16 + 0.75/14 inside the pool, 0.25/16 outside, 0 for the sinks
+    assert torch.allclose(mixed[0, 4:18], torch.full((14,), 0.25 / 16 + 0.75 / 14))
+    assert torch.allclose(mixed[0, 18:], torch.full((2,), 0.25 / 16))
+    assert (mixed[0, :4] == 0).all()
+
+
+def test_bad_question_aware_settings(tiny_model):
+    with pytest.raises(MemstepError, match="needs a question"):
+        ChunkedPrefill(tiny_model, question_ids=[])
+    with pytest.raises(MemstepError, match="attention-based scorer"):
+        ChunkedPrefill(tiny_model, make_scorer("recency"), question_ids=QUESTION)
+    with pytest.raises(MemstepError, match="question weight"):
+        ChunkedPrefill(tiny_model, question_ids=QUESTION, question_weight=1.5)
+    eager = make_tiny_model("llama", layers=1)
+    eager.config._attn_implementation = "eager"
+    with pytest.raises(MemstepError, match="SDPA"):
+        ChunkedPrefill(eager, question_ids=QUESTION, rope="document")
+
+
+def test_runner_needs_a_question_that_fits(tiny_model):
+    from memstep.models import LoadedModel
+    from memstep.runner import DocumentRun
+
+    class Tokenizer:  # characters as tokens, no chat template
+        chat_template = None
+        eos_token_id = 0
+
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(i) for i in ids)
+
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [ord(c) % 128 for c in text]}
+
+    lm = LoadedModel(tiny_model, Tokenizer(), "tiny", "cpu", "float32")
+    document = ids(300).tolist()
+    with pytest.raises(MemstepError, match="needs a question"):
+        DocumentRun(lm, document, schedule="fm", chunk=64, memory=40, question_aware=True)
+    with pytest.raises(MemstepError, match="half the model's 4096-token context"):
+        DocumentRun(lm, document, schedule="fm", chunk=64, memory=40, question_aware=True, question="why " * 600)
+    run = DocumentRun(lm, document, schedule="imdc", chunk=64, memory=40, question_aware=True, question="who?",
+                      max_new_tokens=2)
+    result = run.run()
+    assert result.question_aware and result.question_weight == 0.75
+    assert result.steps[-1].question_tokens == len("\n\nQuestion: who?\nAnswer:")  # the prompt's tail
+    assert result.to_dict()["question_aware"] is True
+
+
+@pytest.mark.slow
+def test_embedded_model_keeps_and_answers_a_passkey_the_agnostic_run_loses(embedded):
+    """A 1k-token passkey document (Pride and Prejudice, needle at 30% depth, seed 0) under IMDC
+    with c = M = 256: the agnostic memory loses the number, the question-aware one answers it."""
+    from memstep.evaluation.suite import make_cases
+    from memstep.passkey import answer_contains_passkey
+    from memstep.runner import DocumentRun
+
+    case = make_cases(embedded.tokenizer, [1024], [0.3], [0])[0]
+    answers, kept = {}, {}
+    for aware in (False, True):
+        run = DocumentRun(embedded, case.document_ids, schedule="imdc", chunk=256, memory=256,
+                          question=case.question, max_new_tokens=16, question_aware=aware)
+        result = run.run()
+        start, end = case.passkey_tokens
+        answers[aware] = result.answer
+        kept[aware] = result.steps[-1].kept_fraction()[result.prefix_tokens + start:result.prefix_tokens + end].mean()
+    assert not answer_contains_passkey(answers[False], case.passkey), answers
+    assert answer_contains_passkey(answers[True], case.passkey), answers
+    assert kept[False] < 0.05 < kept[True]
