@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 NAME = "memstep"
-BLOCKS = {"cpu": 256, "cuda": 1024, "mps": 512}  # query rows per block of the one-pass attention
+BLOCKS = {"cpu": 128, "cuda": 1024, "mps": 512}  # query rows per block of the one-pass attention
 
 try:  # torch >= 2.3: a lower-right causal bias that SDPA understands without a materialized mask
     from torch.nn.attention.bias import causal_lower_right

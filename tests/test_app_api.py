@@ -134,6 +134,19 @@ def test_prefill_rope_and_reference_preset(client):
     assert plan["layer_memory_sizes"][1] == [75, 210, 210]
 
 
+def test_prefill_question_aware(client):
+    from gradio_client.exceptions import AppError
+
+    result = client.predict(document_text=NETHERFIELD, schedule="imdc", chunk=256, memory=128, max_tokens=600,
+                            question="Who has taken Netherfield Park?", question_aware=True, api_name="/prefill")
+    assert result["question_aware"] is True and result["question_weight"] == 0.75
+    assert all(s["question_tokens"] > 0 for s in result["steps"])
+    assert result["steps"][-1]["memory_after"] == 128 + 4  # the question's entries never stay
+    with pytest.raises(AppError, match="attention-based scorer"):
+        client.predict(document_text=NETHERFIELD, schedule="fm", chunk=256, memory=128, max_tokens=600,
+                       question="Who?", question_aware=True, scorer="recency", api_name="/prefill")
+
+
 # ---- issue 12: a public API nobody can abuse --------------------------------------------------
 def _raw_call(url: str, endpoint: str, data: list) -> str:
     """POST a call as a client other than gradio_client would (no "meta" on files); returns
@@ -154,7 +167,8 @@ def test_server_files_never_come_back(app_url, client):
     readme = str(ASSETS.parent / "README.md")
     answers = []
     for path in ("README.md", readme, "/etc/hostname", "/no/such/file.txt"):
-        data = ["", {"path": path}, "", "full", 512, 512, "linear", "chunk-attention", 4, "", 4096, "", False, "compact", ""]
+        data = ["", {"path": path}, "", "full", 512, 512, "linear", "chunk-attention", 4, "", 4096, "", False,
+                "compact", "", False]
         answers.append(_raw_call(app_url, "prefill", data))
     assert all("uploaded through the page" in a for a in answers), answers
     assert not any("sdk_version" in a or "Hugging Face Spaces" in a for a in answers)  # README never read

@@ -47,7 +47,7 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
             schedule: str = "imdc", chunk: int = 512, memory: int = 512, growth: str = "linear",
             scorer: str = "chunk-attention", sinks: int = 4, question: str = "",
             max_tokens: int = DEFAULT_MAX_TOKENS, model: str = "", full_reference: bool = False,
-            rope: str = "compact", preset: str = "") -> Iterator[dict]:
+            rope: str = "compact", preset: str = "", question_aware: bool = False) -> Iterator[dict]:
     """Prefill a document chunk by chunk under a memory schedule (full, fm, im, imdc).
 
     Give the document as text, as a file (.txt, .md, .pdf, .html) or as the name of a
@@ -57,11 +57,12 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
     compressed memory and, for passkey documents, whether the passkey survived. An empty
     question asks the document's own question (bundled examples, passkey documents).
     ``rope``: compact (contiguous positions, the reference code's) or document (true
-    positions); ``preset`` "reference" sets scorer conv, compact positions and 4 sinks."""
+    positions); ``preset`` "reference" sets scorer conv, compact positions and 4 sinks;
+    ``question_aware`` also scores every step by the question's attention (needs a question)."""
     try:
         fixed = preset_settings(choice(preset, "preset", list(PRESETS), "") or None)
         settings = settings_from(schedule, chunk, memory, growth, fixed.get("scorer", scorer),
-                                 fixed.get("sinks", sinks), fixed.get("rope", rope))
+                                 fixed.get("sinks", sinks), fixed.get("rope", rope), question_aware)
         if question is not None and (not isinstance(question, str) or len(question) > MAX_QUESTION_CHARS):
             raise MemstepError(f"question must be a text of at most {MAX_QUESTION_CHARS:,} characters")
         lm = get_model(model)

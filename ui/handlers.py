@@ -161,12 +161,12 @@ def _layers_plot(shown):
 
 
 def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens,
-                 question, full_reference, rope="compact", progress=gr.Progress()):
+                 question, full_reference, rope="compact", question_aware=False, progress=gr.Progress()):
     """Stream a run: one update as soon as the schedule is known, then one per step, then
     the answer (and the full-cache reference answer when asked)."""
     began = time.perf_counter()
     try:
-        settings = settings_from(schedule, chunk, memory, growth, scorer, sinks, rope)
+        settings = settings_from(schedule, chunk, memory, growth, scorer, sinks, rope, question_aware)
         progress(0.0, desc="Loading the model")
         lm = get_model(model)
         document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm))
@@ -232,7 +232,7 @@ def replay(step, view: RunView | None):
 
 
 # ---- comparison ----------------------------------------------------------------------
-CONFIG_FIELDS = 7  # enabled, schedule, growth, chunk, memory, scorer, RoPE positions
+CONFIG_FIELDS = 8  # enabled, schedule, growth, chunk, memory, scorer, RoPE positions, question-aware
 TIME_CAVEAT = ("Times are wall-clock seconds of one run each on a shared machine: ratios within about 10-20% "
                "are noise; the memory columns do not depend on the load.")
 
@@ -251,8 +251,8 @@ def compare(doc: DocumentSource, model, sinks, max_tokens, question, *config_val
     """Run the ticked configurations one after another on the same document; stream the
     overlaid plots and the summary table after every step."""
     try:
-        settings = [settings_from(s, c, m, g, sc, sinks, r) for on, s, g, c, m, sc, r in _configs(config_values)
-                    if on]
+        settings = [settings_from(s, c, m, g, sc, sinks, r, qa) for on, s, g, c, m, sc, r, qa
+                    in _configs(config_values) if on]
         if not settings:
             raise MemstepError("no configuration is ticked: tick at least one to compare")
         progress(0.0, desc="Loading the model")

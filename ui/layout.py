@@ -174,6 +174,9 @@ def build_app() -> gr.Blocks:
                                             label="Model", info="'embedded': SmolLM2-135M-Instruct shipped with "
                                             "memstep. Or a hub id, a local folder or a .gguf file.",
                                             elem_id="model")
+                        question_aware = gr.Checkbox(False, label="Question-aware", elem_id="question-aware",
+                                                     info="Also score every step by the question's attention: its "
+                                                          "tokens are read after each chunk, then dropped.")
                         full_reference = gr.Checkbox(False, label="Also answer from the full cache (reference)",
                                                      info="Bundled examples always show it (computed once, then "
                                                      "cached); for uploads it is one more prefill.",
@@ -217,6 +220,7 @@ def build_app() -> gr.Blocks:
                                         min_width=140),
                             gr.Dropdown(list(ROPE_MODES), value="compact", label="RoPE positions", scale=1,
                                         min_width=120),
+                            gr.Checkbox(False, label="question-aware", scale=1, min_width=120),
                         ]
                 with gr.Row():
                     compare_run = gr.Button("Run comparison", variant="primary", elem_id="compare-run")
@@ -256,7 +260,7 @@ def build_app() -> gr.Blocks:
                        view_state, run_views, run_hint, layers_plot]
         running = run.click(handlers.run_document,
                             [doc_state, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens, question,
-                             full_reference, rope], run_outputs,
+                             full_reference, rope, question_aware], run_outputs,
                             concurrency_id="prefill", concurrency_limit=1, show_progress="minimal",
                             show_progress_on=[stats], api_visibility="private")
         stop.click(handlers.stop_run, [view_state], [stats, answer, replay_step, view_state], cancels=[running],

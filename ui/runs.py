@@ -57,6 +57,7 @@ class RunSettings:
     scorer: str = "chunk-attention"
     sinks: int = 4
     rope: str = "compact"  # RoPE positions: compact (the reference's) or document
+    question_aware: bool = False  # the question's attention also scores every step
 
     def label(self) -> str:
         if self.schedule == "full":
@@ -64,19 +65,23 @@ class RunSettings:
         growth = f" {self.growth}" if self.schedule in ("im", "imdc") and self.growth != "linear" else ""
         scorer = f" · {self.scorer}" if self.scorer != "chunk-attention" else ""
         rope = " · document positions" if self.rope == "document" else ""
-        return f"{self.schedule.upper()}{growth} c{self.chunk} M{self.memory}{scorer}{rope}"
+        aware = " · question-aware" if self.question_aware else ""
+        return f"{self.schedule.upper()}{growth} c{self.chunk} M{self.memory}{scorer}{rope}{aware}"
 
     def run_kwargs(self) -> dict:
         return asdict(self)
 
 
-def settings_from(schedule, chunk, memory, growth, scorer, sinks, rope="compact") -> RunSettings:
+def settings_from(schedule, chunk, memory, growth, scorer, sinks, rope="compact", question_aware=False) -> RunSettings:
     """Settings from the page's controls or an API call, each checked with a one-line reason."""
-    return RunSettings(choice(schedule, "schedule", [s for s in SCHEDULES if s != "custom"], "imdc"),
-                       whole_number(chunk, "chunk size", 1), whole_number(memory, "memory size", 0),
+    if not isinstance(question_aware, (bool, int, type(None))):
+        raise MemstepError(f"question_aware must be true or false, not {type(question_aware).__name__}")
+    name = choice(schedule, "schedule", [s for s in SCHEDULES if s != "custom"], "imdc")
+    return RunSettings(name, whole_number(chunk, "chunk size", 1), whole_number(memory, "memory size", 0),
                        choice(growth, "growth", GROWTHS, "linear"),
                        choice(scorer, "scorer", list(SCORERS), "chunk-attention"),
-                       whole_number(sinks, "sinks", 0, MAX_SINKS), choice(rope, "RoPE positions", ROPE_MODES, "compact"))
+                       whole_number(sinks, "sinks", 0, MAX_SINKS), choice(rope, "RoPE positions", ROPE_MODES, "compact"),
+                       bool(question_aware) and name != "full")
 
 
 def check_settings(settings: RunSettings, tokens: int, run: bool = True) -> None:

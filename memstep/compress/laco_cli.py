@@ -1,0 +1,146 @@
+"""`memstep compress laco`: collapse layers with LaCo, step by step, and measure what it
+keeps and saves against the dense model and layer-removal baselines at the same ratio.
+
+Registered by memstep/compress_cli.py. Parsing imports no torch."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from memstep.errors import MemstepError
+
+# Mirrors memstep.compress.laco.DEFAULTS (kept literal so the parser needs no torch import).
+C, L, I, T = 2, 1, 1, 0.8  # noqa: E741
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "laco", help="layer collapse (LaCo): merge rear layers into earlier ones, measured against baselines",
+        description="LaCo (Yang et al., EMNLP 2024 Findings): from l = H - C down to L, merge layers l..l+C-1 "
+                    "into layer l (theta_l + sum_k (theta_{l+k} - theta_l) on attention and MLP weights), keep the "
+                    "merge when the cosine similarity of the final hidden states with the dense model's on the "
+                    "calibration sentences is above T (then l -= I, else l -= 1). Then measure held-out perplexity, "
+                    "passkey accuracy, sizes and prefill seconds of the dense model, LaCo, and block-influence and "
+                    "uniform layer removal at the same number of layers.")
+    p.add_argument("--model", default=None, help="'embedded' (default), a hub id or a folder")
+    p.add_argument("--C", type=int, default=C, help=f"layers per merge: the base and C-1 above it (default {C})")
+    p.add_argument("--L", type=int, default=L, help=f"lowest base layer tried (default {L})")
+    p.add_argument("--H", type=int, default=None, help="upper bound: the first candidate is H - C (default: all layers)")
+    p.add_argument("--I", type=int, default=I, help=f"step down after an accepted merge (default {I})")
+    p.add_argument("--T", type=float, default=T, help=f"similarity threshold in (0, 1] (default {T})")
+    p.add_argument("--variant", default="paper", choices=("paper", "notebook"),
+                   help="paper: the RDSC formula; notebook: what the authors' notebook computes (the last merged "
+                        "layer's weights)")
+    p.add_argument("--reference", default="dense", choices=("dense", "current"),
+                   help="compare candidates with the dense model (paper) or with the model collapsed so far")
+    p.add_argument("--calibration", default=None,
+                   help="a text file of calibration paragraphs (default: Persuasion, bundled)")
+    p.add_argument("--sentences", type=int, default=None, help="calibration paragraphs used (default 6)")
+    p.add_argument("--calibration-tokens", type=int, default=None, help="tokens per paragraph, at most (default 128)")
+    p.add_argument("--no-eval", action="store_true", help="search (and save) only: no perplexity, passkey, timing")
+    p.add_argument("--no-baselines", action="store_true", help="skip the block-influence and uniform baselines")
+    p.add_argument("--perplexity-windows", type=int, default=None,
+                   help="256-token held-out windows for perplexity (default 8)")
+    p.add_argument("--passkey-cases", type=int, default=None, help="passkey documents (default 4)")
+    p.add_argument("--passkey-tokens", type=int, default=None, help="tokens per passkey document (default 1024)")
+    p.add_argument("--prefill-tokens", type=int, default=None, help="tokens of the timed prefill document (default 2048)")
+    p.add_argument("--repeats", type=int, default=1, help="timed prefills per model; the best counts (default 1)")
+    p.add_argument("--output", default=None, help="save the collapsed model to this folder")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_laco)
+
+
+def _positive(name: str, value) -> None:
+    if value is not None and value < 1:
+        raise MemstepError(f"{name} must be at least 1 (got {value})")
+
+
+def build_run(args, lm=None):
+    """The CollapseRun the arguments describe (settings checked before any model work where possible)."""
+    from memstep.compress.collapse_run import CollapseRun
+    from memstep.compress.data import calibration_texts
+    from memstep.compress.laco import CALIBRATION_SENTENCES, CALIBRATION_TOKENS, check_settings
+    from memstep.compress.quality import PASSKEY_CASES, PASSKEY_TOKENS, PERPLEXITY_WINDOWS, PREFILL_TOKENS, make_probe
+    from memstep.models import load_model
+
+    for name in ("perplexity_windows", "sentences", "calibration_tokens", "passkey_cases", "passkey_tokens", "prefill_tokens", "repeats"):
+        _positive("--" + name.replace("_", "-"), getattr(args, name))
+    # the depth is known once the model is loaded (checked again then); check the rest now
+    H = args.L + args.C if args.H is None else args.H
+    check_settings(args.C, args.L, H, args.I, args.T, H)
+    if args.calibration and not Path(args.calibration).is_file():
+        raise MemstepError(f"calibration file not found: {args.calibration}")
+    texts = calibration_texts(args.sentences or CALIBRATION_SENTENCES, args.calibration,
+                              **({"min_chars": 80} if args.calibration else {}))
+    lm = lm or load_model(args.model, args.device, args.dtype)
+    probe = None if args.no_eval else make_probe(
+        lm.tokenizer, windows=args.perplexity_windows or PERPLEXITY_WINDOWS, passkey_cases=args.passkey_cases or PASSKEY_CASES,
+        passkey_tokens=args.passkey_tokens or PASSKEY_TOKENS, prefill_tokens=args.prefill_tokens or PREFILL_TOKENS)
+    return CollapseRun(lm, texts, variants=(args.variant,), probe=probe, baselines=not args.no_baselines,
+                       output=args.output, repeats=args.repeats, C=args.C, L=args.L, H=args.H, I=args.I, T=args.T,
+                       reference=args.reference, max_tokens=args.calibration_tokens or CALIBRATION_TOKENS)
+
+
+def _mib(n) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def format_report(report: dict) -> str:
+    variant = report["variants"][0]
+    search = report["searches"][variant]
+    lines = [f"LaCo ({variant}) on {report['model']}: {search['layers_before']} -> {search['layers_after']} layers, "
+             f"removed {search['removed'] or 'none'} ({search['pruning_ratio']:.1%})"]
+    for base, merged in search["merges"].items():
+        lines.append(f"  layer {base} <- {', '.join(map(str, merged))}")
+    if report["saved"]:
+        lines.append(f"saved to {report['saved']}")
+    models = report["models"]
+    if not models:
+        return "\n".join(lines)
+    lines.append(f"{'model':<28} {'layers':>6} {'params':>12} {'weights':>12} {'KV/token':>10} {'perplexity':>10} "
+                 f"{'passkey':>8} {'prefill s':>9} {'CPU s':>7}")
+    for row in models.values():
+        acc = "-" if row["passkey_accuracy"] is None else f"{row['passkey_accuracy']:.0%}"
+        lines.append(f"{row['label']:<28} {row['layers']:>6} {row['params']:>12,} {_mib(row['weight_bytes']):>12} "
+                     f"{row['kv_bytes_per_token'] / 1024:>7.1f} KiB {row['perplexity']:>10.2f} {acc:>8} "
+                     f"{row['prefill_seconds']:>9.2f} {row['prefill_cpu_seconds']:>7.2f}")
+    probe = report["probe"]
+    lines.append(f"perplexity: {probe['perplexity_tokens']} held-out tokens (Pride and Prejudice); passkey: "
+                 f"{len(probe['passkey_cases'])} cases at ~{probe['passkey_cases'][0]['tokens']} tokens; prefill: "
+                 f"{probe['prefill_tokens']} tokens, full cache (wall and process CPU seconds on this machine)")
+    if "block-influence" not in models and search["removed"]:
+        lines.append("baselines skipped (--no-baselines)")
+    elif not search["removed"]:
+        lines.append("no layer removed: lower T or C to collapse more, so there is nothing to compare against")
+    return "\n".join(lines)
+
+
+def cmd_laco(args) -> int:
+    from tqdm import tqdm
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    run = build_run(args)
+    search = run.searches[args.variant]
+    with tqdm(total=max(1, search.H - search.C - search.L + 1), desc="LaCo search", unit="candidate",
+              file=sys.stderr, disable=args.quiet) as bar:
+        for event in run:
+            kind = event["event"]
+            if kind == "candidate":
+                bar.update(1)
+                decision = "merge" if event["accepted"] else "keep"
+                bar.set_postfix(layers=event["layers_after"])
+                bar.write(f"candidate {event['step']}: layers {event['layers']} similarity {event['similarity']:.4f} "
+                          f"{'>' if event['accepted'] else '<='} T={event['threshold']:g}: {decision}", file=sys.stderr)
+            elif kind == "result":
+                bar.total = bar.n
+                bar.refresh()
+            elif kind == "model":
+                bar.write(f"measured {event['label']}: perplexity {event['perplexity']:.2f}", file=sys.stderr)
+    print(json.dumps(run.report) if args.json else format_report(run.report))
+    return 0

@@ -1,0 +1,98 @@
+"""What a compressed model keeps and what it saves, on the same measures for every model:
+held-out perplexity, passkey accuracy on a small grid, parameters, weight and KV bytes,
+and the prefill seconds of one document (a full prefill through memstep's runner)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from memstep.compress.data import held_out_text, perplexity, token_windows
+from memstep.compress.layers import model_costs
+from memstep.errors import MemstepError
+from memstep.models import LoadedModel
+from memstep.passkey import PasskeyDoc, answer_contains_passkey, make_haystack, random_passkey, random_thing
+
+PASSKEY_TOKENS = 1024
+PASSKEY_CASES = 4
+PERPLEXITY_WINDOWS = 8
+PERPLEXITY_TOKENS = 256
+PREFILL_TOKENS = 2048
+
+
+@dataclass
+class Probe:
+    """The shared test material: perplexity windows, passkey documents, one prefill document."""
+
+    windows: list[list[int]]
+    passkeys: list[PasskeyDoc]
+    prefill_ids: list[int]
+
+    def to_dict(self) -> dict:
+        return {"perplexity_windows": len(self.windows),
+                "perplexity_tokens": sum(len(w) for w in self.windows),
+                "passkey_cases": [{"tokens": d.length_tokens, "depth": d.depth} for d in self.passkeys],
+                "prefill_tokens": len(self.prefill_ids)}
+
+
+def make_probe(tokenizer, *, windows: int = PERPLEXITY_WINDOWS, window_tokens: int = PERPLEXITY_TOKENS,
+               passkey_cases: int = PASSKEY_CASES, passkey_tokens: int = PASSKEY_TOKENS,
+               prefill_tokens: int = PREFILL_TOKENS) -> Probe:
+    """Held-out text (Pride and Prejudice): perplexity windows from its start, passkeys at
+    evenly spread depths in it, and its first ``prefill_tokens`` tokens as the prefill document."""
+    text = held_out_text()
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if prefill_tokens > len(ids):
+        raise MemstepError(f"the held-out text has {len(ids)} tokens: ask for at most that many prefill tokens")
+    docs = [make_haystack(text, tokenizer, passkey_tokens, (i + 0.5) / passkey_cases, random_passkey(i),
+                          thing=random_thing(i)) for i in range(passkey_cases)]
+    return Probe(token_windows(tokenizer, text, window_tokens, windows), docs, ids[:prefill_tokens])
+
+
+def passkey_answers(lm: LoadedModel, docs: list[PasskeyDoc]) -> list[str]:
+    """The greedy answer to each document's question after a full prefill."""
+    from memstep.runner import DocumentRun
+
+    answers = []
+    for doc in docs:
+        ids = lm.tokenizer(doc.text, add_special_tokens=False)["input_ids"]
+        run = DocumentRun(lm, ids, schedule="full", chunk=len(ids), memory=len(ids), question=doc.question,
+                          max_new_tokens=16)
+        answers.append(run.run().answer or "")
+    return answers
+
+
+def prefill_seconds(lm: LoadedModel, ids: list[int], repeats: int = 1) -> tuple[float, float]:
+    """Best wall seconds and best process CPU seconds of a full prefill of ``ids`` (memstep's
+    runner, one chunk). With one torch thread the CPU seconds barely move with other load."""
+    from memstep.runner import DocumentRun
+
+    wall = cpu = float("inf")
+    for _ in range(repeats):
+        run = DocumentRun(lm, ids, schedule="full", chunk=len(ids), memory=len(ids))
+        began = time.process_time()
+        wall = min(wall, run.run().seconds)
+        cpu = min(cpu, time.process_time() - began)
+    return wall, cpu
+
+
+def measure(lm: LoadedModel, probe: Probe, repeats: int = 1) -> dict:
+    """Costs and quality of one model on ``probe``."""
+    answers = passkey_answers(lm, probe.passkeys)
+    wall, cpu = prefill_seconds(lm, probe.prefill_ids, repeats)
+    correct = [answer_contains_passkey(a, d.answer) for a, d in zip(answers, probe.passkeys)]
+    return {**model_costs(lm.model),
+            "perplexity": perplexity(lm.model, probe.windows),
+            "passkey_accuracy": sum(correct) / len(correct) if correct else None,
+            "passkey_correct": correct, "passkey_answers": answers,
+            "prefill_seconds": wall, "prefill_cpu_seconds": cpu}
+
+
+def relative(row: dict, dense: dict) -> dict:
+    """A model's measures against the dense model's: fractions of dense (or saved)."""
+    return {"params_kept": row["params"] / dense["params"],
+            "weight_bytes_saved": 1 - row["weight_bytes"] / dense["weight_bytes"],
+            "kv_bytes_per_token_saved": 1 - row["kv_bytes_per_token"] / dense["kv_bytes_per_token"],
+            "prefill_seconds_saved": 1 - row["prefill_seconds"] / dense["prefill_seconds"],
+            "prefill_cpu_seconds_saved": 1 - row["prefill_cpu_seconds"] / dense["prefill_cpu_seconds"],
+            "perplexity_ratio": row["perplexity"] / dense["perplexity"]}

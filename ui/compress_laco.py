@@ -1,0 +1,320 @@
+"""The Compress tab's LaCo section: collapse the Run tab's model layer by layer and watch the
+search walk down the stack (each candidate's similarity against T), the layer map (which
+layers merged into which, which were removed, and what the baselines remove), then the
+quality and cost table against the dense model and the baselines. One click loads the
+collapsed model into the Run tab.
+
+Figures and the table are pure functions of the run's events (tested without a browser);
+``run_laco`` streams them; ``build_section`` wires Gradio."""
+
+from __future__ import annotations
+
+import re
+
+import gradio as gr
+import plotly.graph_objects as go
+
+from memstep.compress import compressed_root
+from memstep.compress.laco import CALIBRATION_SENTENCES, CALIBRATION_TOKENS, DEFAULTS
+from memstep.errors import MemstepError
+
+FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
+ACCEPT, REJECT, THRESHOLD = "#16a34a", "#94a3b8", "#dc2626"
+MAP_COLORS = {"kept": "#e2e8f0", "base": "#16a34a", "merged": "#f59e0b", "removed": "#ef4444"}
+MAX_SENTENCES, MAX_TOKENS = 16, 256  # bounds one request's calibration work
+# The app's probe: small, so a whole run (search + 4 models measured) stays around a minute on a CPU.
+APP_PROBE = dict(windows=4, passkey_cases=3, passkey_tokens=1024, prefill_tokens=2048)
+APP_REPEATS = 2  # timed prefills per model, the best counts: one is at the mercy of other load
+TABLE_HEADERS = ["model", "layers", "removed", "params · weights", "KV / token", "perplexity (vs dense)", "passkey",
+                 "prefill CPU s (saved)"]
+TABLE_WIDTHS = ["19%", "7%", "17%", "14%", "9%", "13%", "8%", "13%"]
+INTRO = """**LaCo** (layer collapse, EMNLP 2024 Findings) merges rear layers into an earlier one and removes
+them: from layer l = H − C down to L, layers l+1 … l+C−1 are merged into layer l as
+θ<sub>l</sub> + Σ<sub>k</sub> (θ<sub>l+k</sub> − θ<sub>l</sub>) (attention and MLP weights; layer l's norms stay).
+A merge is kept when the final hidden states of the candidate stay close to the dense model's on a few
+calibration sentences (mean cosine similarity above **T**); then the search steps down by **I**, else by 1.
+The model is the one chosen on the **Run** tab. Afterwards the collapsed model, the dense one and two
+layer-removal baselines at the same number of layers (block influence as in ShortGPT, uniformly spaced)
+are measured on held-out text (*Pride and Prejudice*; calibration comes from *Persuasion*)."""
+
+
+# ---- pure figure and table builders ---------------------------------------------------------------
+def similarity_figure(candidates: list[dict], threshold: float, depth: int | None, height: int = 360) -> go.Figure:
+    """Each candidate's similarity against T, by the original index of its base layer; the
+    x axis runs from the top layer down, as the search walks."""
+    fig = go.Figure()
+    for accepted, color, name in ((True, ACCEPT, "merged (above T)"), (False, REJECT, "kept apart (at or below T)")):
+        rows = [c for c in candidates if c["accepted"] == accepted]
+        fig.add_trace(go.Scatter(
+            x=[c["layers"][0] for c in rows], y=[c["similarity"] for c in rows], mode="markers", name=name,
+            marker=dict(color=color, size=11, symbol="circle" if accepted else "circle-open", line=dict(width=2)),
+            customdata=[[c["step"] + 1, ", ".join(map(str, c["layers"])), c["layers_after"]] for c in rows],
+            hovertemplate="candidate %{customdata[0]}<br>layers %{customdata[1]}<br>similarity %{y:.4f}"
+                          "<br>model then has %{customdata[2]} layers<extra></extra>"))
+    if candidates:
+        order = sorted(candidates, key=lambda c: c["step"])
+        fig.add_trace(go.Scatter(x=[c["layers"][0] for c in order], y=[c["similarity"] for c in order],
+                                 mode="lines", line=dict(color="#cbd5e1", width=1), hoverinfo="skip",
+                                 showlegend=False))
+        last = order[-1]
+        fig.add_annotation(x=last["layers"][0], y=last["similarity"], text=f"candidate {last['step'] + 1}",
+                           showarrow=True, arrowhead=2, ay=-30, font=dict(size=11))
+    fig.add_hline(y=threshold, line=dict(color=THRESHOLD, width=1.5, dash="dash"),
+                  annotation_text=f"T = {threshold:g}", annotation_position="top left",
+                  annotation_font=dict(color=THRESHOLD, size=11))
+    top = max(depth or 1, 1) - 1
+    fig.update_layout(template="plotly_white", height=height, font=FONT, margin=dict(l=60, r=20, t=60, b=50),
+                      title=dict(text="LaCo search: similarity of each candidate to the dense model", x=0,
+                                 font=dict(size=14)),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1))
+    fig.update_xaxes(title_text="base layer l (original numbering; the search walks right)",
+                     range=[top + 0.5, -0.5], dtick=max(1, (top + 1) // 15), showline=True, linecolor="#9ca3af")
+    low = min([c["similarity"] for c in candidates] + [threshold, 0.0])
+    fig.update_yaxes(title_text="mean cosine similarity", range=[min(low - 0.05, 0), 1.05], gridcolor="#eef0f3")
+    return fig
+
+
+def layer_rows(depth: int, groups: list[list[int]] | None, baselines: dict[str, list[int]]) -> list[tuple]:
+    """(row label, per-layer state, per-layer text) for the map: LaCo's groups, then each
+    baseline's removed layers."""
+    rows = []
+    if groups is not None:
+        state, text = ["kept"] * depth, [""] * depth
+        for group in groups:
+            if len(group) > 1:
+                state[group[0]], text[group[0]] = "base", f"+{len(group) - 1}"
+                for i in group[1:]:
+                    state[i], text[i] = "merged", f"→{group[0]}"
+        rows.append(("LaCo", state, text))
+    for label, removed in baselines.items():
+        state = ["removed" if i in set(removed) else "kept" for i in range(depth)]
+        rows.append((label, state, ["×" if s == "removed" else "" for s in state]))
+    return rows
+
+
+def layer_map_figure(depth: int, groups: list[list[int]] | None, baselines: dict[str, list[int]] | None = None,
+                     height: int | None = None) -> go.Figure:
+    """One row per method, one cell per original layer: green a LaCo base that absorbed
+    layers (+n), orange a layer merged into the base it points to (→b), red a layer a
+    baseline removes (×), grey a layer kept as it was."""
+    rows = layer_rows(depth, groups, baselines or {})
+    names = list(MAP_COLORS)
+    code = {name: i for i, name in enumerate(names)}
+    scale = []
+    for i, name in enumerate(names):
+        scale += [[i / len(names), MAP_COLORS[name]], [(i + 1) / len(names), MAP_COLORS[name]]]
+    fig = go.Figure(go.Heatmap(
+        z=[[code[s] for s in state] for _, state, _ in rows], x=list(range(depth)), y=[r[0] for r in rows],
+        text=[t for _, _, t in rows], texttemplate="%{text}", textfont=dict(size=11),
+        colorscale=scale, zmin=-0.5, zmax=len(names) - 0.5, showscale=False, xgap=2, ygap=4,
+        customdata=[state for _, state, _ in rows],
+        hovertemplate="%{y}, layer %{x}: %{customdata} %{text}<extra></extra>"))
+    for name, label in (("base", "LaCo: merged into (+n layers)"), ("merged", "LaCo: merged away (→ base)"),
+                        ("removed", "baseline: removed"), ("kept", "kept as is")):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=label,
+                                 marker=dict(color=MAP_COLORS[name], size=11, symbol="square")))
+    fig.update_layout(template="plotly_white", height=height or 130 + 46 * max(1, len(rows)), font=FONT,
+                      margin=dict(l=190, r=20, t=60, b=40), title=dict(text="Layer map", x=0, font=dict(size=14)),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1),
+                      plot_bgcolor="white")
+    fig.update_xaxes(title_text="original layer", dtick=1 if depth <= 40 else 5, showgrid=False, zeroline=False)
+    fig.update_yaxes(autorange="reversed", showgrid=False, zeroline=False)
+    return fig
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.0%}".replace("+", "−" if x < 0 else "+") if x else "0%"
+
+
+def table_rows(models: dict) -> list[list]:
+    """The quality and cost table: one row per measured model, ratios against the dense one.
+    Prefill time is the process's CPU seconds: on a shared CPU wall seconds follow the other
+    jobs far more than the model."""
+    dense = models.get("dense")
+    rows = []
+    for key, row in models.items():
+        removed = row.get("removed")
+        removed_text = "—" if key == "dense" else (", ".join(map(str, removed)) if removed is not None else "")
+        ppl = f"{row['perplexity']:,.2f}" + (f" (×{row['perplexity'] / dense['perplexity']:.2f})" if dense else "")
+        seconds = f"{row['prefill_cpu_seconds']:.2f}"
+        if dense and key != "dense":
+            seconds += f" ({1 - row['prefill_cpu_seconds'] / dense['prefill_cpu_seconds']:.0%})"
+        acc = "—" if row["passkey_accuracy"] is None else (
+            f"{sum(row['passkey_correct'])}/{len(row['passkey_correct'])}")
+        rows.append([row["label"], row["layers"], removed_text,
+                     f"{row['params'] / 1e6:,.1f}\u00a0M · {row['weight_bytes'] / 2**20:,.0f}\u00a0MiB",
+                     f"{row['kv_bytes_per_token'] / 1024:,.1f}\u00a0KiB", ppl, acc, seconds])
+    return rows
+
+
+def status_html(text: str, progress: float | None = None) -> str:
+    from ui.summary import stat_cards
+
+    return stat_cards([("laco-state", "LaCo", text)], progress)
+
+
+# ---- the run --------------------------------------------------------------------------------------
+def folder_name(model_name: str, settings: dict) -> str:
+    """A folder name under compressed_root() that says what made the model."""
+    base = re.sub(r"[^a-z0-9]+", "-", model_name.split("/")[-1].lower()).strip("-") or "model"
+    s = settings
+    return (f"{base}-laco-{s['variant']}-{s['reference']}-C{s['C']}L{s['L']}H{s['H']}I{s['I']}T{s['T']:g}"
+            f"-cal{s['sentences']}x{s['tokens']}")
+
+
+def _int(value, name: str, low: int, high: int | None = None) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise MemstepError(f"{name} must be a whole number (got {value!r})") from None
+    if number != value and not (isinstance(value, float) and value.is_integer()):
+        raise MemstepError(f"{name} must be a whole number (got {value!r})")
+    if number < low or (high is not None and number > high):
+        raise MemstepError(f"{name} must be between {low} and {high} (got {number})" if high is not None
+                           else f"{name} must be at least {low} (got {number})")
+    return number
+
+
+def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, evaluate):  # noqa: E741
+    """Stream (status, similarity plot, layer map, table, load button, saved folder)."""
+    from memstep.compress.collapse_run import LABELS, CollapseRun
+    from memstep.compress.data import calibration_texts
+    from memstep.compress.quality import make_probe
+
+    from ui.models import get_model
+
+    try:
+        settings = dict(C=_int(C, "C", 2), L=_int(L, "L", 0), H=_int(H, "H", 0), I=_int(I, "I", 1),
+                        sentences=_int(sentences, "calibration sentences", 1, MAX_SENTENCES),
+                        tokens=_int(tokens, "tokens per sentence", 2, MAX_TOKENS), variant=variant,
+                        reference=reference)
+        try:
+            settings["T"] = float(T)
+        except (TypeError, ValueError):
+            raise MemstepError(f"T must be a number in (0, 1] (got {T!r})") from None
+        lm = get_model(model_spec)
+        settings["H"] = settings["H"] or len(lm.model.model.layers)
+        folder = compressed_root() / folder_name(lm.name, settings)
+        probe = make_probe(lm.tokenizer, **APP_PROBE) if evaluate else None
+        run = CollapseRun(lm, calibration_texts(settings["sentences"]), variants=(variant,), probe=probe,
+                          output=folder, repeats=APP_REPEATS, C=settings["C"], L=settings["L"], H=settings["H"], I=settings["I"],
+                          T=settings["T"], reference=reference, max_tokens=settings["tokens"])
+    except MemstepError as err:
+        raise gr.Error(str(err), print_exception=False) from None
+    search = run.searches[variant]
+    depth, total = len(search.dense_layers), max(1, search.H - search.C - search.L + 1)
+    measured_total = 4 if evaluate else 0
+    candidates, groups, baselines, models = [], None, {}, {}
+    no_button = gr.update(interactive=False)
+    yield (status_html("measuring the dense model's layer inputs…", 0.0), similarity_figure([], settings["T"], depth),
+           layer_map_figure(depth, [[i] for i in range(depth)]), [], no_button, None)
+    try:
+        for event in run:
+            kind = event["event"]
+            if kind == "candidate":
+                candidates.append(event)
+                state = (f"candidate {len(candidates)}: layers {', '.join(map(str, event['layers']))} · similarity "
+                         f"{event['similarity']:.3f} {'>' if event['accepted'] else '≤'} T → "
+                         f"{'merged' if event['accepted'] else 'kept apart'} · {event['layers_after']} layers")
+                groups = _groups_so_far(depth, candidates)
+                progress = min(len(candidates) / total, 1.0) * (0.5 if evaluate else 1.0)
+            elif kind == "result":
+                groups = event["groups"]
+                state = (f"search done: {event['layers_before']} → {event['layers_after']} layers "
+                         f"({event['pruning_ratio']:.0%} of the layers removed) in {event['seconds']:.1f} s")
+                progress = 0.5 if evaluate else 0.95
+            elif kind == "saved":
+                state = f"saved the collapsed model to {event['folder']}" + (" · measuring…" if evaluate else "")
+            elif kind == "model":
+                models[event["key"]] = event
+                if "removed" in event and event["key"] in ("block-influence", "uniform"):
+                    baselines[LABELS[event["key"]]] = event["removed"]
+                state = f"measured {event['label']}: perplexity {event['perplexity']:.2f}"
+                progress = 0.5 + 0.5 * len(models) / measured_total
+            else:
+                continue
+            yield (status_html(state, progress), similarity_figure(candidates, settings["T"], depth),
+                   layer_map_figure(depth, groups, baselines), table_rows(models), no_button, None)
+    except MemstepError as err:
+        raise gr.Error(str(err), print_exception=False) from None
+    result = search.result
+    done = (f"done: {result.layers_before} → {result.layers_after} layers, removed "
+            f"{', '.join(map(str, result.removed)) or 'none'}" + (" · ready to load into Run" if result.removed else
+                                                                   " · lower T or C to collapse more"))
+    yield (status_html(done, 1.0), similarity_figure(candidates, settings["T"], depth),
+           layer_map_figure(depth, groups, baselines), table_rows(models),
+           gr.update(interactive=bool(run.report["saved"])), run.report["saved"])
+
+
+def _groups_so_far(depth: int, candidates: list[dict]) -> list[list[int]]:
+    """The groups after the accepted candidates so far (each accepted candidate records the
+    original layers its merged layer stands for)."""
+    owner = {i: [i] for i in range(depth)}
+    for c in candidates:
+        if c["accepted"]:
+            merged = c["merged"]
+            for i in merged:
+                owner.pop(i, None)
+            owner[merged[0]] = list(merged)
+    return [owner[k] for k in sorted(owner)]
+
+
+def load_into_run(folder):
+    if not folder:
+        raise gr.Error("run LaCo first: there is no collapsed model to load", print_exception=False)
+    return gr.update(value=folder), gr.Tabs(selected="run")
+
+
+def build_section(model_box=None, tabs=None) -> dict:
+    """The LaCo section, inside an open tab of the Compress tab."""
+    gr.Markdown(INTRO, elem_classes="memstep-note")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3, min_width=300):
+            with gr.Row():
+                C = gr.Number(DEFAULTS["C"], label="C · layers per merge", precision=0, minimum=2, elem_id="laco-c")
+                I = gr.Number(DEFAULTS["I"], label="I · step after a merge", precision=0, minimum=1,  # noqa: E741
+                              elem_id="laco-i")
+            with gr.Row():
+                L = gr.Number(DEFAULTS["L"], label="L · lowest base layer", precision=0, minimum=0, elem_id="laco-l")
+                H = gr.Number(0, label="H · top (0: all layers)", precision=0, minimum=0, elem_id="laco-h")
+            T = gr.Slider(0.01, 1.0, value=DEFAULTS["T"], step=0.01, label="T · similarity threshold", elem_id="laco-t")
+            variant = gr.Radio([("paper formula", "paper"), ("released notebook", "notebook")], value="paper",
+                               label="merge", elem_id="laco-variant",
+                               info="notebook: what the authors' code computes (the last merged layer's weights)")
+            reference = gr.Radio([("dense model", "dense"), ("model so far", "current")], value="dense",
+                                 label="compare candidates with", elem_id="laco-reference")
+            with gr.Row():
+                sentences = gr.Number(CALIBRATION_SENTENCES, label=f"calibration sentences (≤ {MAX_SENTENCES})",
+                                      precision=0, minimum=1, maximum=MAX_SENTENCES, elem_id="laco-sentences")
+                tokens = gr.Number(CALIBRATION_TOKENS, label=f"tokens each (≤ {MAX_TOKENS})", precision=0,
+                                   minimum=2, maximum=MAX_TOKENS, elem_id="laco-tokens")
+            evaluate = gr.Checkbox(True, label="measure against the dense model and baselines",
+                                   info=f"perplexity ({APP_PROBE['windows']}×256 held-out tokens), passkey "
+                                        f"({APP_PROBE['passkey_cases']} cases at 1k tokens), prefill of "
+                                        f"{APP_PROBE['prefill_tokens']} tokens (CPU seconds, best of {APP_REPEATS})",
+                                   elem_id="laco-evaluate")
+            with gr.Row():
+                start = gr.Button("Collapse", variant="primary", elem_id="laco-run")
+                stop = gr.Button("Stop", variant="stop", elem_id="laco-stop")
+            load = gr.Button("Load the collapsed model into Run", interactive=False, elem_id="laco-load")
+            gr.Markdown("The collapsed model is saved as a model folder: the Run tab takes it like any model "
+                        "(fewer layers, less KV per token), and `memstep plan --model FOLDER` (or its "
+                        "config.json on the Plan tab) plans it.", elem_classes="memstep-note")
+        with gr.Column(scale=8):
+            status = gr.HTML(status_html("not run yet"), elem_id="laco-status")
+            sim_plot = gr.Plot(similarity_figure([], DEFAULTS["T"], 30), show_label=False, elem_id="laco-similarity")
+            map_plot = gr.Plot(layer_map_figure(30, [[i] for i in range(30)]), show_label=False, elem_id="laco-map")
+            table = gr.Dataframe(headers=TABLE_HEADERS, interactive=False, wrap=True, elem_id="laco-table",
+                                 column_widths=TABLE_WIDTHS,
+                                 label="quality and cost against the dense model and the baselines")
+    folder = gr.State(None)
+    model_input = model_box if model_box is not None else gr.State(None)
+    running = start.click(run_laco, [model_input, C, L, H, I, T, variant, reference, sentences, tokens, evaluate],
+                          [status, sim_plot, map_plot, table, load, folder], concurrency_id="prefill",
+                          concurrency_limit=1, show_progress="minimal", show_progress_on=[status],
+                          api_visibility="private")
+    stop.click(lambda: status_html("stopped"), None, [status], cancels=[running], concurrency_limit=None,
+               api_visibility="private")
+    if model_box is not None and tabs is not None:
+        load.click(load_into_run, [folder], [model_box, tabs], concurrency_limit=None, api_visibility="private")
+    return {"run": start, "load": load, "status": status, "similarity": sim_plot, "map": map_plot, "table": table}
