@@ -75,10 +75,12 @@ def _panels(plans: dict[str, planner.Plan], peaks: list[float], titles: list[str
     own = [SCHEDULE_LABELS.get(name, name) for i, name in enumerate(plans) if groups.count(groups[i]) == 1]
     scale = f" ({', '.join(own)} on {'its' if len(own) == 1 else 'their'} own scale)" if len(set(groups)) > 1 else ""
     fig.update_layout(template="plotly_white", height=height, font=FONT, barmode="stack", bargap=0.15,
-                      title=dict(text=title + scale, x=0.0, xanchor="left", font=dict(size=14)),
-                      margin=dict(l=64, r=24, t=150, b=88), hovermode="closest",
-                      legend=dict(orientation="h", yanchor="bottom", y=1.2, xanchor="right", x=1.0,
-                                  font=dict(size=11)))
+                      # below the Plot's label badge; the legend's row(s) under it, above the panels' titles
+                      title=dict(text=title + scale, x=0.0, xanchor="left", y=1.0, yanchor="top", pad=dict(t=34),
+                                 font=dict(size=14)),
+                      margin=dict(l=64, r=24, t=204, b=88), hovermode="closest",
+                      legend=dict(orientation="h", yref="container", yanchor="top", y=1 - 62 / height,
+                                  xanchor="right", x=1.0, font=dict(size=11)))
     fig.update_xaxes(title_text="step", showline=True, linecolor="#9ca3af")
     fig.update_yaxes(showline=True, linecolor="#9ca3af", gridcolor="#eef0f3", zeroline=False, rangemode="tozero")
     fig.update_yaxes(title_text=ytitle, row=1, col=1)
@@ -106,7 +108,7 @@ def _add_stack(fig: go.Figure, col: int, x: list[int], series: dict[str, list[fl
                           row=1, col=col)
 
 
-def plan_memory_figure(plans: dict[str, planner.Plan], include_weights: bool = False, height: int = 480) -> go.Figure:
+def plan_memory_figure(plans: dict[str, planner.Plan], include_weights: bool = False, height: int = 500) -> go.Figure:
     """Per-step modeled peak memory stacked by component, one panel per schedule, with the
     GPU's usable memory (less the weights when they are not drawn) as a red line when it is
     near the bars. The weights are the same for every schedule and usually dwarf the rest,
@@ -151,7 +153,7 @@ def plan_memory_figure(plans: dict[str, planner.Plan], include_weights: bool = F
     return fig
 
 
-def plan_time_figure(plans: dict[str, planner.Plan], height: int = 440) -> go.Figure:
+def plan_time_figure(plans: dict[str, planner.Plan], height: int = 460) -> go.Figure:
     """Per-step roofline milliseconds stacked by component, one panel per schedule."""
     if not plans:
         return go.Figure().update_layout(title="choose at least one schedule", height=height)
