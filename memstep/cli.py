@@ -12,7 +12,7 @@ from pathlib import Path
 
 from memstep.errors import MemstepError
 from memstep.presets import PRESETS, ROPE_MODES, apply_preset
-from memstep.schedules import GROWTHS, SCHEDULES, format_table, make_schedule
+from memstep.schedules import GROWTHS, SCHEDULES, check_run_settings, format_table, make_schedule
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,6 +30,7 @@ def _add_schedule_options(p, default_schedule="imdc"):
 
 
 def cmd_schedule(args) -> int:
+    check_run_settings(args.schedule, args.tokens, args.chunk, args.memory, args.sinks)  # the app's rule too
     schedule = make_schedule(args.schedule, args.tokens, args.chunk, args.memory, args.growth, layers=args.layers)
     if args.json:
         print(json.dumps(schedule.to_dict()))
@@ -47,6 +48,7 @@ def cmd_run(args) -> int:
     from memstep.runner import DocumentRun
     from memstep.scorers import SCORERS
 
+    check_output_path(args.output)  # before the run, not after it
     apply_preset(args)
     text = read_document(args.document, stdin=sys.stdin.buffer if args.document == "-" else None)
     if args.max_tokens is not None and args.max_tokens < 1:
@@ -81,7 +83,7 @@ def cmd_run(args) -> int:
     result = run.result
     payload = result.to_dict(with_positions=args.positions)
     if args.output:
-        Path(args.output).write_text(json.dumps(payload))
+        write_output(args.output, json.dumps(payload))
     if args.json:
         print(json.dumps(payload))
         return 0
@@ -101,6 +103,24 @@ def cmd_run(args) -> int:
     if result.answer is not None:
         print(f"Q: {result.question}\nA: {result.answer}")
     return 0
+
+
+def check_output_path(output: str | None) -> None:
+    """An --output file must go into an existing folder: checked before any work."""
+    if output is None:
+        return
+    folder = Path(output).expanduser().parent
+    if not folder.is_dir():
+        raise MemstepError(f"--output {output}: the folder {folder} does not exist; create it first")
+    if Path(output).is_dir():
+        raise MemstepError(f"--output {output} is a folder: give a file name")
+
+
+def write_output(output: str, text: str) -> None:
+    try:
+        Path(output).expanduser().write_text(text)
+    except OSError as err:
+        raise MemstepError(f"cannot write {output}: {err.strerror}") from err
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,6 +203,24 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("memstep: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and closed early: no traceback
+        _silence_stdout()
+        print("memstep: error: the output was closed early (broken pipe)", file=sys.stderr)
+        return 2
+    except (MemoryError, OverflowError, RecursionError) as err:  # a safety net: inputs are bounded first
+        print(f"memstep: error: the request is too large for this machine ({type(err).__name__}): "
+              "use smaller sizes", file=sys.stderr)
+        return 2
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so Python's exit-time flush does not raise again."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

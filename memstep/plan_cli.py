@@ -81,16 +81,25 @@ def build_report(args) -> dict:
     gpu = planner.resolve_gpu(args.gpu, args.tflops, args.bandwidth, args.gpu_memory)
     settings = _settings(args)
     shape = planner.resolve_model(args.model, args.dtype)
-    plans = planner.compare(shape, gpu, schedules=(args.schedule, "fm", "full"), **settings)
-    chosen = plans[args.schedule]
+    chosen = planner.plan(shape, gpu, schedule=args.schedule, **settings)
     rest = {k: v for k, v in settings.items() if k != "tokens"}
     longest = planner.longest_context(shape, gpu, args.schedule, **rest)
     report = chosen.to_dict()
-    report["vs_fm"] = planner.ratios({args.schedule: chosen}, plans["fm"])[args.schedule]
-    report["vs_full"] = planner.ratios({args.schedule: chosen}, plans["full"])[args.schedule]
+    for key, name in (("vs_fm", "fm"), ("vs_full", "full")):
+        reference = _reference(shape, gpu, name, settings) if name != args.schedule else chosen
+        report[key] = planner.ratios({args.schedule: chosen}, reference).get(args.schedule)
     report["longest_context"] = longest.to_dict()
     report["longest_context_label"] = longest.label()
     return report
+
+
+def _reference(shape, gpu, name: str, settings: dict):
+    """The FM or full plan to compare with; None when it cannot be built at these settings
+    (FM over more steps than the cap, say), so the chosen plan is still reported."""
+    try:
+        return planner.plan(shape, gpu, schedule=name, **settings)
+    except MemstepError:
+        return None
 
 
 def _step_row(step: dict) -> str:
@@ -126,6 +135,9 @@ def format_report(report: dict, all_steps: bool = False) -> str:
                  f"{report['efficiency']:g} of peak FLOP/s and {report['bandwidth_efficiency']:g} of bandwidth)")
     for label, key in (("FM", "vs_fm"), ("full prefill", "vs_full")):
         r = report[key]
+        if r is None:
+            lines.append(f"vs {label}: not planned ({label} cannot be built at these settings)")
+            continue
         lines.append(f"vs {label}: {r['peak_bytes']:.3f}x peak memory, {r['seconds']:.3f}x time "
                      f"({1 / r['seconds']:.2f}x speed)")
     lines.append(f"longest context that fits: {report['longest_context_label']}")

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from memstep.errors import MemstepError
 from memstep.memory import ATTENTIONS, DTYPE_BYTES, PARTS, SCORE_BYTES, ModelShape, step_bytes
-from memstep.schedules import GROWTHS, Schedule, largest_true, make_schedule
+from memstep.schedules import (GROWTHS, MAX_SIZE_TOKENS, MAX_STEPS, Schedule, check_bounds, check_steps, largest_true,
+                               make_schedule)
 
 PLAN_SCHEDULES = ("fm", "im", "imdc", "full")
 DTYPES = ("bf16", "fp16", "fp32")
@@ -63,7 +64,11 @@ ONE_PASS_PASSES = 7
 # Longest-context search: the peak of a compressed schedule stops growing once its steps
 # reach their steady size, so fitting at this length means there is no limit.
 LONGEST_CAP_TOKENS = 1 << 24
-LONGEST_CAP_STEPS = 1 << 14
+LONGEST_CAP_STEPS = MAX_STEPS  # the longest schedule anything may build
+# Bounds on a model's sizes and a GPU's figures: far beyond any real one, small enough that
+# every formula stays finite (a config.json or custom GPU can hold anything).
+MAX_MODEL_SIZE = 10_000_000
+MAX_GPU_FIGURE = 1_000_000.0
 
 # Model presets: the fields of each model's published config.json that memory and time
 # depend on. Parameter counts come from memstep.memory.estimate_params (tested against the
@@ -176,6 +181,8 @@ def read_config(path: str | Path) -> dict:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise MemstepError(f"{path} is not a valid config.json: {err}") from err
+    except RecursionError:
+        raise MemstepError(f"{path} is not a valid config.json: nested too deeply") from None
     except OSError as err:
         raise MemstepError(f"cannot read {path}: {err.strerror}") from err
     if not isinstance(config, dict):
@@ -200,10 +207,53 @@ def resolve_model(model, dtype: str = "bf16") -> ModelShape:
         else:
             raise MemstepError(f"unknown model '{model}': choose a preset ({', '.join(MODEL_PRESETS)}) "
                                "or give the path of a config.json")
+    if isinstance(model, dict):
+        _check_config(model)
     try:
-        return ModelShape.from_config(model, dtype_bytes=dtype_bytes, name=name)
+        shape = ModelShape.from_config(model, dtype_bytes=dtype_bytes, name=name)
     except (ValueError, TypeError) as err:
         raise MemstepError(f"model config is missing sizes: {err}") from err
+    except RecursionError:
+        raise MemstepError("model config is nested too deeply (text_config inside text_config ...)") from None
+    _check_shape(shape)
+    return shape
+
+
+CONFIG_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "vocab_size")
+
+
+def _check_config(config: dict) -> None:
+    """A config.json's sizes, before any arithmetic on them: strings, NaN, negative or absurd
+    sizes get one readable line (the language model's sizes sit in text_config when nested)."""
+    for _ in range(8):
+        if not isinstance(config.get("text_config"), dict):
+            break
+        config = config["text_config"]
+    else:
+        raise MemstepError("model config is nested too deeply (text_config inside text_config ...)")
+    for key in CONFIG_SIZES + ("max_position_embeddings",):
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= (
+                MAX_SIZE_TOKENS if key == "max_position_embeddings" else MAX_MODEL_SIZE):
+            raise MemstepError(f"model config has a bad {key} ({str(value)[:40]!r}): give a whole number from 1 to "
+                               f"{MAX_MODEL_SIZE:,}")
+
+
+def _check_shape(shape: ModelShape) -> None:
+    """Sizes read from a config.json: whole numbers in [1, MAX_MODEL_SIZE], KV heads <= heads."""
+    for field in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"):
+        value = getattr(shape, field)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_MODEL_SIZE:
+            raise MemstepError(f"model config has a bad {field} size ({str(value)[:40]!r}): each size must be a "
+                               f"whole number from 1 to {MAX_MODEL_SIZE:,}")
+    if shape.kv_heads > shape.heads:
+        raise MemstepError(f"model config has more KV heads ({shape.kv_heads}) than attention heads ({shape.heads})")
+    limit = shape.max_positions
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise MemstepError(f"model config has a bad max_position_embeddings ({str(limit)[:40]!r})")
 
 
 def resolve_gpu(gpu="h100-80gb", tflops: float | None = None, bandwidth_gbs: float | None = None,
@@ -213,6 +263,8 @@ def resolve_gpu(gpu="h100-80gb", tflops: float | None = None, bandwidth_gbs: flo
     for label, value in (("TFLOP/s", tflops), ("bandwidth", bandwidth_gbs), ("GPU memory", memory_gib)):
         if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise MemstepError(f"{label} must be a positive number (got {value})")
+        if value is not None and value > MAX_GPU_FIGURE:
+            raise MemstepError(f"{label} {value:g} is beyond any GPU: at most {MAX_GPU_FIGURE:g}")
     if isinstance(gpu, Gpu):
         base = gpu
     elif _key(str(gpu)) == "custom":
@@ -402,6 +454,16 @@ class Plan:
     def fits(self) -> bool:
         return self.peak_bytes <= self.gpu.usable_bytes
 
+    @property
+    def gpus_needed(self) -> int:
+        """GPUs of this kind whose usable memory together holds the peak (an ideal even split
+        of weights and working set: a lower bound for sharding)."""
+        return max(1, math.ceil(self.peak_bytes / self.gpu.usable_bytes))
+
+    @property
+    def weights_fit(self) -> bool:
+        return self.steps[0].parts["weights"] <= self.gpu.usable_bytes
+
     def to_dict(self, with_steps: bool = True) -> dict:
         s = self.schedule
         out = {
@@ -420,7 +482,7 @@ class Plan:
             "keep_maps": self.keep_maps, "efficiency": self.efficiency,
             "bandwidth_efficiency": self.bandwidth_efficiency,
             "peak_bytes": self.peak_bytes, "peak_step": self.peak_step, "kv_peak_bytes": self.kv_peak_bytes,
-            "seconds": self.seconds, "flops": self.flops, "fits": self.fits,
+            "seconds": self.seconds, "flops": self.flops, "fits": self.fits, "gpus_needed": self.gpus_needed,
             "usable_bytes": self.gpu.usable_bytes, "notices": list(self.notices),
         }
         if with_steps:
@@ -436,13 +498,15 @@ def _check_settings(tokens: int, chunk: int | None, memory: int | None, sinks: i
         raise MemstepError(f"unknown attention '{attention}': choose one of {', '.join(ATTENTIONS)}")
     if growth not in GROWTHS:
         raise MemstepError(f"unknown growth '{growth}': choose one of {', '.join(GROWTHS)}")
-    if not isinstance(tokens, int) or tokens < 1:
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise MemstepError(f"tokens must be a whole number of at least 1 (got {tokens})")
+    check_bounds(tokens=tokens, sinks=sinks, **({} if schedule == "full" else {"chunk": chunk, "memory": memory}))
     if schedule != "full":
         if chunk is None or chunk < 1:
             raise MemstepError(f"chunk must be at least 1 token (got {chunk})")
         if memory is None or memory < 1:
             raise MemstepError(f"memory must be at least 1 token (got {memory})")
+        check_steps(tokens, chunk)
     if sinks < 0:
         raise MemstepError(f"sinks must be 0 or more (got {sinks})")
     for label, value in (("efficiency", efficiency), ("bandwidth efficiency", bandwidth_efficiency)):
@@ -542,9 +606,15 @@ def _notices(plan: Plan) -> list[str]:
                    f"but with compact RoPE positions no step uses more than {plan.largest_position} positions.")
     if plan.dtype == "bf16" and plan.gpu.bf16_tflops is None:
         out.append(f"{plan.gpu.name} has no bf16 tensor cores: bf16 runs at FP32 speed; plan with fp16 instead.")
-    if not plan.fits:
+    if not plan.weights_fit:
+        out.append(f"{plan.schedule.name.upper()} does not fit: the weights alone "
+                   f"({plan.steps[0].parts['weights'] / GIB:.1f} GiB) exceed the {plan.gpu.usable_bytes / GIB:.1f} GiB "
+                   f"usable on one {plan.gpu.name}; it needs at least {plan.gpus_needed} of them (weights and "
+                   "working set split evenly).")
+    elif not plan.fits:
         out.append(f"{plan.schedule.name.upper()} does not fit: peak {plan.peak_bytes / GIB:.1f} GiB > "
-                   f"{plan.gpu.usable_bytes / GIB:.1f} GiB usable on {plan.gpu.name}.")
+                   f"{plan.gpu.usable_bytes / GIB:.1f} GiB usable on {plan.gpu.name}; it needs at least "
+                   f"{plan.gpus_needed} of them.")
     return out
 
 

@@ -45,6 +45,15 @@ CURVES = ("linear", "sqrt", "square", "inverse-convex", "inverse-concave")
 LAYERWISE = {"square-sqrt": ("square", "sqrt"), "double-inverse": ("inverse-convex", "inverse-concave")}
 GROWTHS = CURVES + tuple(LAYERWISE)
 
+# The most steps any schedule may have (CLI, API, app and planner alike). 16,384 steps build
+# in milliseconds and plan in well under a second, and still cover a 1M-token context at
+# chunk 64 or 16M tokens at chunk 1024 (the planner's longest-context search goes that far).
+# Without a cap one request (10^7 tokens at chunk 1) costs ~26 s of CPU and ~3 GB of memory.
+MAX_STEPS = 1 << 14
+# The largest token count any size may take (tokens, chunk, memory, sinks): ~10^9, far
+# beyond any model's context, small enough that every formula stays exact in floats.
+MAX_SIZE_TOKENS = 1 << 30
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -148,13 +157,35 @@ def _average_budgets(per_layer: list[list[int]]) -> list[int]:
     return [sum(step) // len(step) for step in per_layer]
 
 
+def check_bounds(**sizes) -> None:
+    """Every size a whole number in [0, MAX_SIZE_TOKENS] (bools and floats are refused)."""
+    for name, value in sizes.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise MemstepError(f"{name} must be a whole number of tokens (got {str(value)[:40]!r})")
+        if value > MAX_SIZE_TOKENS:
+            raise MemstepError(f"{name} {value:.3g} is too large: at most {MAX_SIZE_TOKENS:,} tokens")
+
+
+def check_steps(tokens: int, chunk: int, cap: int = MAX_STEPS) -> None:
+    """Refuse a schedule of more than ``cap`` steps before building it (see MAX_STEPS)."""
+    steps = -(-tokens // chunk)  # ceil without floats: exact for any size
+    if steps > cap:
+        least = -(-tokens // cap)
+        raise MemstepError(f"{tokens:,} tokens at chunk {chunk:,} would take {steps:,} steps, over the limit of "
+                           f"{cap:,}: use a chunk of at least {least:,} tokens")
+
+
 def _check_sizes(tokens: int, chunk: int, memory: int) -> None:
+    check_bounds(tokens=tokens, chunk=chunk, memory=memory)
     if tokens < 1:
         raise MemstepError(f"the document has {tokens} tokens: it needs at least 1")
     if chunk < 1:
         raise MemstepError(f"chunk size must be at least 1 token (got {chunk})")
     if memory < 0:
         raise MemstepError(f"memory size must be 0 or more tokens (got {memory})")
+    check_steps(tokens, chunk)
 
 
 def _fixed_chunks(tokens: int, chunk: int) -> list[int]:
@@ -217,11 +248,19 @@ def _imdc_max_memory(tokens: int, chunk: int, growth: str, memory: int, layers: 
 def check_run_settings(name: str, tokens: int, chunk: int, memory: int, sinks: int) -> None:
     """Checks a run makes before any model work (shared by the CLI/runner and the app's
     preview): ``tokens`` counts everything prefilled, the prompt head included."""
+    check_bounds(tokens=tokens, chunk=chunk, memory=memory, sinks=sinks)
+    if tokens < 1:
+        raise MemstepError(f"the document has {tokens} tokens: it needs at least 1")
+    if sinks < 0:
+        raise MemstepError(f"sinks must be 0 or more (got {sinks})")
     if name == "full":
         return
+    if chunk < 1:
+        raise MemstepError(f"chunk size must be at least 1 token (got {chunk})")
+    check_steps(tokens, chunk)
     if chunk > tokens:
-        raise MemstepError(f"chunk size {chunk} is larger than the document ({tokens} tokens with "
-                           f"the prompt): use a chunk of at most {tokens}, or schedule 'full'")
+        raise MemstepError(f"chunk size {chunk} is larger than the document ({tokens} tokens to prefill, "
+                           f"prompt head included): use a chunk of at most {tokens}, or schedule 'full'")
     if memory < sinks:
         raise MemstepError(f"memory size {memory} is smaller than the {sinks} sink tokens: "
                            f"use a memory of at least {sinks}")
@@ -243,7 +282,7 @@ def make_schedule(
     if name not in SCHEDULES:
         raise MemstepError(f"unknown schedule '{name}': choose one of {', '.join(SCHEDULES)}")
     if name == "full":
-        _check_sizes(tokens, 1, 0)
+        _check_sizes(tokens, tokens, 0)  # one step, whatever the length
         return Schedule("full", (tokens,), (tokens,), settings={"tokens": tokens})
     if name == "custom":
         return custom_schedule(tokens, chunk_sizes or [], memory_sizes or [])
@@ -292,6 +331,9 @@ def custom_schedule(tokens: int, chunk_sizes: list[int], memory_sizes: list[int]
             "a custom schedule needs as many memory sizes as chunk sizes "
             f"(got {len(chunk_sizes)} chunks and {len(memory_sizes)} memory sizes)"
         )
+    if len(chunk_sizes) > MAX_STEPS:
+        raise MemstepError(f"a custom schedule may have at most {MAX_STEPS:,} steps (got {len(chunk_sizes):,})")
+    check_bounds(tokens=tokens, chunk=max(chunk_sizes), memory=max(memory_sizes))
     if any(c < 1 for c in chunk_sizes):
         raise MemstepError("every chunk of a custom schedule must hold at least 1 token")
     if any(m < 0 for m in memory_sizes):

@@ -1,11 +1,12 @@
 """Screenshots of the app after real runs, for the README (assets/screenshots/).
 
-Launches the app on a free port, runs the default example (a 4k-token passkey document)
+Launches the app on a free port, runs the default example (a 1.5k-token passkey document)
 with IMDC and the full-cache reference answer, captures each view, runs the Compare tab
-(FM, IM, IMDC) and captures the other tabs. PNGs are palette-quantized to stay small.
+(FM, IM, IMDC) and captures the other tabs, then the Run tab at a phone's width (390 px).
+PNGs are palette-quantized to stay small.
 
-    .venv/bin/python scripts/screenshots.py            # about 5-10 minutes on a 2-core CPU
-    .venv/bin/python scripts/screenshots.py --quick    # the 1.5k-token example, for a look
+    .venv/bin/python scripts/screenshots.py            # a few minutes on a 2-core CPU
+    .venv/bin/python scripts/screenshots.py --quick    # no full-cache reference, for a look
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from ui.browser import (chromium_page, choose_example, open_app, serve, wait_for
 from ui.documents import DEFAULT_EXAMPLE  # noqa: E402
 from ui.layout import build_app  # noqa: E402
 
-QUICK_EXAMPLE = "Passkey in Persuasion (1.5k tokens)"
+QUICK_EXAMPLE = DEFAULT_EXAMPLE
+PHONE = {"width": 390, "height": 844}
 LIMIT_BYTES = 300_000
 
 
@@ -98,6 +100,10 @@ def main(argv=None) -> int:
                 tab.click()
                 time.sleep(3)
                 page.screenshot(path=str(shot(f"app_{title.lower()}.png")), full_page=True)
+    with serve(build_app()) as url, chromium_page(PHONE) as page:  # the first screen on a phone
+        open_app(page, url)
+        time.sleep(1)
+        page.screenshot(path=str(shot("app_phone.png")))
     for path in shots:
         print(f"{path}: {shrink(path) / 1000:.0f} KB")
     return 0

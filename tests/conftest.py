@@ -48,3 +48,23 @@ def embedded():
 def artifacts_dir():
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+# ---- the app in headless Chromium (browser tests): one server and one browser per module ----
+@pytest.fixture(scope="module")
+def app_url():
+    from ui.browser import CHROMIUM, serve
+    from ui.layout import build_app
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing (make chromium)")
+    with serve(build_app()) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser(app_url):
+    from ui.browser import chromium
+
+    with chromium() as browser:
+        yield browser

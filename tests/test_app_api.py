@@ -145,3 +145,59 @@ def test_prefill_question_aware(client):
     with pytest.raises(AppError, match="attention-based scorer"):
         client.predict(document_text=NETHERFIELD, schedule="fm", chunk=256, memory=128, max_tokens=600,
                        question="Who?", question_aware=True, scorer="recency", api_name="/prefill")
+
+
+# ---- issue 12: a public API nobody can abuse --------------------------------------------------
+def _raw_call(url: str, endpoint: str, data: list) -> str:
+    """POST a call as a client other than gradio_client would (no "meta" on files); returns
+    the event stream's text."""
+    import httpx
+
+    with httpx.Client(timeout=120) as http:
+        event = http.post(f"{url}gradio_api/call/{endpoint}", json={"data": data}).json()["event_id"]
+        return http.get(f"{url}gradio_api/call/{endpoint}/{event}").text
+
+
+@pytest.fixture(scope="module")
+def app_url(client):
+    return client.src if client.src.endswith("/") else client.src + "/"
+
+
+def test_server_files_never_come_back(app_url, client):
+    readme = str(ASSETS.parent / "README.md")
+    answers = []
+    for path in ("README.md", readme, "/etc/hostname", "/no/such/file.txt"):
+        data = ["", {"path": path}, "", "full", 512, 512, "linear", "chunk-attention", 4, "", 4096, "", False,
+                "compact", "", False]
+        answers.append(_raw_call(app_url, "prefill", data))
+    assert all("uploaded through the page" in a for a in answers), answers
+    assert not any("sdk_version" in a or "Hugging Face Spaces" in a for a in answers)  # README never read
+    assert len({a.split("event: error")[-1] for a in answers}) == 1  # one message, existing or not
+    assert client.predict(tokens=1000, api_name="/schedule")["steps"] == 2
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(chunk="abc"), "chunk size must be a whole number"),
+    (dict(sinks="four"), "sinks must be a whole number"),
+    (dict(model=123), "model must be a text"),
+    (dict(model="x" * 3000), "model name is not valid"),
+    (dict(chunk=1), "over the limit of 256"),  # would hold the only run slot for minutes
+])
+def test_wrong_types_are_one_readable_line_as_the_readme_shows(client, kwargs, message):
+    from gradio_client.exceptions import AppError
+
+    job = client.submit(document_text="A short note. " * 200, api_name="/prefill", **kwargs)
+    updates = list(job)  # the README's loop: nothing streams for a refused run...
+    assert updates == []
+    with pytest.raises(AppError, match=message) as err:  # ...and the result raises the reason
+        job.result()
+    assert "\n" not in str(err.value) and "x" * 200 not in str(err.value)
+
+
+def test_schedule_endpoint_refuses_over_cap_and_bad_tokens(client):
+    from gradio_client.exceptions import AppError
+
+    for kwargs, message in ((dict(tokens=10**7, chunk=1), "over the limit"), (dict(tokens=0), "from 1"),
+                            (dict(tokens=-1), "from 1"), (dict(tokens=1.5), "whole number")):
+        with pytest.raises(AppError, match=message):
+            client.predict(api_name="/schedule", **kwargs)

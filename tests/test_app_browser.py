@@ -19,25 +19,6 @@ BASELINES = Path(__file__).resolve().parent / "baselines"
 CHAPTER_1_CHARS = 3000  # about 700 tokens: a run takes seconds on a CPU
 
 
-@pytest.fixture(scope="module")
-def app_url():
-    from ui.browser import CHROMIUM, serve
-    from ui.layout import build_app
-
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing (make chromium)")
-    with serve(build_app()) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser(app_url):
-    from ui.browser import chromium
-
-    with chromium() as browser:
-        yield browser
-
-
 @pytest.fixture
 def page(app_url, browser):
     """A fresh page (a new Gradio session) sharing the module's browser cache."""
@@ -150,16 +131,19 @@ def test_bad_uploads_show_a_message_and_keep_the_document(page, tmp_path, name, 
     path.write_bytes(content)
     upload(page, path)
     assert re.search(message, wait_for_toast(page, message))
+    page.wait_for_function("() => !/processing/.test(document.querySelector('#doc-info').innerText)",
+                           timeout=15_000)  # the handler's progress overlay has gone
     assert page.locator("#doc-info").inner_text() == before
 
 
 def test_bad_settings_and_models_show_an_error_and_the_app_keeps_serving(page, tmp_path, artifacts_dir):
     from ui.browser import set_number, wait_for_toast
 
-    set_number(page, "memory", 0)  # fewer than the 4 sinks
-    page.locator("#run").click()
-    wait_for_toast(page, "smaller than the 4 sink tokens")
+    set_number(page, "memory", 0)  # fewer than the 4 sinks: the preview says so and Run waits for a fix
+    page.wait_for_function("() => /smaller than the 4 sink/.test(document.querySelector('#preview-note').innerText)"
+                           " && document.querySelector('#run').disabled", timeout=15_000)
     set_number(page, "memory", 512)
+    page.wait_for_function("() => !document.querySelector('#run').disabled", timeout=15_000)
     model = page.locator("#model input")
     model.fill(str(tmp_path))  # a folder without a model in it
     model.press("Enter")

@@ -161,7 +161,7 @@ def test_highlight_shades_tokens_escapes_html_and_outlines_the_needle():
     needle = re.search(r'<span id="memstep-needle" style="outline:2px solid #dc2626[^"]*">(.*?</span>)</span>', body)
     assert needle and html.unescape(re.sub(r"<[^>]+>", "", needle.group(1))) == " 12345"  # one outlined piece
     assert body.count('id="memstep-needle"') == 1 and 'href="#memstep-needle"' in out
-    assert "color:#9ca3af" in body  # the unread token
+    assert "color:#6b7280;font-style:italic" in body  # the unread token (AA contrast)
     with pytest.raises(ValueError):
         highlight_html(text, spans, fractions[:-1])
 
@@ -229,7 +229,7 @@ def test_a_run_view_renders_any_step_for_replay(imdc):
     z = np.asarray(shown.retained.data[0].z)
     assert not np.isnan(z[1]).all() and np.isnan(z[2:]).all()
     assert list(shown.sizes.data[1].marker.opacity) == [1.0, 1.0, 0.28, 0.28]
-    assert "color:#9ca3af" in shown.text  # the words not read yet are grey
+    assert "color:#6b7280;font-style:italic" in shown.text  # the words not read yet are grey
     assert 'data-stat="steps"' in stats_html(view, 1) and "2 / 4" in stats_html(view, 1)
     assert "passkey in memory" in stats_html(view)  # the needle was read by the last step
     assert "4 / 4" in stats_html(view) and 'data-progress="1.000"' in stats_html(view)

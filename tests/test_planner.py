@@ -182,7 +182,7 @@ def test_config_json_file_folder_and_object(tmp_path, tiny_model):
     ("{not json", "not a valid config.json"),
     ("[1, 2]", "expected a JSON object"),
     ('{"hidden_size": 64}', "missing sizes"),
-    ('{"hidden_size": -1, "num_attention_heads": 4, "num_hidden_layers": 2}', "missing sizes"),
+    ('{"hidden_size": -1, "num_attention_heads": 4, "num_hidden_layers": 2}', "bad hidden_size"),
 ])
 def test_malformed_configs_raise_memstep_error(tmp_path, content, message):
     path = tmp_path / "config.json"

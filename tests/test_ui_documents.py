@@ -40,8 +40,8 @@ def test_prepare_truncates_with_a_notice_and_says_when_the_passkey_was_cut(token
     doc = make_haystack(text, tokenizer, 900, 0.8, 11111)
     prepared = prepare(with_needle("doc", doc.text), tokenizer, 300, context=8192)
     assert len(prepared.ids) == 300 and prepared.needle is None
-    assert prepared.notices[0] == (f"Document truncated from {doc.length_tokens:,} to 300 tokens "
-                                   "(the max tokens setting).")
+    assert prepared.notices[0].startswith("Document truncated to 300 tokens (the max tokens setting): about the "
+                                          f"first {len(tokenizer.decode(prepared.ids)):,} of its {len(doc.text):,}")
     assert "passkey" in prepared.notices[1]
     by_context = prepare(with_needle("doc", doc.text), tokenizer, None, context=600)
     assert len(by_context.ids) == 600 - by_context.prefix_tokens - 128

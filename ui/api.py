@@ -11,22 +11,33 @@ from gradio.data_classes import FileData
 
 from memstep.errors import MemstepError
 from memstep.passkey import answer_contains_passkey
-from memstep.presets import preset_settings
+from memstep.presets import PRESETS, preset_settings
 from memstep.schedules import make_schedule
 
-from ui.documents import EXAMPLES, DocumentSource, example, read_upload, with_needle
+from ui.documents import EXAMPLES, DocumentSource, example, read_upload, uploaded_path, with_needle
 from ui.models import context_tokens, get_model, normalize_spec
-from ui.runs import DEFAULT_MAX_TOKENS, check_settings, prefill_stream, prepare, settings_from
+from ui.inputs import choice
+from ui.runs import DEFAULT_MAX_TOKENS, check_settings, prefill_stream, prepare, settings_from, whole_number
 from ui.summary import needle_kept
 
 
+SCHEDULE_CONCURRENCY = 4
+MAX_QUESTION_CHARS = 2000
+MAX_LAYERS = 1024  # /schedule's layers (the layer-wise growths): far beyond any model
+
+
 def _document(text: str, file: FileData | dict | None, example_name: str, tokenizer) -> DocumentSource:
+    for value, name in ((text, "document_text"), (example_name, "example_name")):
+        if value is not None and not isinstance(value, str):
+            raise MemstepError(f"{name} must be a text, not {type(value).__name__}")
+    if file is not None and not isinstance(file, (dict, FileData)):
+        raise MemstepError("document_file must be a file: use gradio_client's handle_file(path)")
     given = [bool(text and text.strip()), file is not None, bool(example_name)]
     if sum(given) != 1:
         raise MemstepError("give exactly one document: document_text, document_file or example_name "
                            f"(one of: {', '.join(EXAMPLES)})")
     if file is not None:
-        return read_upload(file["path"] if isinstance(file, dict) else file.path)
+        return read_upload(uploaded_path(file))
     if example_name:
         return example(example_name, tokenizer)
     return with_needle("text", text)
@@ -49,9 +60,11 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
     positions); ``preset`` "reference" sets scorer conv, compact positions and 4 sinks;
     ``question_aware`` also scores every step by the question's attention (needs a question)."""
     try:
-        fixed = preset_settings(preset or None)
+        fixed = preset_settings(choice(preset, "preset", list(PRESETS), "") or None)
         settings = settings_from(schedule, chunk, memory, growth, fixed.get("scorer", scorer),
                                  fixed.get("sinks", sinks), fixed.get("rope", rope), question_aware)
+        if question is not None and (not isinstance(question, str) or len(question) > MAX_QUESTION_CHARS):
+            raise MemstepError(f"question must be a text of at most {MAX_QUESTION_CHARS:,} characters")
         lm = get_model(model)
         document = prepare(_document(document_text, document_file, example_name, lm.tokenizer), lm.tokenizer,
                            max_tokens, context_tokens(lm))
@@ -61,7 +74,8 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
         needle = needle and (document.prefix_tokens + needle[0], document.prefix_tokens + needle[1])
         out = {}
         with closing(prefill_stream(normalize_spec(model), document.ids, settings, question or source.question,
-                                    full_reference, document.notices)) as stream:
+                                    bool(full_reference), document.notices,
+                                    cache_reference=source.bundled)) as stream:
             for kind, item in stream:
                 if kind == "step":
                     yield {"event": "step", "steps": item.steps, **item.to_dict()}
@@ -85,7 +99,9 @@ def schedule(tokens: int, schedule: str = "imdc", chunk: int = 512, memory: int 
     ``layers`` (30: the embedded model) matters for the layer-wise growths only."""
     try:
         settings = settings_from(schedule, chunk, memory, growth, None, sinks)
-        check_settings(settings, tokens)
+        tokens = whole_number(tokens, "tokens", 1)
+        layers = whole_number(layers, "layers", 1, MAX_LAYERS)
+        check_settings(settings, tokens, run=False)  # schedule math: memstep.schedules.MAX_STEPS
         plan = make_schedule(settings.schedule, tokens, settings.chunk, settings.memory, settings.growth,
                              layers=layers)
     except MemstepError as err:
@@ -99,4 +115,6 @@ def schedule(tokens: int, schedule: str = "imdc", chunk: int = 512, memory: int 
 def register() -> None:
     """Inside a gr.Blocks: add the endpoints (runs share the Run tab's one-at-a-time queue)."""
     gr.api(prefill, api_name="prefill", concurrency_id="prefill", concurrency_limit=1)
-    gr.api(schedule, api_name="schedule", concurrency_limit=None)
+    # The schedule math is bounded (MAX_STEPS) and quick; a small limit keeps a burst of calls
+    # from taking every worker thread.
+    gr.api(schedule, api_name="schedule", concurrency_id="schedule", concurrency_limit=SCHEDULE_CONCURRENCY)

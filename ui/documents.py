@@ -7,6 +7,7 @@ so an uploaded passkey document is marked too).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -32,6 +33,7 @@ class DocumentSource:
     question: str = ""
     passkey: str | None = None
     needle_chars: tuple[int, int] | None = None  # [start, end) of the needle sentence in text
+    bundled: bool = False  # one of the app's examples (its full-cache answer is cached)
 
 
 def with_needle(name: str, text: str, question: str = "") -> DocumentSource:
@@ -42,6 +44,35 @@ def with_needle(name: str, text: str, question: str = "") -> DocumentSource:
         return DocumentSource(name, text, question)
     return DocumentSource(name, text, question or question_for(match.group(1)), match.group(2),
                           (match.start(), match.end()))
+
+
+UPLOAD_REFUSED = ("the document file must be uploaded through the page or with gradio_client's handle_file "
+                  "(.txt, .md, .pdf or .html)")
+
+
+def upload_folders() -> list[Path]:
+    """Where Gradio keeps uploads (GRADIO_TEMP_DIR or <tmp>/gradio); the bundled examples too."""
+    from gradio.utils import get_upload_folder
+
+    return [Path(get_upload_folder()).resolve(), ASSETS.resolve()]
+
+
+def uploaded_path(file) -> Path:
+    """The path of an uploaded file, accepted only inside Gradio's upload folder (or the bundled
+    examples): a request naming any other server file gets one generic message, the same
+    whether the file exists or not."""
+    path = file.get("path") if isinstance(file, dict) else getattr(file, "path", file)
+    if not isinstance(path, (str, Path)) or not str(path) or len(str(path)) > 4096 or "\0" in str(path):
+        raise MemstepError(UPLOAD_REFUSED)
+    try:
+        resolved = Path(path).resolve()  # symlinks and ".." resolved before the containment check
+    except (OSError, RuntimeError, ValueError):
+        raise MemstepError(UPLOAD_REFUSED) from None
+    if not any(resolved != folder and resolved.is_relative_to(folder) for folder in upload_folders()):
+        raise MemstepError(UPLOAD_REFUSED)
+    if not resolved.is_file():
+        raise MemstepError(UPLOAD_REFUSED)
+    return resolved
 
 
 def read_upload(path: str | Path, max_bytes: int = MAX_UPLOAD_BYTES) -> DocumentSource:
@@ -92,7 +123,9 @@ EXAMPLES = {
                                    "Who is Mr. Darcy's friend?"),
         "A long document: cut to the max tokens setting (with a notice) unless you raise it."),
 }
-DEFAULT_EXAMPLE = next(iter(EXAMPLES))
+# The short passkey document: a first run takes seconds, not minutes, on a CPU.
+DEFAULT_EXAMPLE = "Passkey in Persuasion (1.5k tokens)"
+TOKENIZER_FREE_EXAMPLE = "Pride and Prejudice, chapters 1-2 (2.3k tokens)"  # built without a tokenizer
 
 
 @functools.lru_cache(maxsize=None)
@@ -100,7 +133,7 @@ def example(name: str, tokenizer) -> DocumentSource:
     """A bundled example, built on first use (the passkey ones need the tokenizer)."""
     if name not in EXAMPLES:
         raise MemstepError(f"unknown example '{name}': choose one of {', '.join(EXAMPLES)}")
-    return EXAMPLES[name][0](tokenizer)
+    return dataclasses.replace(EXAMPLES[name][0](tokenizer), bundled=True)
 
 
 def token_spans(text: str, tokenizer, ids: list[int]) -> list[tuple[int, int]]:

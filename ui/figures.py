@@ -6,7 +6,9 @@ data. Steps are shown 1-based (step 1 is the first chunk); records keep 0-based 
 
 from __future__ import annotations
 
+import html
 import math
+import textwrap
 import warnings
 from collections.abc import Sequence
 
@@ -45,16 +47,38 @@ SHORT_LABELS = {"weights": "weights", "kv_memory": "KV memory", "kv_chunk": "KV 
 SERIES = ("#2563eb", "#ea580c", "#059669", "#9333ea", "#db2777")  # one colour per compared run
 # Retained-token map: grey plot background = not read yet, white = read and evicted from
 # every layer-head slot, dark blue = kept by all of them.
-RETAINED_SCALE = [[0.0, "#ffffff"], [0.02, "#dbeafe"], [0.35, "#60a5fa"], [0.7, "#1d4ed8"],
+# Colour-blind-safe roles (blue against orange, and a hatch): evicted from every slot is
+# orange; kept runs from a clearly visible light blue (a single slot of 90) to navy; not
+# read yet is a grey hatch, told apart by its pattern, not its colour.
+EVICTED = "#f8c38a"
+RETAINED_SCALE = [[0.0, EVICTED], [0.001, EVICTED], [0.001, "#9ec5f4"], [0.35, "#4a8fe0"], [0.7, "#1d4ed8"],
                   [1.0, "#172554"]]
-UNREAD = "#e5e7eb"
+UNREAD = "#f3f4f6"
+UNREAD_HATCH = "#9ca3af"
+
+
+def _two_lines(text: str, limit: int) -> str:
+    """A long title broken into lines (after a colon, at each " · ", else before a bracket),
+    so narrow screens (phones) do not cut it off."""
+    if len(text) <= limit or "<br>" in text:
+        return text
+    if ": " in text and not text.startswith("step"):
+        head, rest = text.split(": ", 1)
+        return f"{head}:<br>{rest}"
+    if " · " in text:
+        return text.replace(" · ", "<br>")
+    head, sep, rest = text.partition(" (")
+    return f"{head}<br>({rest}" if sep else text
 
 
 def _style(fig: go.Figure, title: str, height: int, xtitle: str, ytitle: str) -> go.Figure:
+    title = _two_lines(title, 44)
+    xtitle = _two_lines(xtitle, 30)
     fig.update_layout(
         template="plotly_white", height=height, font=FONT, hovermode="closest",
-        title=dict(text=title, x=0.0, xanchor="left", xref="paper", y=0.97, font=dict(size=14)),
-        margin=dict(l=64, r=24, t=64, b=48),
+        title=dict(text=title, x=0.0, xanchor="left", xref="paper", y=1.0, yanchor="top", pad=dict(t=10),
+                   font=dict(size=14)),
+        margin=dict(l=64, r=24, t=76, b=56),
         legend=dict(orientation="h", yanchor="bottom", y=1.01, xanchor="right", x=1.0,
                     font=dict(size=11), bgcolor="rgba(255,255,255,0)"),
         paper_bgcolor="white", plot_bgcolor="white",
@@ -82,8 +106,10 @@ def placeholder_figure(message: str, title: str = "", height: int = 300) -> go.F
     fig = _style(go.Figure(), title, height, "", "")
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
-    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
-                       font=dict(size=13, color="#6b7280"))
+    # long errors wrap instead of running off the chart; "<" in a message is text, not markup
+    wrapped = "<br>".join(textwrap.wrap(html.escape(message, quote=False), 40, break_long_words=False)) or message
+    fig.add_annotation(text=wrapped, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                       font=dict(size=13, color="#4b5563"))
     return fig
 
 
@@ -160,6 +186,21 @@ def retained_matrix(records: Sequence[StepRecord], tokens: int, steps: int,
     return z, width
 
 
+def _hatch_unread(fig: go.Figure, records: Sequence[StepRecord], tokens: int, steps: int) -> None:
+    """The positions not read yet after each step, as one hatched staircase polygon."""
+    seen = {r.step: r.tokens_seen for r in records}
+    xs, ys = [tokens - 0.5], [0.5]
+    for row in range(steps):
+        edge = seen.get(row, 0) - 0.5
+        xs += [edge, edge]
+        ys += [row + 0.5, row + 1.5]
+    xs += [tokens - 0.5]
+    ys += [steps + 0.5]
+    fig.add_trace(go.Scatter(x=xs, y=ys, fill="toself", mode="lines", line=dict(width=0), hoverinfo="skip",
+                             fillcolor=UNREAD, showlegend=False, name="not read yet",
+                             fillpattern=dict(shape="/", fgcolor=UNREAD_HATCH, bgcolor=UNREAD, size=6, solidity=0.25)))
+
+
 def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, *, prefix_tokens: int = 0,
                         sinks: int = 0, needle: tuple[int, int] | None = None, current: int | None = None,
                         max_columns: int = MAX_COLUMNS, height: int = 340) -> go.Figure:
@@ -172,7 +213,8 @@ def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, 
     fig = go.Figure(go.Heatmap(
         z=z, x=x, y=y, zmin=0.0, zmax=1.0, colorscale=RETAINED_SCALE, hoverongaps=False,
         colorbar=dict(title=dict(text="kept by<br>layer-heads", side="top", font=dict(size=11)),
-                      tickformat=".0%", thickness=12, len=0.9, x=1.0, xpad=6),
+                      tickvals=[0, 0.5, 1], ticktext=["0%: evicted", "50%", "100%"], thickness=12, len=0.9,
+                      x=1.0, xpad=6),
         hovertemplate=("position %{x:,.0f}<br>after step %{y}<br>kept by %{z:.0%} of layer-heads"
                        "<extra></extra>"),
     ))
@@ -180,6 +222,7 @@ def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, 
     _style(fig, "Retained tokens: what memory holds after each step", height,
            f"token position (prompt head + document){column}", "after step")
     fig.update_layout(plot_bgcolor=UNREAD, margin=dict(r=12))
+    _hatch_unread(fig, records, tokens, steps)
     fig.update_yaxes(autorange="reversed", tickmode="linear", tick0=1, dtick=max(1, math.ceil(steps / 12)),
                      showgrid=False)
     fig.update_xaxes(range=[-0.5, tokens - 0.5], showgrid=False)
@@ -239,6 +282,7 @@ def memory_figure(records: Sequence[StepRecord], steps: int, include_weights: bo
            "MiB" if include_weights else "MiB above the weights")
     fig.update_layout(barmode="stack", bargap=0.25, margin=dict(t=84))
     fig.update_xaxes(title=dict(font=dict(size=11, color="#4b5563")))
+    fig.update_layout(margin=dict(b=84))  # three lines of axis notes
     _step_axis(fig, steps)
     return fig
 

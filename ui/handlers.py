@@ -13,14 +13,17 @@ from contextlib import closing
 import gradio as gr
 
 from memstep.errors import MemstepError
+from memstep.documents import tokenize_prefix
 from memstep.generate import prompt_parts
 from memstep.presets import preset_settings
 from memstep.schedules import make_schedule
 
-from ui.documents import DEFAULT_EXAMPLE, DocumentSource, describe, example, read_upload
+from ui.documents import (DEFAULT_EXAMPLE, TOKENIZER_FREE_EXAMPLE, DocumentSource, describe, example, read_upload,
+                          uploaded_path)
 from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure, schedule_figure
 from ui.models import cached_model, context_tokens, get_model, layer_count, normalize_spec, preview_tokenizer
-from ui.runs import check_settings, document_limit, prefill_stream, prepare, settings_from
+from ui.runs import (MAX_TOKENS_LIMIT, check_settings, document_limit, prefill_stream, prepare, settings_from,
+                     whole_number)
 from ui.summary import COMPARE_HEADERS, ComparedRun, compare_rows
 from ui.views import RunView, answer_markdown, compact, render, stats_html
 
@@ -33,7 +36,12 @@ def _fail(err: Exception):
 
 # ---- document ------------------------------------------------------------------------
 def default_document() -> DocumentSource:
-    return example(DEFAULT_EXAMPLE, preview_tokenizer(None)[0])
+    """The default example; while no tokenizer can load (hub unreachable on a fresh Space) an
+    example that needs none, so the page still comes up."""
+    try:
+        return example(DEFAULT_EXAMPLE, preview_tokenizer(None)[0])
+    except MemstepError:
+        return example(TOKENIZER_FREE_EXAMPLE, None)
 
 
 def choose_example(name: str | None, model: str | None):
@@ -48,8 +56,14 @@ def choose_example(name: str | None, model: str | None):
 
 
 def describe_document(source: DocumentSource, model) -> str:
-    tokenizer, exact = preview_tokenizer(model)
-    return describe(source, _count_tokens(source.text, tokenizer)[1], exact)
+    try:
+        tokenizer, exact = preview_tokenizer(model)
+    except MemstepError as err:  # the page keeps serving; the run will try the model again
+        return f"{describe(source)}  \n⚠ {err}. The page keeps working; Run tries to load the model again."
+    count = _count_tokens(source.text, tokenizer)[1]
+    if count >= COUNT_LIMIT:
+        return f"{describe(source)} · over {COUNT_LIMIT:,} tokens"
+    return describe(source, count, exact)
 
 
 def choose_upload(path: str | None, current: DocumentSource, model):
@@ -57,7 +71,7 @@ def choose_upload(path: str | None, current: DocumentSource, model):
     if not path:
         return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
     try:
-        source = read_upload(path)
+        source = read_upload(uploaded_path(path))
     except MemstepError as err:
         gr.Warning(str(err), title=ERROR_TITLE)
         return current, gr.skip(), describe_document(current, model), None, gr.skip()
@@ -65,11 +79,14 @@ def choose_upload(path: str | None, current: DocumentSource, model):
 
 
 # ---- schedule preview ----------------------------------------------------------------
+COUNT_LIMIT = 1 << 16  # the page counts a document's tokens up to this many (beyond any context)
+
+
 @functools.lru_cache(maxsize=32)
 def _count_tokens(text: str, tokenizer) -> tuple[int, int]:
-    """(prompt head tokens, document tokens) with this tokenizer."""
+    """(prompt head tokens, document tokens up to COUNT_LIMIT) with this tokenizer."""
     head = len(prompt_parts(tokenizer).head)
-    return head, len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+    return head, len(tokenize_prefix(text, tokenizer, COUNT_LIMIT)[0])
 
 
 def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens):
@@ -103,8 +120,28 @@ def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, 
         "\n\n".join(lines)
 
 
+def preview_page(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens):
+    """The preview, and the controls that follow it: Run only for a valid setting, the chunk
+    slider no longer than the document (the same rule as the run)."""
+    figure, note = preview(doc, model, schedule, growth, chunk, memory, sinks, max_tokens)
+    valid = not note.startswith("⚠")
+    try:
+        tokens = preview_tokens(doc, model, max_tokens)
+    except MemstepError:
+        return figure, note, gr.update(interactive=valid), gr.skip()
+    return figure, note, gr.update(interactive=valid), gr.update(maximum=max(16, tokens))
+
+
+def preview_tokens(doc: DocumentSource, model, max_tokens) -> int:
+    """Tokens a run of ``doc`` would prefill (prompt head + document, cut to the limits)."""
+    tokenizer, _ = preview_tokenizer(model)
+    prefix, document = _count_tokens(doc.text, tokenizer)
+    limit, _ = document_limit(_whole(max_tokens), context_tokens(cached_model(model)), prefix)
+    return prefix + min(document, limit)
+
+
 def _whole(value) -> int | None:
-    return None if value is None or value == "" else int(round(float(value)))
+    return None if value is None or value == "" else whole_number(value, "max tokens", 1, MAX_TOKENS_LIMIT)
 
 
 # ---- a run ---------------------------------------------------------------------------
@@ -135,9 +172,11 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
         document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm))
         for notice in document.notices:
             gr.Warning(notice, title=ERROR_TITLE)
+        # bundled examples always show the full cache's answer: computed once, then cached
+        reference = bool(full_reference) or doc.bundled
         with closing(prefill_stream(normalize_spec(model), document.ids, settings, question,
-                                    bool(full_reference), document.notices)) as stream:
-            yield from _stream_run(stream, document, settings, question, full_reference, began, progress)
+                                    reference, document.notices, cache_reference=doc.bundled)) as stream:
+            yield from _stream_run(stream, document, settings, question, reference, began, progress)
     except MemstepError as err:
         _fail(err)
 
@@ -194,6 +233,8 @@ def replay(step, view: RunView | None):
 
 # ---- comparison ----------------------------------------------------------------------
 CONFIG_FIELDS = 8  # enabled, schedule, growth, chunk, memory, scorer, RoPE positions, question-aware
+TIME_CAVEAT = ("Times are wall-clock seconds of one run each on a shared machine: ratios within about 10-20% "
+               "are noise; the memory columns do not depend on the load.")
 
 
 def _configs(values) -> list[tuple]:
@@ -235,7 +276,9 @@ def compare(doc: DocumentSource, model, sinks, max_tokens, question, *config_val
             gr.Warning(notice, title=ERROR_TITLE)
         total = sum(r.steps for r in runs)
         done = 0
-        yield _compare_outputs(runs, f"Running {len(runs)} configurations on {document.tokens:,} tokens…")
+        name = document.source.name
+        yield _compare_outputs(runs, f"Running {len(runs)} configurations on **{name}** ({document.tokens:,} "
+                                     "tokens)…")
         for s, run in zip(settings, runs):
             with closing(prefill_stream(normalize_spec(model), document.ids, s, question, False,
                                         document.notices)) as stream:
@@ -250,8 +293,8 @@ def compare(doc: DocumentSource, model, sinks, max_tokens, question, *config_val
                     else:
                         continue
                     yield _compare_outputs(runs, f"**{run.label}**: step {len(run.records)} of {run.steps}")
-        yield _compare_outputs(runs, f"**Done**: {len(runs)} configurations on {document.tokens:,} tokens "
-                                     f"({len(document.ids):,} document tokens). "
+        yield _compare_outputs(runs, f"**Done**: {len(runs)} configurations on **{name}**, {document.tokens:,} "
+                                     f"tokens ({len(document.ids):,} document tokens). {TIME_CAVEAT} "
                                      + " ".join(document.notices))
     except MemstepError as err:
         _fail(err)

@@ -10,7 +10,12 @@ import html
 from collections.abc import Sequence
 
 LEVELS = 8  # shades of highlight; a token kept by no slot has none
-_RGB = "29, 78, 216"
+_RGB = (29, 78, 216)  # the kept shade at full strength (blue)
+# Colour-blind-safe roles: kept is blue (darker = more slots), evicted is orange with a
+# pale orange background, not read yet is grey italic; every text colour passes WCAG AA (4.5:1).
+EVICTED_BACKGROUND = "#fde4cc"
+UNREAD_TEXT = "#6b7280"  # 4.8:1 on white
+DARK_TEXT, LIGHT_TEXT = "#111827", "#ffffff"
 
 
 def _level(fraction: float) -> int:
@@ -25,24 +30,56 @@ def _level(fraction: float) -> int:
 NEEDLE_STYLE = "outline:2px solid #dc2626;outline-offset:2px;border-radius:2px;scroll-margin-top:14px"
 
 
+def _luminance(rgb: tuple[float, float, float]) -> float:
+    """WCAG relative luminance of an sRGB colour (0-255 channels)."""
+    def channel(c: float) -> float:
+        c /= 255
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+    r, g, b = (channel(c) for c in rgb)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast(a: tuple[float, float, float], b: tuple[float, float, float]) -> float:
+    hi, lo = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def shade(level: int) -> tuple[tuple[float, float, float], str]:
+    """(background over white, text colour) of a kept level: the text colour with the better
+    contrast, which is at least 4.5:1 for any background."""
+    alpha = 0.12 + 0.78 * level / LEVELS
+    while True:  # mid blues give neither text colour 4.5:1: darken those shades a little
+        background = tuple(255 - alpha * (255 - c) for c in _RGB)
+        text = max((DARK_TEXT, LIGHT_TEXT), key=lambda t: contrast(background, _hex(t)))
+        if contrast(background, _hex(text)) >= 4.5 or alpha >= 1:
+            return background, text
+        alpha = min(1.0, alpha + 0.02)
+
+
+def _hex(color: str) -> tuple[int, int, int]:
+    return tuple(int(color[i:i + 2], 16) for i in (1, 3, 5))
+
+
 def _style(level: int) -> str:
     if level < 0:
-        return "color:#9ca3af"
+        return f"color:{UNREAD_TEXT};font-style:italic"
     if level == 0:
-        return ""
-    alpha = 0.12 + 0.78 * level / LEVELS
-    return f"background:rgba({_RGB},{alpha:.2f})" + (";color:#fff" if alpha > 0.55 else "")
+        return f"background:{EVICTED_BACKGROUND}"
+    background, text = shade(level)
+    r, g, b = (round(c) for c in background)
+    return f"background:rgb({r},{g},{b});color:{text}"
 
 
 def legend_html() -> str:
     swatches = "".join(
         f'<span style="display:inline-block;width:18px;height:12px;{_style(level)}"></span>'
-        for level in range(0, LEVELS + 1, 2))
+        for level in range(2, LEVELS + 1, 2))
     return (
         '<div style="font-size:12px;color:#4b5563;margin-bottom:6px;display:flex;gap:14px;'
         'align-items:center;flex-wrap:wrap">'
-        f'<span>evicted everywhere <span style="border:1px solid #d1d5db;display:inline-flex">{swatches}'
-        '</span> kept by every layer-head</span>'
+        f'<span style="{_style(-1)}">not read yet</span>'
+        f'<span style="{_style(0)};padding:0 3px">evicted everywhere</span>'
+        f'<span>kept by a few <span style="display:inline-flex">{swatches}</span> to every layer-head</span>'
         f'<span><span style="{NEEDLE_STYLE};padding:0 3px">passkey</span> outlined when present</span>'
         "</div>")
 

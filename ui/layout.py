@@ -10,7 +10,7 @@ import os
 import gradio as gr
 
 from memstep.documents import SUPPORTED_EXTENSIONS
-from memstep.models import EMBEDDED, default_model
+from memstep.models import allowed_models, default_model, offered_models
 from memstep.presets import PRESETS, ROPE_HELP, ROPE_MODES
 from memstep.schedules import GROWTHS
 from memstep.scorers import SCORERS
@@ -43,6 +43,36 @@ CSS = """
 .memstep-hint { padding: 14px 16px; border: 1px dashed #cbd5e1; border-radius: 8px; color: #4b5563; }
 .memstep-progress { height: 6px; margin-top: 8px; border-radius: 3px; background: #e5e7eb; overflow: hidden; }
 .memstep-progress > div { height: 100%; background: #3b82f6; transition: width .3s ease; }
+/* keyboard users see where they are */
+button:focus-visible, input:focus-visible, select:focus-visible, textarea:focus-visible, [role="tab"]:focus-visible,
+a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !important; }
+.memstep-sr-only { position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0);
+  white-space: nowrap; }
+#run-row { gap: 8px; }
+/* tables scroll sideways instead of stacking their headers one letter per line (the header is
+   a separate table from the body: both get the same minimum widths, and words never break) */
+.table-wrap, .table-container { overflow-x: auto !important; }
+#compare-table table, #plan-table table, #compare-table .virtual-body, #plan-table .virtual-body { min-width: 1200px; }
+#compare-table th, #compare-table th *, #plan-table th, #plan-table th * { word-break: normal !important;
+  overflow-wrap: normal !important; }
+#compare-table .cell-wrap, #plan-table .cell-wrap, #compare-table .cell-wrap span, #plan-table .cell-wrap span {
+  word-break: normal !important; overflow-wrap: normal !important; }
+@media (max-width: 640px) {
+  #memstep-header h1 { font-size: 1.25rem; }
+  .memstep-stat { flex: 1 1 44%; }
+  .js-plotly-plot .gtitle { font-size: 12px !important; }
+}
+"""
+
+# Ctrl+Enter (Cmd+Enter) runs from anywhere on the Run tab.
+HEAD = """
+<script>
+document.addEventListener("keydown", (event) => {
+  if (event.key !== "Enter" || !(event.ctrlKey || event.metaKey)) return;
+  const run = document.querySelector("#run");
+  if (run && run.offsetParent !== null && !run.disabled) { event.preventDefault(); run.click(); }
+});
+</script>
 """
 
 HEADER = """
@@ -55,7 +85,10 @@ chunks; right after each layer's attention a <b>scorer</b> cuts that layer's cac
 </div>
 """
 
-RUN_HINT = ("Press **Run**: each step streams the retained-token map (which positions memory keeps), "
+CHUNK_INFO = ("FM, IM: every chunk is c. IMDC: c sets the steps (⌈tokens/c⌉); chunks then shrink as memory "
+              "grows, keeping memory + chunk level.")
+
+RUN_HINT = ("Press **Run** (or Ctrl+Enter): each step streams the retained-token map (which positions memory keeps), "
             "memory and seconds per step, then the answer to the question and the text shaded by what the "
             "memory kept. While a run streams, the chart above follows it step by step.")
 
@@ -85,10 +118,7 @@ layer-head slots still hold it.
 
 
 def _model_choices() -> list[str]:
-    choices = [EMBEDDED, "HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-360M-Instruct",
-               "Qwen/Qwen2.5-0.5B-Instruct"]
-    default = default_model()
-    return [default] + [c for c in choices if c != default]
+    return offered_models()  # 'embedded' only where it can load; on a Space also all it accepts
 
 
 def build_app() -> gr.Blocks:
@@ -103,6 +133,10 @@ def build_app() -> gr.Blocks:
             with gr.Tab("Run", id="run"):
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=4, min_width=330, elem_id="memstep-controls"):
+                        # first in the column: visible without scrolling, a few Tab presses away
+                        with gr.Row(elem_id="run-row"):
+                            run = gr.Button("Run", variant="primary", elem_id="run", min_width=120)
+                            stop = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
                         with gr.Group():
                             example = gr.Dropdown(list(EXAMPLES), value=DEFAULT_EXAMPLE, label="Example document",
                                                   elem_id="example")
@@ -117,9 +151,11 @@ def build_app() -> gr.Blocks:
                         schedule = gr.Radio(SCHEDULE_CHOICES, value="imdc", label="Schedule", elem_id="schedule")
                         growth = gr.Dropdown(list(GROWTHS), value="linear", label="Growth curve (IM and IMDC)",
                                              elem_id="growth")
-                        chunk = gr.Slider(16, 8192, value=512, step=16, label="Chunk size c (tokens)", elem_id="chunk")
-                        memory = gr.Slider(0, 8192, value=512, step=16, label="Memory size M (tokens)",
-                                           elem_id="memory")
+                        chunk = gr.Slider(16, _chunk_limit(document), value=512, step=16, label="Chunk size c (tokens)", elem_id="chunk",
+                                          info=CHUNK_INFO)
+                        memory = gr.Slider(0, 8192, value=512, step=4, label="Memory size M (tokens)",
+                                           elem_id="memory", info="Tokens kept after each step, besides the sinks "
+                                           "(at least the sinks).")
                         with gr.Row():
                             sinks = gr.Number(4, label="Sinks", minimum=0, maximum=256, precision=0,
                                               elem_id="sinks", min_width=90)
@@ -133,7 +169,8 @@ def build_app() -> gr.Blocks:
                                                  elem_id="scorer", min_width=140)
                         rope = gr.Radio(ROPE_CHOICES, value="compact", label="RoPE positions", info=ROPE_INFO,
                                         elem_id="rope")
-                        model = gr.Dropdown(_model_choices(), value=default_model(), allow_custom_value=True,
+                        model = gr.Dropdown(_model_choices(), value=default_model(),
+                                            allow_custom_value=allowed_models() is None,
                                             label="Model", info="'embedded': SmolLM2-135M-Instruct shipped with "
                                             "memstep. Or a hub id, a local folder or a .gguf file.",
                                             elem_id="model")
@@ -141,11 +178,9 @@ def build_app() -> gr.Blocks:
                                                      info="Also score every step by the question's attention: its "
                                                           "tokens are read after each chunk, then dropped.")
                         full_reference = gr.Checkbox(False, label="Also answer from the full cache (reference)",
-                                                     info="One more prefill, with nothing evicted.",
+                                                     info="Bundled examples always show it (computed once, then "
+                                                     "cached); for uploads it is one more prefill.",
                                                      elem_id="full-reference")
-                        with gr.Row():
-                            run = gr.Button("Run", variant="primary", elem_id="run")
-                            stop = gr.Button("Stop", variant="stop", elem_id="stop")
                     with gr.Column(scale=9):
                         stats = gr.HTML(stat_cards([("state", "run", "not run yet")]), elem_id="stats")
                         preview_note = gr.Markdown(first_note, elem_id="preview-note", elem_classes="memstep-note")
@@ -211,8 +246,8 @@ def build_app() -> gr.Blocks:
         preview_inputs = [doc_state, model, schedule, growth, chunk, memory, sinks, max_tokens]
         gr.on([doc_state.change, model.change, schedule.change, growth.change, chunk.change, memory.change,
                sinks.change, max_tokens.change],
-              handlers.preview, preview_inputs, [sizes_plot, preview_note], trigger_mode="always_last",
-              concurrency_limit=None, show_progress="hidden", api_visibility="private")
+              handlers.preview_page, preview_inputs, [sizes_plot, preview_note, run, chunk],
+              trigger_mode="always_last", concurrency_limit=None, show_progress="hidden", api_visibility="private")
         example.input(handlers.choose_example, [example, model], [doc_state, question, doc_info, upload],
                       concurrency_limit=None, api_visibility="private")
         upload.upload(handlers.choose_upload, [upload, doc_state, model],
@@ -246,6 +281,14 @@ def build_app() -> gr.Blocks:
     return demo
 
 
+def _chunk_limit(document) -> int:
+    """The chunk slider's end: the default document's tokens (the preview keeps it updated)."""
+    try:
+        return max(16, handlers.preview_tokens(document, default_model(), DEFAULT_MAX_TOKENS))
+    except Exception:  # noqa: BLE001 - no tokenizer yet (hub unreachable): the model's context
+        return 8192
+
+
 def _optional(module: str):
     """A tab module written elsewhere (ui/plan_tab.py, ui/eval_tab.py): None while absent."""
     try:
@@ -261,4 +304,14 @@ def launch_options() -> dict:
     theme = gr.themes.Soft(primary_hue="blue", neutral_hue="slate",
                            font=[gr.themes.Font(name) for name in ("Inter", "Segoe UI", "system-ui", "sans-serif")],
                            font_mono=[gr.themes.Font(name) for name in ("ui-monospace", "monospace")])
-    return {"theme": theme, "css": CSS, "max_file_size": MAX_UPLOAD_BYTES}
+    return {"theme": theme, "css": CSS + _table_css(), "head": HEAD, "max_file_size": MAX_UPLOAD_BYTES}
+
+
+def _table_css() -> str:
+    """Body cells as wide as their header cells (Gradio draws the header as its own table):
+    each column's share of the tables' 1200 px minimum (header words fit their cells)."""
+    plan = _optional("ui.plan_tab")
+    tables = [("compare-table", COMPARE_WIDTHS), ("plan-table", getattr(plan, "TABLE_WIDTHS", []))]
+    return "".join(f"#{table} th:nth-child({i}), #{table} .body-cell:nth-child({i}) "
+                   f"{{ min-width: {12 * float(width.rstrip('%')):.0f}px; }}\n"
+                   for table, widths in tables for i, width in enumerate(widths, start=1))

@@ -10,21 +10,27 @@ import functools
 import gc
 import os
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 
 from memstep.errors import MemstepError
-from memstep.models import EMBEDDED, LoadedModel, default_model, embedded_model_folder, load_model
+from memstep.models import (EMBEDDED, LoadedModel, looks_like_path, check_allowed, check_hub_reachable, default_model,
+                            embedded_model_folder, load_model, scrub_paths)
 
 CAPACITY = max(1, int(os.environ.get("MEMSTEP_APP_MODELS", "2")))
 FALLBACK_CONTEXT = 8192  # the embedded model's context, when a config does not say
 
+RETRY_SECONDS = 30  # a tokenizer that failed to load is tried again after this long
 _models: OrderedDict[str, LoadedModel] = OrderedDict()
+_tokenizer_failures: dict[str, tuple[float, str]] = {}  # spec -> (when, message)
 _lock = threading.Lock()
 
 
 def normalize_spec(spec: str | None) -> str:
-    spec = (spec or "").strip() or default_model()
+    """The spec to load: the default when empty; refused (MemstepError) when this app does not
+    offer it (memstep.models.check_allowed: an allow-list on a Space or with MEMSTEP_ALLOWED_MODELS)."""
+    spec = check_allowed(spec) or default_model()
     return EMBEDDED if spec == "default" else spec
 
 
@@ -52,7 +58,9 @@ def _release_memory() -> None:
     try:
         import torch
 
-        if torch.cuda.is_available():
+        # Only where this process already uses CUDA: on ZeroGPU the main process must never
+        # initialize it (CUDA calls belong in the @spaces.GPU worker, ui/runs.prefill_stream).
+        if torch.cuda.is_initialized():
             torch.cuda.empty_cache()
     except ImportError:
         pass
@@ -68,6 +76,8 @@ def tokenizer_only(spec: str):
     if spec.endswith(".gguf"):
         path = Path(spec)
         return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    if not looks_like_path(spec):
+        check_hub_reachable(spec)  # seconds, not transformers' ~20 s of retries
     return AutoTokenizer.from_pretrained(spec)
 
 
@@ -81,11 +91,19 @@ def preview_tokenizer(spec: str | None):
     lm = cached_model(spec)
     if lm is not None:
         return lm.tokenizer, True
-    default = normalize_spec(None)
+    default, exact = normalize_spec(None), normalize_spec(spec) == normalize_spec(None)
+    failed = _tokenizer_failures.get(default)
+    if failed and time.monotonic() - failed[0] < RETRY_SECONDS:  # no hub probe per keystroke
+        raise MemstepError(failed[1])
     try:
-        return tokenizer_only(default), normalize_spec(spec) == default
+        return tokenizer_only(default), exact
+    except MemstepError as err:
+        _tokenizer_failures[default] = (time.monotonic(), str(err))
+        raise
     except Exception as err:  # noqa: BLE001 - any loader failure reads the same to a user
-        raise MemstepError(f"cannot load the tokenizer of '{default}': {str(err).splitlines()[0][:200]}") from err
+        reason = scrub_paths((str(err).strip().splitlines() or [type(err).__name__])[0][:200], keep=default)
+        _tokenizer_failures[default] = (time.monotonic(), f"cannot load the tokenizer of '{default}' yet: {reason}")
+        raise MemstepError(_tokenizer_failures[default][1]) from err
 
 
 EMBEDDED_LAYERS = 30  # SmolLM2-135M: the layer count a preview assumes before a model is loaded

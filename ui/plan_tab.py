@@ -16,7 +16,9 @@ from plotly.subplots import make_subplots
 from memstep import planner
 from memstep.errors import MemstepError
 from memstep.memory import ATTENTIONS, PART_LABELS, PARTS
-from memstep.schedules import GROWTHS
+from memstep.schedules import GROWTHS, MAX_SIZE_TOKENS
+
+from ui.inputs import whole_number
 
 GIB = 1 << 30
 MAX_BARS = 300  # more steps than this are drawn as stacked areas over sampled steps
@@ -29,6 +31,7 @@ PART_COLORS = {"weights": "#cbd5e1", "kv_memory": "#3b82f6", "kv_chunk": "#f59e0
                "activations": "#14b8a6"}
 TIME_COLORS = {"linear": "#0d9488", "attention": "#8b5cf6", "scorer": "#ec4899", "overhead": "#94a3b8"}
 LIMIT_COLOR = "#dc2626"
+PLAN_CONCURRENCY = 2  # plans computed at once (each is bounded by memstep.schedules.MAX_STEPS)
 SCHEDULE_LABELS = {"fm": "FM", "im": "IM", "imdc": "IMDC", "full": "full"}
 TABLE_HEADERS = ["schedule", "steps", "peak", "KV peak", "fits", "time", "TFLOP", "peak vs FM", "time vs FM",
                  "peak vs full", "time vs full", "longest context that fits"]
@@ -72,10 +75,12 @@ def _panels(plans: dict[str, planner.Plan], peaks: list[float], titles: list[str
     own = [SCHEDULE_LABELS.get(name, name) for i, name in enumerate(plans) if groups.count(groups[i]) == 1]
     scale = f" ({', '.join(own)} on {'its' if len(own) == 1 else 'their'} own scale)" if len(set(groups)) > 1 else ""
     fig.update_layout(template="plotly_white", height=height, font=FONT, barmode="stack", bargap=0.15,
-                      title=dict(text=title + scale, x=0.0, xanchor="left", font=dict(size=14)),
-                      margin=dict(l=64, r=24, t=104, b=88), hovermode="closest",
-                      legend=dict(orientation="h", yanchor="bottom", y=1.12, xanchor="right", x=1.0,
-                                  font=dict(size=11)))
+                      # below the Plot's label badge; the legend's row(s) under it, above the panels' titles
+                      title=dict(text=title + scale, x=0.0, xanchor="left", y=1.0, yanchor="top", pad=dict(t=34),
+                                 font=dict(size=14)),
+                      margin=dict(l=64, r=24, t=204, b=88), hovermode="closest",
+                      legend=dict(orientation="h", yref="container", yanchor="top", y=1 - 62 / height,
+                                  xanchor="right", x=1.0, font=dict(size=11)))
     fig.update_xaxes(title_text="step", showline=True, linecolor="#9ca3af")
     fig.update_yaxes(showline=True, linecolor="#9ca3af", gridcolor="#eef0f3", zeroline=False, rangemode="tozero")
     fig.update_yaxes(title_text=ytitle, row=1, col=1)
@@ -86,7 +91,8 @@ def _panels(plans: dict[str, planner.Plan], peaks: list[float], titles: list[str
 def _title(name: str, plan: planner.Plan, detail: str) -> str:
     growth = f" ({plan.schedule.growth})" if plan.schedule.growth else ""
     steps = plan.schedule.steps
-    return f"<b>{SCHEDULE_LABELS.get(name, name)}{growth}</b> · {steps:,} step{'s' * (steps != 1)} · {detail}"
+    # one fact per line: side-by-side panels on a phone are ~100 px wide
+    return f"<b>{SCHEDULE_LABELS.get(name, name)}{growth}</b><br>{steps:,} step{'s' * (steps != 1)}<br>{detail}"
 
 
 def _add_stack(fig: go.Figure, col: int, x: list[int], series: dict[str, list[float]], labels: dict[str, str],
@@ -102,7 +108,7 @@ def _add_stack(fig: go.Figure, col: int, x: list[int], series: dict[str, list[fl
                           row=1, col=col)
 
 
-def plan_memory_figure(plans: dict[str, planner.Plan], include_weights: bool = False, height: int = 420) -> go.Figure:
+def plan_memory_figure(plans: dict[str, planner.Plan], include_weights: bool = False, height: int = 500) -> go.Figure:
     """Per-step modeled peak memory stacked by component, one panel per schedule, with the
     GPU's usable memory (less the weights when they are not drawn) as a red line when it is
     near the bars. The weights are the same for every schedule and usually dwarf the rest,
@@ -127,22 +133,27 @@ def plan_memory_figure(plans: dict[str, planner.Plan], include_weights: bool = F
         _add_stack(fig, col, x, series, PART_LABELS, PART_COLORS, "GiB", len(idx) <= MAX_BARS and
                    len(idx) == len(plan.steps), col == 1)
         top = max(peaks[i] for i in range(len(peaks)) if groups[i] == groups[col - 1])
-        if limit <= LIMIT_SHOWN_ABOVE * top:  # a limit far above the bars would flatten them
+        if 0 < limit <= LIMIT_SHOWN_ABOVE * top:  # a limit far above the bars would flatten them
             fig.add_hline(y=limit, line=dict(color=LIMIT_COLOR, width=1.5, dash="dash"), row=1, col=col)
             drawn = True
     note = f"{gpu.name}: {gpu.usable_bytes / GIB:,.1f} GiB usable"
-    if not include_weights:
+    if weights > gpu.usable_bytes:  # never a negative limit: say what it takes instead
+        first = next(iter(plans.values()))
+        note = (f"<span style='color:{LIMIT_COLOR}'>The weights alone ({weights / GIB:,.1f} GiB) exceed the "
+                f"{gpu.usable_bytes / GIB:,.1f} GiB usable on one {gpu.name}: at least {first.gpus_needed} GPUs "
+                "needed</span>")
+    elif not include_weights:
         note += f", {limit:,.1f} GiB of it left after the weights ({weights / GIB:,.2f} GiB, not drawn)"
     if drawn:
         note = f"<span style='color:{LIMIT_COLOR}'>- - -</span> " + note
-    else:
+    elif limit > 0:
         note += "; far above the bars, so not drawn"
     fig.add_annotation(text=note, x=0, y=NOTE_Y, xref="paper", yref="paper", xanchor="left", yanchor="top",
                        showarrow=False, font=dict(size=11, color="#6b7280"))
     return fig
 
 
-def plan_time_figure(plans: dict[str, planner.Plan], height: int = 380) -> go.Figure:
+def plan_time_figure(plans: dict[str, planner.Plan], height: int = 460) -> go.Figure:
     """Per-step roofline milliseconds stacked by component, one panel per schedule."""
     if not plans:
         return go.Figure().update_layout(title="choose at least one schedule", height=height)
@@ -197,11 +208,7 @@ def headline(plans: dict[str, planner.Plan]) -> str:
 
 # ---- the handler ---------------------------------------------------------------------------------
 def _whole(value, label: str, minimum: int) -> int:
-    if value is None or value == "":
-        raise MemstepError(f"{label} is empty: type a whole number of at least {minimum}")
-    if float(value) != int(value) or int(value) < minimum:
-        raise MemstepError(f"{label} must be a whole number of at least {minimum} (got {value})")
-    return int(value)
+    return whole_number(value, label, minimum)
 
 
 def compute(model: str, config_file, gpu: str, dtype: str, tokens, chunk, memory, growth: str, attention: str,
@@ -251,10 +258,13 @@ def build_tab() -> dict:
         gpu = gr.Dropdown(gpu_choices, value=DEFAULTS["gpu"], label="GPU")
         dtype = gr.Radio(list(planner.DTYPES), value=DEFAULTS["dtype"], label="dtype")
     with gr.Row():
-        tokens = gr.Number(DEFAULTS["tokens"], label="context (tokens)", precision=0)
-        chunk = gr.Number(DEFAULTS["chunk"], label="chunk (tokens)", precision=0)
-        memory = gr.Number(DEFAULTS["memory"], label="memory M (tokens)", precision=0)
-        sinks = gr.Number(DEFAULTS["sinks"], label="sinks", precision=0)
+        tokens = gr.Number(DEFAULTS["tokens"], label="context (tokens)", precision=0, minimum=1,
+                           maximum=MAX_SIZE_TOKENS)
+        chunk = gr.Number(DEFAULTS["chunk"], label="chunk (tokens)", precision=0, minimum=1,
+                           maximum=MAX_SIZE_TOKENS)
+        memory = gr.Number(DEFAULTS["memory"], label="memory M (tokens)", precision=0, minimum=1,
+                           maximum=MAX_SIZE_TOKENS)
+        sinks = gr.Number(DEFAULTS["sinks"], label="sinks", precision=0, minimum=0, maximum=1024)
         growth = gr.Dropdown(list(GROWTHS), value=DEFAULTS["growth"], label="growth (IM, IMDC)")
     with gr.Row():
         attention = gr.Radio(list(ATTENTIONS), value=DEFAULTS["attention"], label="attention",
@@ -271,9 +281,12 @@ def build_tab() -> dict:
             config_file = gr.File(label="config.json (choose model 'config.json (upload)')", file_types=[".json"],
                                   type="filepath")
             with gr.Column():
-                tflops = gr.Number(None, label="peak TFLOP/s (dense, 16-bit; empty: the preset's)")
-                bandwidth = gr.Number(None, label="memory bandwidth in GB/s (empty: the preset's)")
-                gpu_memory = gr.Number(None, label="GPU memory in GiB (empty: the preset's)")
+                tflops = gr.Number(None, label="peak TFLOP/s (dense, 16-bit; empty: the preset's)", minimum=0,
+                                      maximum=planner.MAX_GPU_FIGURE)
+                bandwidth = gr.Number(None, label="memory bandwidth in GB/s (empty: the preset's)", minimum=0,
+                                      maximum=planner.MAX_GPU_FIGURE)
+                gpu_memory = gr.Number(None, label="GPU memory in GiB (empty: the preset's)", minimum=0,
+                                      maximum=planner.MAX_GPU_FIGURE)
     button = gr.Button("Plan", variant="primary")
 
     inputs = [model, config_file, gpu, dtype, tokens, chunk, memory, growth, attention, schedules, sinks,
@@ -291,7 +304,9 @@ def build_tab() -> dict:
                          wrap=True, elem_id="plan-table", column_widths=TABLE_WIDTHS)
     outputs = [summary, memory_plot, time_plot, table]
     # planning is arithmetic: no queue slot to wait for, and only the latest change matters
-    quick = dict(api_visibility="private", concurrency_limit=None, trigger_mode="always_last")
+    # (bounded by memstep.schedules.MAX_STEPS; a shared limit keeps bursts from taking every worker)
+    quick = dict(api_visibility="private", concurrency_id="plan", concurrency_limit=PLAN_CONCURRENCY,
+                 trigger_mode="always_last")
     button.click(on_plan, inputs, outputs, **quick)
     triggers = [c.change for c in (model, config_file, gpu, dtype, growth, attention, schedules, keep_maps,
                                    include_weights, rope)]

@@ -13,14 +13,17 @@ import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
-from memstep.documents import tokenize_document
+from memstep.documents import tokenize_prefix, truncation_notice
 from memstep.errors import MemstepError
 from memstep.generate import prompt_parts
 from memstep.presets import ROPE_MODES
 from memstep.runner import DocumentRun
-from memstep.schedules import check_run_settings
+from memstep.schedules import GROWTHS, SCHEDULES, check_run_settings, check_steps
+from memstep.scorers import SCORERS
 
 from ui.documents import DocumentSource, needle_tokens, token_spans
+from ui.inputs import choice, whole_number
+from ui.reference import lookup, reference_key, store
 from ui.models import get_model
 
 try:  # only on Hugging Face Spaces
@@ -32,6 +35,11 @@ GPU_SECONDS = int(os.environ.get("MEMSTEP_GPU_SECONDS", "120"))
 DEFAULT_MAX_TOKENS = int(os.environ.get("MEMSTEP_MAX_TOKENS", "4096"))
 RESERVED_TOKENS = 128  # room after the document for the question and the answer
 MAX_NEW_TOKENS = 32
+# A run holds the app's only run slot: at most this many steps (the schedule math allows
+# memstep.schedules.MAX_STEPS). 256 steps = 4,096 tokens at the smallest chunk the page offers (16).
+MAX_RUN_STEPS = int(os.environ.get("MEMSTEP_MAX_RUN_STEPS", "256"))
+MAX_SINKS = 1024
+MAX_TOKENS_LIMIT = 1 << 20  # the max tokens field; the model's context cuts it further
 _model_in_use = threading.Lock()  # one prefill at a time in this process
 
 
@@ -65,31 +73,24 @@ class RunSettings:
 
 
 def settings_from(schedule, chunk, memory, growth, scorer, sinks, rope="compact", question_aware=False) -> RunSettings:
-    """Settings from the page's controls (numbers arrive as floats or None)."""
-    def whole(value, name, least):
-        if value is None or value == "":
-            raise MemstepError(f"{name} is empty: type a whole number")
-        number = int(round(float(value)))
-        if number < least:
-            raise MemstepError(f"{name} must be at least {least} (got {number})")
-        return number
-
-    return RunSettings(str(schedule or "imdc").lower(), whole(chunk, "chunk size", 1),
-                       whole(memory, "memory size", 0), growth or "linear", scorer or "chunk-attention",
-                       whole(sinks, "sinks", 0), _rope(rope), bool(question_aware) and str(schedule) != "full")
+    """Settings from the page's controls or an API call, each checked with a one-line reason."""
+    if not isinstance(question_aware, (bool, int, type(None))):
+        raise MemstepError(f"question_aware must be true or false, not {type(question_aware).__name__}")
+    name = choice(schedule, "schedule", [s for s in SCHEDULES if s != "custom"], "imdc")
+    return RunSettings(name, whole_number(chunk, "chunk size", 1), whole_number(memory, "memory size", 0),
+                       choice(growth, "growth", GROWTHS, "linear"),
+                       choice(scorer, "scorer", list(SCORERS), "chunk-attention"),
+                       whole_number(sinks, "sinks", 0, MAX_SINKS), choice(rope, "RoPE positions", ROPE_MODES, "compact"),
+                       bool(question_aware) and name != "full")
 
 
-def _rope(rope) -> str:
-    rope = str(rope or "compact")
-    if rope not in ROPE_MODES:
-        raise MemstepError(f"unknown RoPE position mode '{rope}': choose {' or '.join(ROPE_MODES)}")
-    return rope
-
-
-def check_settings(settings: RunSettings, tokens: int) -> None:
+def check_settings(settings: RunSettings, tokens: int, run: bool = True) -> None:
     """The checks DocumentRun makes on construction, for the preview (no model needed).
-    ``tokens`` counts the prompt head and the document, as the run does."""
+    ``tokens`` counts the prompt head and the document, as the run does. A run in the app
+    also keeps to MAX_RUN_STEPS (it holds the only run slot); ``run=False``: schedule math only."""
     check_run_settings(settings.schedule, tokens, settings.chunk, settings.memory, settings.sinks)
+    if run and settings.schedule != "full":
+        check_steps(tokens, settings.chunk, MAX_RUN_STEPS)
 
 
 @dataclass
@@ -112,8 +113,8 @@ class PreparedDocument:
 def document_limit(max_tokens: int | None, context: int, prefix_tokens: int) -> tuple[int, str]:
     """How many document tokens a run takes, and which limit sets it."""
     room = context - prefix_tokens - RESERVED_TOKENS
-    if max_tokens is not None and max_tokens < 1:
-        raise MemstepError(f"max tokens must be at least 1 (got {max_tokens})")
+    if max_tokens is not None:
+        max_tokens = whole_number(max_tokens, "max tokens", 1, MAX_TOKENS_LIMIT)
     if max_tokens is not None and max_tokens <= room:
         return int(max_tokens), "the max tokens setting"
     return room, f"the model's {context:,}-token context"
@@ -122,12 +123,11 @@ def document_limit(max_tokens: int | None, context: int, prefix_tokens: int) -> 
 def prepare(source: DocumentSource, tokenizer, max_tokens: int | None, context: int) -> PreparedDocument:
     """Tokenize ``source`` and cut it to ``max_tokens`` and the model's context, with a notice."""
     prefix = len(prompt_parts(tokenizer).head)
-    ids, _ = tokenize_document(source.text, tokenizer, None)
     limit, reason = document_limit(max_tokens, context, prefix)
-    notices = []
-    if len(ids) > limit:
-        notices.append(f"Document truncated from {len(ids):,} to {limit:,} tokens ({reason}).")
-        ids = ids[:limit]
+    ids, cut = tokenize_prefix(source.text, tokenizer, limit)  # never the whole of a huge text
+    if not ids:
+        raise MemstepError("The document has no tokens. Pick a document with some text in it.")
+    notices = [truncation_notice(source.text, tokenizer, ids, reason)] if cut else []
     spans = token_spans(source.text, tokenizer, ids)
     needle = needle_tokens(spans, source.needle_chars)
     if source.needle_chars is not None and needle is None:
@@ -137,7 +137,8 @@ def prepare(source: DocumentSource, tokenizer, max_tokens: int | None, context: 
 
 @gpu
 def prefill_stream(model_spec: str, ids: list[int], settings: RunSettings, question: str | None,
-                   full_reference: bool = False, notices: list[str] | None = None) -> Iterator[tuple]:
+                   full_reference: bool = False, notices: list[str] | None = None,
+                   cache_reference: bool = False) -> Iterator[tuple]:
     """Run the prefill and yield, as plain data: ("schedule", Schedule), one ("step",
     StepRecord) per step, ("result", RunResult) once the answer is in, then, when asked
     and there is a question, ("full", RunResult) of the same document with the full cache."""
@@ -154,9 +155,23 @@ def prefill_stream(model_spec: str, ids: list[int], settings: RunSettings, quest
             yield "step", record
         yield "result", run.result
         if full_reference and run.question:
-            full = DocumentRun(lm, ids, schedule="full", sinks=settings.sinks, question=run.question,
-                               max_new_tokens=MAX_NEW_TOKENS, rope=settings.rope)
-            yield "full", full.run()
+            yield "full", _reference(lm, model_spec, ids, settings, run.question, cache_reference)
     finally:
         _model_in_use.release()
 
+
+def _reference(lm, model_spec: str, ids: list[int], settings: RunSettings, question: str, cached: bool):
+    """The same document prefilled with the full cache, answered; for a bundled example
+    (``cached``) computed once and then read back (ui/reference.py)."""
+    key = reference_key(f"{model_spec}|{settings.rope}", question, ids) if cached else None
+    hit = lookup(key) if key else None
+    full = DocumentRun(lm, ids, schedule="full", sinks=settings.sinks, question=question,
+                       max_new_tokens=MAX_NEW_TOKENS, rope=settings.rope)
+    if hit is not None:
+        full.result.answer, full.result.seconds = hit["answer"], hit["seconds"]
+        full.result.notices.append("reference answer computed once for this example and cached")
+        return full.result
+    result = full.run()
+    if key:
+        store(key, result.answer or "", result.seconds)
+    return result

@@ -37,17 +37,20 @@ def above_weights(records: Sequence[StepRecord], measured: bool = False) -> int 
     return max(values) - weights if values else None
 
 
-def stat_cards(items: Sequence[tuple[str, str, str]], progress: float | None = None) -> str:
+def stat_cards(items: Sequence[tuple[str, str, str]], progress: float | None = None, summary: str = "") -> str:
     """A row of small cards: (key, label, value); ``data-stat=key`` lets tests find them.
-    ``progress`` (0..1) draws a progress bar under them."""
+    ``progress`` (0..1) draws a progress bar (role progressbar) under them; ``summary`` is
+    the charts' text alternative, read by screen readers (a polite live region)."""
     cards = "".join(
         f'<div class="memstep-stat" data-stat="{html.escape(key)}"><div class="memstep-stat-label">'
         f'{html.escape(label)}</div><div class="memstep-stat-value">{html.escape(value)}</div></div>'
         for key, label, value in items)
     bar = "" if progress is None else (
-        f'<div class="memstep-progress" data-progress="{progress:.3f}"><div style="width:{100 * progress:.1f}%">'
-        '</div></div>')
-    return f'<div class="memstep-stats">{cards}</div>{bar}'
+        f'<div class="memstep-progress" data-progress="{progress:.3f}" role="progressbar" aria-label="run progress" '
+        f'aria-valuemin="0" aria-valuemax="100" aria-valuenow="{100 * progress:.0f}">'
+        f'<div style="width:{100 * progress:.1f}%"></div></div>')
+    alt = f'<p class="memstep-sr-only" aria-live="polite">{html.escape(summary)}</p>' if summary else ""
+    return f'<div class="memstep-stats">{cards}</div>{bar}{alt}'
 
 
 @dataclass
@@ -63,7 +66,7 @@ class ComparedRun:
     needle: tuple[int, int] | None = None  # input positions
 
 
-COMPARE_HEADERS = ["run", "steps", "seconds", "× FM time", "peak measured", "peak modeled",
+COMPARE_HEADERS = ["run", "steps", "time (s)", "× FM time", "peak measured", "peak modeled",
                    "above weights", "× FM memory", "kept tokens", "passkey kept", "answer", "passkey answered"]
 COMPARE_WIDTHS = ["13%", "5%", "6%", "6%", "7%", "7%", "7%", "6%", "8%", "7%", "20%", "8%"]
 

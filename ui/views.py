@@ -146,7 +146,21 @@ def stats_html(view: RunView, step: int | None = None) -> str:
     kept = needle_kept(last, view.needle) if last is not None else None
     if view.needle is not None:
         items.append(("passkey", "passkey in memory", f"{kept:.0%} of slots" if kept is not None else "not read yet"))
-    return stat_cards(items, None if state == "replay" else len(records) / max(view.steps, 1))
+    return stat_cards(items, None if state == "replay" else len(records) / max(view.steps, 1),
+                      summary=charts_text(view, records))
+
+
+def charts_text(view: RunView, records: list[StepRecord]) -> str:
+    """The charts in words (their text alternative): sizes per step, memory kept, the passkey."""
+    if not records:
+        return f"{view.settings.label()}: {view.steps} steps planned over {view.schedule.tokens:,} tokens."
+    last = records[-1]
+    chunks = ", ".join(f"{r.chunk_size:,}" for r in records[:24])
+    kept = ", ".join(f"{r.memory_after:,}" for r in records[:24])
+    text = (f"{view.settings.label()}, after step {last.step + 1} of {view.steps}: chunks read {chunks}; memory kept "
+            f"per layer after each step {kept}; peak modeled {format_bytes(max(r.bytes_modeled for r in records))}.")
+    story = passkey_story(view, records)
+    return text + (" " + story.replace("**", "") if story else "")
 
 
 def _memory_kept(record: StepRecord | None) -> str:
@@ -178,7 +192,32 @@ def answer_markdown(view: RunView | None) -> str:
         lines += ["", f"**From the full cache (reference):** {html.escape(view.full.answer or '')}"]
         if passkey:
             lines[-1] += f" &nbsp; passkey {passkey}: **{passkey_verdict(view.full.answer, passkey)}**"
+    story = passkey_story(view)
+    if story:
+        lines += ["", story]
     notices = (view.result.notices or [])
     if notices:
         lines += ["", "*" + " ".join(html.escape(n) for n in notices) + "*"]
     return "\n".join(lines)
+
+
+def passkey_story(view: RunView, records: list[StepRecord] | None = None) -> str | None:
+    """One line on what happened to the passkey: the step that read it, and the step in which
+    it left the memory (no layer-head slot kept any of its tokens), or that it stayed."""
+    if view.needle is None or view.passkey is None:
+        return None
+    records = view.records if records is None else records
+    shares = [(r.step + 1, needle_kept(r, view.needle)) for r in records]
+    read = next((step for step, kept in shares if kept is not None), None)
+    if read is None:
+        return None
+    gone = next((step for step, kept in shares if kept is not None and kept == 0), None)
+    where = f"The passkey ({view.passkey}) was read in step {read} of {view.steps}"
+    if gone is not None:
+        return (f"**What happened to the passkey.** {where} and **left the memory in step {gone}**: after it, no "
+                "layer or KV head kept any of its tokens, so the compressed memory cannot know the number.")
+    last = shares[-1][1]
+    if view.schedule.name == "full" or last >= 0.999:
+        return f"**What happened to the passkey.** {where} and stayed: every layer-head slot still holds it."
+    return (f"**What happened to the passkey.** {where} and stayed, faintly: {last:.0%} of the layer-head slots "
+            "still hold its tokens after the last step.")

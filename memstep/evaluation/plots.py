@@ -35,7 +35,7 @@ def heatmap_figure(summary: dict, labels: list[str] | None = None, columns: int 
         z = [[None if v is None else round(100 * v) for v in row] for row in data["accuracy"]]
         fig.add_trace(go.Heatmap(
             z=z, x=[f"{n // 1024}k" if n % 1024 == 0 else str(n) for n in data["lengths"]],
-            y=[f"{round(100 * d)}%" for d in data["depths"]], zmin=0, zmax=100, colorscale="RdYlGn",
+            y=[f"{round(100 * d)}%" for d in data["depths"]], zmin=0, zmax=100, colorscale="Viridis",  # not red-green
             showscale=i == 0, colorbar={"title": "accuracy %"}, texttemplate="%{text}",
             text=[["" if v is None else str(v) for v in row] for row in z],  # not run: blank
             hovertemplate=f"{label}<br>length %{{x}}<br>depth %{{y}}<br>accuracy %{{z}}%<extra></extra>"),
@@ -66,7 +66,8 @@ def tradeoff_figure(summary: dict, length: int | None = None):
         fig.add_trace(go.Scatter(
             x=[r["peak_rss_bytes"] / 2**20 for r in group], y=[100 * r["accuracy"] for r in group],
             error_y=_wilson_bars(group),
-            mode="markers", name=kind if kind != "hf" else "HF full cache",
+            mode="markers+text", textposition="top center", textfont={"size": 10},  # labelled markers
+            name=kind if kind != "hf" else "HF full cache",
             marker={"symbol": [_symbol(r) for r in group], "color": KIND_COLORS[kind], "opacity": 0.75,
                     "size": [10 + 30 * (r["seconds"] or 0) / slowest for r in group],
                     "line": {"width": 1, "color": "black"}},

@@ -1,0 +1,40 @@
+"""Values from the page's controls and from API calls, checked with a one-line reason each.
+
+Numbers arrive as floats, ints, strings or None (and, through the API, as anything at all);
+a public app must answer every one of them with a readable message, never a traceback.
+No torch here: the Plan tab uses it too.
+"""
+
+from __future__ import annotations
+
+import math
+
+from memstep.errors import MemstepError
+from memstep.schedules import MAX_SIZE_TOKENS
+
+
+def whole_number(value, name: str, least: int, most: int = MAX_SIZE_TOKENS) -> int:
+    """A whole number from a control or an API call (numbers arrive as floats, ints or None;
+    anything else gets one readable line)."""
+    if value is None or value == "":
+        raise MemstepError(f"{name} is empty: type a whole number")
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise MemstepError(f"{name} must be a whole number, not {type(value).__name__}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise MemstepError(f"{name} must be a whole number (got {str(value)[:40]!r})") from None
+    if not math.isfinite(number) or not number.is_integer():
+        raise MemstepError(f"{name} must be a whole number (got {str(value)[:40]!r})")
+    if not least <= number <= most:
+        raise MemstepError(f"{name} must be from {least:,} to {most:,} (got {number:.6g})")
+    return int(number)
+
+
+def choice(value, name: str, choices, default: str) -> str:
+    """One of ``choices`` (case-insensitive); empty gives ``default``."""
+    if value is None or value == "":
+        return default
+    if not isinstance(value, str) or value.strip().lower() not in choices:
+        raise MemstepError(f"{name} must be one of {', '.join(choices)} (got {str(value)[:40]!r})")
+    return value.strip().lower()
