@@ -19,10 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from screenshots import shrink  # noqa: E402
+from screenshots import capture_after  # noqa: E402
 
-from ui.browser import chromium_page, open_app, serve, set_number, wait_for_plot  # noqa: E402
-from ui.layout import build_app  # noqa: E402
+from ui.browser import set_number, wait_for_plot  # noqa: E402
 
 
 def open_laco(page) -> None:
@@ -46,17 +45,14 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "assets" / "screenshots" / "compress_laco.png")
     parser.add_argument("--quick", action="store_true", help="top layers only, no measurements")
     args = parser.parse_args(argv)
-    with serve(build_app()) as url, chromium_page({"width": 1440, "height": 1000}) as page:
-        open_app(page, url)
+    def act(page):
         open_laco(page)
         if args.quick:
             set_number(page, "laco-l", 24)
             page.locator("#laco-evaluate input").uncheck()
         print(f"LaCo run: {run_laco(page):.1f} s")
-        time.sleep(1.5)
-        page.mouse.move(0, 0)
-        page.screenshot(path=str(args.out), full_page=True)
-    print(f"{args.out}: {shrink(args.out) / 1000:.0f} KB")
+
+    capture_after(act, args.out)
     return 0
 
 

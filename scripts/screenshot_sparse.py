@@ -17,9 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.screenshots import shrink  # noqa: E402
-from ui.browser import chromium_page, open_app, serve, set_number  # noqa: E402
-from ui.layout import build_app  # noqa: E402
+from scripts.screenshots import capture_after  # noqa: E402
+from ui.browser import set_number  # noqa: E402
 
 
 def open_section(page) -> None:
@@ -57,16 +56,12 @@ def main(argv=None) -> int:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args(argv)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with serve(build_app()) as url, chromium_page({"width": 1440, "height": 1000}) as page:
-        open_app(page, url)
+    def act(page):
         open_section(page)
         seconds = prune_in_app(page, args.techniques, args.samples, args.seq_len, args.steps)
         print(f"pruning: {seconds:.0f} s")
-        time.sleep(1)
-        page.mouse.move(0, 0)
-        page.screenshot(path=str(args.out), full_page=True)
-    print(f"{args.out}: {shrink(args.out) / 1000:.0f} KB")
+
+    capture_after(act, args.out, settle_s=1.0)
     return 0
 
 

@@ -40,6 +40,19 @@ def shrink(path: Path) -> int:
     return path.stat().st_size
 
 
+def capture_after(act, out: Path, settle_s: float = 1.5) -> None:
+    """Serve the app, let ``act(page)`` run something on a fresh 1440 x 1000 page, then save the
+    whole page to ``out`` (palette-quantized). Used by the Compress tab's screenshot scripts."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with serve(build_app()) as url, chromium_page({"width": 1440, "height": 1000}) as page:
+        open_app(page, url)
+        act(page)
+        time.sleep(settle_s)
+        page.mouse.move(0, 0)
+        page.screenshot(path=str(out), full_page=True)
+    print(f"{out}: {shrink(out) / 1000:.0f} KB")
+
+
 def element(page, selector: str, path: Path) -> None:
     page.locator(selector).first.scroll_into_view_if_needed()
     time.sleep(0.3)
