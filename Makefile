@@ -68,8 +68,13 @@ kvpress-venv: $(KVPRESS_VENV)/.installed
 # or scorer change, move that file away first). Wider grids: `memstep eval --help`.
 BENCH_COMMON ?= --schedules full,fm,imdc --budgets 512 --chunk 512 --ropes compact,document \
 	--depths 0.167,0.5,0.833 --peers kvpress,hf --presses snapkv,streaming-llm --output results
+# Question-aware (memstep's option and kvpress with the question at the end of the context)
+# against agnostic, for FM and IMDC with the default scorer and compact positions, at both lengths.
 BENCH_2K ?= --lengths 2048 --seeds 0,1 --scorers chunk-attention,conv,snapkv
 BENCH_8K ?= --lengths 8192 --seeds 0 --scorers chunk-attention
+BENCH_QA ?= --scorers chunk-attention --ropes compact --question-aware yes
 bench: model kvpress-venv chromium
 	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_2K) --quiet > /dev/null
-	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_8K) --readme README.md
+	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_2K) $(BENCH_QA) --quiet > /dev/null
+	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_8K) --quiet > /dev/null
+	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_8K) $(BENCH_QA) --readme README.md

@@ -107,3 +107,24 @@ def test_make_bench_runs_the_issue_grid():
     assert lengths == [8192] and cases >= 6 and haystacks >= 2
     assert sorted(labels) == sorted([f"{s} chunk-attention M=512 {rope}" for s in ("fm", "imdc")
                                      for rope in ("compact", "document")] + ["memstep full"] + peers)
+
+
+def test_make_bench_runs_question_aware_beside_agnostic():
+    """Issue 13's grid: question-aware FM and IMDC (chunk-attention, compact) and kvpress with the
+    question in the context, at 2k (12+ cases) and 8k, next to the agnostic runs of the same lengths."""
+    from memstep.cli import build_parser
+    from memstep.eval_cli import QUESTION_AWARE, _ints, _names
+    from memstep.evaluation.grid import make_grid
+
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    common, qa = _make_variable(makefile, "BENCH_COMMON"), _make_variable(makefile, "BENCH_QA")
+    assert "$(BENCH_2K) $(BENCH_QA)" in makefile and "$(BENCH_8K) $(BENCH_QA)" in makefile
+    args = build_parser().parse_args(["eval", *common.split(), *_make_variable(makefile, "BENCH_2K").split(),
+                                      *qa.split()])
+    configs = make_grid(_names(args.schedules), _names(args.scorers), _ints(args.budgets), args.chunk,
+                        _names(args.peers), _names(args.presses), _names(args.ropes),
+                        QUESTION_AWARE[args.question_aware])
+    assert sorted(c.label for c in configs if c.question_aware) == sorted([
+        "fm chunk-attention M=512 compact question-aware", "imdc chunk-attention M=512 compact question-aware",
+        "kvpress snapkv M=512 question-aware", "kvpress streaming-llm M=512 question-aware"])
+    assert len(_ints(args.seeds)) * len(_names(args.depths)) * 2 >= 12
