@@ -71,15 +71,24 @@ def _two_lines(text: str, limit: int) -> str:
     return f"{head}<br>({rest}" if sep else text
 
 
+# Extra height for a chart with a legend: the legend sits at the foot of the figure and wraps to
+# several rows on a phone (390 px), and the plot area must stay readable there.
+LEGEND_ROOM = 70
+
+
 def _style(fig: go.Figure, title: str, height: int, xtitle: str, ytitle: str) -> go.Figure:
-    title = _two_lines(title, 44)
+    title = _two_lines(title, 40)
     xtitle = _two_lines(xtitle, 30)
     fig.update_layout(
         template="plotly_white", height=height, font=FONT, hovermode="closest",
-        title=dict(text=title, x=0.0, xanchor="left", xref="paper", y=1.0, yanchor="top", pad=dict(t=10),
+        # from the figure's left edge, not the plot's: a phone has no width to spare
+        title=dict(text=title, x=0.0, xanchor="left", xref="container", y=1.0, yanchor="top", pad=dict(t=16, l=12),
                    font=dict(size=14)),
         margin=dict(l=64, r=24, t=76, b=56),
-        legend=dict(orientation="h", yanchor="bottom", y=1.01, xanchor="right", x=1.0,
+        # below the x-axis title, at the foot of the figure: a legend that wraps to several
+        # rows on a phone then grows downwards (the margin makes room), never into the title
+        legend=dict(orientation="h", yref="container", y=0.0, yanchor="bottom", xref="container", x=0.0,
+                    xanchor="left",
                     font=dict(size=11), bgcolor="rgba(255,255,255,0)"),
         paper_bgcolor="white", plot_bgcolor="white",
     )
@@ -114,7 +123,7 @@ def placeholder_figure(message: str, title: str = "", height: int = 300) -> go.F
 
 
 def schedule_figure(schedule: Schedule, sinks: int, done: int | None = None, current: int | None = None,
-                    title: str | None = None, height: int = 320) -> go.Figure:
+                    title: str | None = None, height: int = 320 + LEGEND_ROOM) -> go.Figure:
     """Chunk size and memory per step, from the schedule math alone.
 
     Bars stack the memory held before the step and the chunk read in it (together: what the
@@ -249,7 +258,7 @@ def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, 
 
 
 def memory_figure(records: Sequence[StepRecord], steps: int, include_weights: bool = False,
-                  height: int = 300) -> go.Figure:
+                  height: int = 300 + LEGEND_ROOM) -> go.Figure:
     """Peak bytes per step: modeled always (stacked by component), measured where the
     device can measure it (a line). Without ``include_weights`` the constant weights are
     left out of the bars and subtracted from the measured peak, so the parts that change
