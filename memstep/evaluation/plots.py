@@ -17,7 +17,27 @@ KIND_COLORS = {"memstep": "#0072B2", "kvpress": "#D55E00", "hf": "#009E73"}
 ROPE_SYMBOLS = {"compact": "circle", "document": "circle-open", None: "circle"}
 
 
-def heatmap_figure(summary: dict, labels: list[str] | None = None, columns: int = 4):
+def _wrap(text: str, width: int) -> str:
+    """A panel title broken at spaces into lines of about ``width`` characters: the figure
+    is built without knowing the screen, and a phone (390 px) has no room for long titles."""
+    import textwrap
+
+    return "<br>".join(textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)) or text
+
+
+# Horizontal legend (or colour bar) at the foot of the figure, below the x-axis titles: it
+# may wrap to several rows on a phone and then grows downwards, never into a title.
+FOOT = {"orientation": "h", "xref": "container", "x": 0.0, "xanchor": "left", "yref": "container", "y": 0.0,
+        "yanchor": "bottom"}
+
+
+def _title(text: str) -> dict:
+    """The figure's title at its top-left corner, so the panels below can count on the space."""
+    return {"text": text, "xref": "container", "x": 0.0, "xanchor": "left", "yref": "container", "y": 1.0,
+            "yanchor": "top", "pad": {"t": 16, "l": 12}}
+
+
+def heatmap_figure(summary: dict, labels: list[str] | None = None, columns: int = 3):
     """Needle-in-a-haystack accuracy, depth (rows) x length (columns), one panel per configuration."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -28,22 +48,23 @@ def heatmap_figure(summary: dict, labels: list[str] | None = None, columns: int 
         return _empty("no passkey results yet")
     columns = max(1, min(columns, len(labels)))
     rows = -(-len(labels) // columns)
-    fig = make_subplots(rows=rows, cols=columns, subplot_titles=labels, horizontal_spacing=0.04,
-                        vertical_spacing=min(0.12, 0.5 / rows))
+    fig = make_subplots(rows=rows, cols=columns, subplot_titles=[_wrap(label, 14) for label in labels],
+                        shared_yaxes=True, horizontal_spacing=0.03, vertical_spacing=min(0.14, 0.6 / rows))
     for i, label in enumerate(labels):
         data = maps[label]
         z = [[None if v is None else round(100 * v) for v in row] for row in data["accuracy"]]
         fig.add_trace(go.Heatmap(
             z=z, x=[f"{n // 1024}k" if n % 1024 == 0 else str(n) for n in data["lengths"]],
             y=[f"{round(100 * d)}%" for d in data["depths"]], zmin=0, zmax=100, colorscale="Viridis",  # not red-green
-            showscale=i == 0, colorbar={"title": "accuracy %"}, texttemplate="%{text}",
+            showscale=i == 0, colorbar={**FOOT, "title": {"text": "accuracy %", "side": "top"}, "thickness": 10,
+                                        "len": 0.6, "x": 0.5, "xanchor": "center"}, texttemplate="%{text}",
             text=[["" if v is None else str(v) for v in row] for row in z],  # not run: blank
             hovertemplate=f"{label}<br>length %{{x}}<br>depth %{{y}}<br>accuracy %{{z}}%<extra></extra>"),
             row=i // columns + 1, col=i % columns + 1)
     fig.update_yaxes(autorange="reversed")
     fig.update_annotations(font_size=11)
-    fig.update_layout(title="Passkey accuracy: needle depth x haystack length", height=230 * rows + 80,
-                      margin={"l": 40, "r": 20, "t": 70, "b": 30})
+    fig.update_layout(title=_title("Passkey accuracy:<br>needle depth x haystack length"), height=230 * rows + 200,
+                      margin={"l": 40, "r": 20, "t": 125, "b": 30})
     return fig
 
 
@@ -75,10 +96,11 @@ def tradeoff_figure(summary: dict, length: int | None = None):
             customdata=[[r["seconds"] or 0, r["nll_gap"] if r["nll_gap"] is not None else float("nan")] for r in group],
             hovertemplate="%{text}<br>peak %{x:.0f} MiB<br>accuracy %{y:.0f}%<br>%{customdata[0]:.1f} s"
                           "<br>NLL gap %{customdata[1]:.3f}<extra></extra>"))
-    fig.update_layout(title=f"Quality vs peak memory vs seconds at {length} tokens<br><sup>marker size = seconds; "
-                            "bars: 95% Wilson interval; memstep open = document RoPE positions</sup>",
+    fig.update_layout(title=_title(f"Quality vs peak memory vs seconds<br>at {length} tokens<br><sup>marker size = "
+                                   "seconds; bars: 95% Wilson interval;<br>memstep open = document RoPE positions</sup>"),
+                      legend=FOOT,
                       xaxis_title="peak resident memory of the worker (MiB)", yaxis_title="passkey accuracy (%)",
-                      yaxis_range=[-5, 105], height=480, margin={"l": 60, "r": 20, "t": 60, "b": 50})
+                      yaxis_range=[-5, 105], height=540, margin={"l": 60, "r": 20, "t": 110, "b": 50})
     return fig
 
 
@@ -108,10 +130,11 @@ def intervals_figure(summary: dict, lengths: list[int] | None = None):
     if not lengths:
         return _empty("no results yet")
     counts = [sum(1 for r in rows if r["length"] == n) for n in lengths]
-    titles = [t for n in lengths for t in (f"{n} tokens: passkey accuracy %, 95% Wilson interval",
-                                           f"{n} tokens: NLL gap to the full cache, 95% t interval")]
+    # three short lines each: side by side they must fit a phone's narrow panels
+    titles = [t for n in lengths for t in (f"{n} tokens:<br>accuracy %<br>(95% Wilson)",
+                                           f"{n} tokens:<br>NLL gap<br>(95% t)")]
     fig = make_subplots(rows=len(lengths), cols=2, shared_yaxes=True, horizontal_spacing=0.03,
-                        vertical_spacing=0.3 / len(lengths), row_heights=counts, subplot_titles=titles)
+                        vertical_spacing=0.5 / len(lengths), row_heights=counts, subplot_titles=titles)
     shown = set()
     for i, length in enumerate(lengths, start=1):
         at = [r for r in rows if r["length"] == length]
@@ -121,15 +144,15 @@ def intervals_figure(summary: dict, lengths: list[int] | None = None):
                 continue
             _interval_traces(fig, go, group, kind, i, kind not in shown)
             shown.add(kind)
-        fig.update_yaxes(categoryorder="array", categoryarray=[r["label"] for r in at][::-1], automargin=True,
+        fig.update_yaxes(categoryorder="array", categoryarray=[r["label"] for r in at][::-1], automargin=True, tickfont_size=10,
                          row=i, col=1)
         fig.update_xaxes(range=[-5, 105], row=i, col=1)
         fig.add_vline(x=0, line={"color": "grey", "width": 1, "dash": "dot"}, row=i, col=2)
-    fig.update_annotations(font_size=12)
-    fig.update_layout(title="Quality with 95% intervals (filled = compact RoPE positions, open = document)",
-                      height=160 + 24 * sum(counts) + 50 * len(lengths), margin={"l": 20, "r": 20, "t": 80, "b": 40},
-                      legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 0.99, "yanchor": "top",
-                              "yref": "container"})
+    fig.update_annotations(font_size=10)
+    fig.update_layout(title=_title("Quality with 95% intervals<br><sup>passkey accuracy; NLL gap to the full cache;"
+                                   "<br>filled = compact RoPE positions, open = document</sup>"),
+                      height=240 + 24 * sum(counts) + 90 * len(lengths), margin={"l": 20, "r": 20, "t": 150, "b": 40},
+                      legend=FOOT)
     return fig
 
 
