@@ -34,7 +34,7 @@ def test_heatmap_figure_has_one_panel_per_configuration(summary):
     fig = plots.heatmap_figure(summary)
     heatmaps = [t for t in fig.data if t.type == "heatmap"]
     assert len(heatmaps) == 4
-    imdc = heatmaps[[a.text for a in fig.layout.annotations].index("imdc ca M=512")]
+    imdc = heatmaps[[a.text.replace("<br>", " ") for a in fig.layout.annotations].index("imdc ca M=512")]
     assert list(imdc.y) == ["10%", "50%", "90%"] and list(imdc.x) == ["1k", "8k"]
     assert [list(row) for row in imdc.z] == [[100, 100], [0, 0], [100, 100]]
     assert sum(1 for t in heatmaps if t.showscale) == 1
@@ -126,3 +126,23 @@ def test_build_tab_inside_blocks(tmp_path, monkeypatch, summary):
     assert set(parts) == {"status", "heatmaps", "tradeoff", "table", "goals", "intervals"}
     assert "Goal 1" in parts["goals"].value and "Paired differences" in parts["goals"].value
     assert parts["table"].headers[3] == "passkey accuracy (95% CI)"
+
+
+def test_evaluate_figures_fit_a_phone(summary):
+    """Built without knowing the screen: legends and the colour bar sit at the figure's foot
+    (growing downwards when they wrap), and panel titles come in short lines that fit a
+    phone's narrow panels side by side."""
+    heatmaps, tradeoff, intervals = (plots.heatmap_figure(summary), plots.tradeoff_figure(summary),
+                                     plots.intervals_figure(summary))
+    for legend in (tradeoff.layout.legend, intervals.layout.legend,
+                   next(t for t in heatmaps.data if t.showscale).colorbar):
+        assert (legend.orientation, legend.yref, legend.y, legend.yanchor) == ("h", "container", 0, "bottom")
+    for fig in (heatmaps, tradeoff, intervals):
+        assert (fig.layout.title.yref, fig.layout.title.y, fig.layout.title.yanchor) == ("container", 1, "top")
+    for fig in (heatmaps, intervals):
+        lines = [line for a in fig.layout.annotations for line in a.text.split("<br>")]
+        assert lines and max(map(len, lines)) <= 16, lines
+    long = {"heatmaps": {"kvpress streaming-llm M=512": {"lengths": [1024], "depths": [0.5], "accuracy": [[1.0]]}},
+            "rows": []}
+    assert plots.heatmap_figure(long, labels=["kvpress streaming-llm M=512"]).layout.annotations[0].text == \
+        "kvpress<br>streaming-llm<br>M=512"

@@ -246,3 +246,33 @@ def test_layer_memory_figure_draws_each_layers_entries_and_budget():
     assert list(budgets.y) == [79, 214, 214]  # budget + 4 sinks
     assert "after step 2" in fig.layout.title.text
     assert figures.layer_memory_figure(None, 4).layout.annotations  # placeholder before a step
+
+
+def _at_the_foot(legend) -> bool:
+    """A horizontal legend anchored at the bottom edge of the whole figure: wrapping to more
+    rows (a phone) grows it downwards into the margin, never up into the title band."""
+    return (legend.orientation == "h" and legend.yref == "container" and legend.y == 0
+            and legend.yanchor == "bottom" and legend.xref == "container")
+
+
+def test_legends_sit_at_the_foot_and_titles_fit_a_phone(imdc):
+    records = fake_records(imdc, measured=100 * MIB)
+    charts = [figures.schedule_figure(imdc, sinks=4, done=imdc.steps),
+              figures.retained_map_figure(records, imdc.tokens, imdc.steps),
+              figures.memory_figure(records, imdc.steps), figures.seconds_figure(records, imdc.steps),
+              figures.placeholder_figure("run to see", "Memory per step")]
+    for fig in charts:
+        assert _at_the_foot(fig.layout.legend), fig.layout.title.text
+        title = fig.layout.title
+        assert (title.yref, title.y, title.yanchor, title.xref, title.x) == ("container", 1, "top", "container", 0)
+        # 14 px text: about 40 characters fit a 390 px phone's chart
+        assert max(len(line) for line in title.text.split("<br>")) <= 40, title.text
+    # the charts with a legend get room for it to wrap on a phone
+    assert charts[0].layout.height == 320 + figures.LEGEND_ROOM and charts[2].layout.height == 300 + figures.LEGEND_ROOM
+    assert any(t.showlegend is not False for t in charts[0].data)
+
+
+def test_a_long_title_is_broken_into_lines_a_phone_can_show():
+    assert figures._two_lines("Retained tokens: what memory holds after each step", 40) == \
+        "Retained tokens:<br>what memory holds after each step"
+    assert figures._two_lines("short", 40) == "short"

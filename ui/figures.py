@@ -82,7 +82,8 @@ def _style(fig: go.Figure, title: str, height: int, xtitle: str, ytitle: str) ->
     fig.update_layout(
         template="plotly_white", height=height, font=FONT, hovermode="closest",
         # from the figure's left edge, not the plot's: a phone has no width to spare
-        title=dict(text=title, x=0.0, xanchor="left", xref="container", y=1.0, yanchor="top", pad=dict(t=16, l=12),
+        title=dict(text=title, x=0.0, xanchor="left", xref="container", y=1.0, yref="container", yanchor="top",
+                   pad=dict(t=16, l=12),
                    font=dict(size=14)),
         margin=dict(l=64, r=24, t=76, b=56),
         # below the x-axis title, at the foot of the figure: a legend that wraps to several
