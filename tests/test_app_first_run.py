@@ -49,6 +49,24 @@ def test_run_and_stop_are_visible_and_ctrl_enter_runs_the_story(page, artifacts_
     assert "chunks read" in page.locator("#stats .memstep-sr-only").inner_text()  # the charts in words
     assert stat(page, "steps").split(" / ")[0] == stat(page, "steps").split(" / ")[1]
     page.screenshot(path=str(artifacts_dir / f"first_run_{page.viewport_name}.png"), full_page=True)
+    for plot in ("sizes-plot", "retained-plot", "memory-plot", "seconds-plot"):
+        wait_for_plot(page, plot)
+        assert not _legend_over_title(page, plot), plot
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"] and \
+        a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"]
+
+
+def _legend_over_title(page, elem_id: str) -> list:
+    """Pairs of a chart's legend and title boxes that intersect (issue 12: on a phone a
+    wrapped legend covered the title), and legends that run into the plotting area."""
+    plot = page.locator(f"#{elem_id} .js-plotly-plot")
+    titles = [b for b in (e.bounding_box() for e in plot.locator(".gtitle").all()) if b]
+    legends = [b for b in (e.bounding_box() for e in plot.locator(".legend").all()) if b]
+    areas = [b for b in (e.bounding_box() for e in plot.locator(".nsewdrag").all()) if b]
+    return [(legend, other) for legend in legends for other in titles + areas if _overlap(legend, other)]
 
 
 def test_tables_scroll_sideways_instead_of_stacking_headers(page, artifacts_dir):
