@@ -55,7 +55,7 @@ def test_schedule_figure_draws_the_schedule_math(imdc):
     kept = next(t for t in fig.data if t.name == "kept after the step")
     assert list(kept.y) == [a for _, a in lengths]
     peak = max(b + c for (b, _), c in zip(lengths, imdc.chunk_sizes))
-    assert any(f"peak memory + chunk: {peak:,}" in a.text for a in fig.layout.annotations)
+    assert any(f"peak memory + chunk: {peak:,}" in a.text.replace("<br>", " ") for a in fig.layout.annotations)
     assert all(o == 1.0 for o in bars["chunk"].marker.opacity)  # a preview: nothing faded
     assert not fig.layout.shapes  # and no step highlighted
 

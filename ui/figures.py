@@ -159,7 +159,8 @@ def schedule_figure(schedule: Schedule, sinks: int, done: int | None = None, cur
                         hoverinfo="skip")
     peak = int(np.argmax(held))
     right = peak + 1 > (n + 1) / 2 and n > 1  # keep the label inside the plot
-    fig.add_annotation(x=peak + 1, y=held[peak], text=f"peak memory + chunk: {held[peak]:,}",
+    # two short lines: on a phone one long line ran off the right edge
+    fig.add_annotation(x=peak + 1, y=held[peak], text=f"peak memory<br>+ chunk: {held[peak]:,}",
                        showarrow=True, arrowhead=2, arrowcolor=COLORS["peak"], ax=-30 if right else 30, ay=-24,
                        xanchor="right" if right else "left",
                        font=dict(color=COLORS["peak"], size=11), bgcolor="rgba(255,255,255,0.85)")
