@@ -260,7 +260,8 @@ def test_legends_sit_at_the_foot_and_titles_fit_a_phone(imdc):
     charts = [figures.schedule_figure(imdc, sinks=4, done=imdc.steps),
               figures.retained_map_figure(records, imdc.tokens, imdc.steps),
               figures.memory_figure(records, imdc.steps), figures.seconds_figure(records, imdc.steps),
-              figures.placeholder_figure("run to see", "Memory per step")]
+              figures.placeholder_figure("run to see", "Memory per step"),
+              figures.compare_sizes_figure([("FM c512 M512", records), ("IMDC c512 M512", records)])]
     for fig in charts:
         assert _at_the_foot(fig.layout.legend), fig.layout.title.text
         title = fig.layout.title

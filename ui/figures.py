@@ -68,7 +68,10 @@ def _two_lines(text: str, limit: int) -> str:
     if " · " in text:
         return text.replace(" · ", "<br>")
     head, sep, rest = text.partition(" (")
-    return f"{head}<br>({rest}" if sep else text
+    if sep:
+        return f"{head}<br>({rest}"
+    head, sep, rest = text.partition(", ")
+    return f"{head},<br>{rest}" if sep else text
 
 
 # Extra height for a chart with a legend: the legend sits at the foot of the figure and wraps to
@@ -330,14 +333,13 @@ def _over_document(records: Sequence[StepRecord], values: Sequence[float | None]
 
 def _compare_style(fig: go.Figure, title: str, height: int, xtitle: str, ytitle: str) -> go.Figure:
     _style(fig, title, height, xtitle, ytitle)
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0.0),
-                      margin=dict(t=48, b=110))
     fig.update_xaxes(rangemode="tozero")
     fig.update_yaxes(rangemode="tozero")
     return fig
 
 
-def compare_sizes_figure(runs: Sequence[tuple[str, Sequence[StepRecord]]], height: int = 400) -> go.Figure:
+def compare_sizes_figure(runs: Sequence[tuple[str, Sequence[StepRecord]]],
+                         height: int = 400 + LEGEND_ROOM) -> go.Figure:
     """Compared runs overlaid along the document: over each step's chunk, the memory +
     chunk the step holds (solid) and the memory kept after it (dotted), one colour per run."""
     if not any(records for _, records in runs):
@@ -357,7 +359,8 @@ def compare_sizes_figure(runs: Sequence[tuple[str, Sequence[StepRecord]]], heigh
                           "document position of the step's chunk (tokens)", "tokens (cache entries per layer)")
 
 
-def compare_memory_figure(runs: Sequence[tuple[str, Sequence[StepRecord]]], height: int = 400) -> go.Figure:
+def compare_memory_figure(runs: Sequence[tuple[str, Sequence[StepRecord]]],
+                          height: int = 400 + LEGEND_ROOM) -> go.Figure:
     """Compared runs' peak bytes per step above the weights, along the document: modeled
     (solid), measured where the device can measure it (dashed)."""
     if not any(records for _, records in runs):
