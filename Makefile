@@ -73,7 +73,7 @@ BENCH_COMMON ?= --schedules full,fm,imdc --budgets 512 --chunk 512 --ropes compa
 BENCH_2K ?= --lengths 2048 --seeds 0,1 --scorers chunk-attention,conv,snapkv
 BENCH_8K ?= --lengths 8192 --seeds 0 --scorers chunk-attention
 BENCH_QA ?= --scorers chunk-attention --ropes compact --question-aware yes
-bench: model kvpress-venv chromium
+bench: install-dev model kvpress-venv chromium  # install-dev: kaleido writes the PNG plots
 	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_2K) --quiet > /dev/null
 	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_2K) $(BENCH_QA) --quiet > /dev/null
 	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_8K) --quiet > /dev/null

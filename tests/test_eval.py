@@ -487,3 +487,22 @@ def test_refresh_readme_replaces_only_the_block(tmp_path):
     readme.write_text("no markers")
     with pytest.raises(MemstepError, match="markers"):
         report.refresh_readme(readme, "x")
+
+
+def test_goals_compare_like_with_like_question_aware_included():
+    from memstep.evaluation.metrics import goals
+
+    def row(kind, schedule, aware, accuracy, label):
+        config = Config(kind, schedule, "linear" if schedule == "imdc" else None, "chunk-attention"
+                        if kind == "memstep" else "snapkv", 512, 512 if kind == "memstep" else None,
+                        "compact" if kind == "memstep" else None, aware).to_dict()
+        return {"config": config, "label": label, "length": 2048, "accuracy": accuracy, "cells": 12,
+                "peak_rss_bytes": 100, "working_rss_bytes": 10, "seconds": 1.0}
+
+    rows = [row("memstep", "imdc", False, 0.0, "imdc"), row("memstep", "fm", False, 0.0, "fm"),
+            row("memstep", "imdc", True, 1.0, "imdc qa"), row("memstep", "fm", True, 1.0, "fm qa"),
+            row("kvpress", "full", False, 0.0, "press"), row("kvpress", "full", True, 0.0, "press qa")]
+    result = goals(rows)
+    assert [(g["imdc"], g["fm"]) for g in result["imdc_vs_fm_accuracy"]] == [("imdc", "fm"), ("imdc qa", "fm qa")]
+    assert [(g["imdc"], g["kvpress"]) for g in result["imdc_vs_kvpress_memory"]] == [
+        ("imdc", "press"), ("imdc qa", "press qa")]

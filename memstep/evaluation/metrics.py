@@ -112,10 +112,11 @@ def _differs_in(a: dict, b: dict) -> set[str]:
 
 def contrasts(cells: list[dict], rows: list[dict]) -> list[dict]:
     """Paired comparisons on the cases both ran, between memstep configurations at the same
-    length that differ in one setting: RoPE positions (compact - document) and the scorer
-    (each other scorer - chunk-attention). Accuracy as the discordant pairs (the cases one
-    answers and the other does not), the NLL as the mean per-case difference with its 95% t
-    interval (negative: the first configuration predicts the held-out prose better)."""
+    length that differ in one setting: RoPE positions (compact - document), the scorer
+    (each other scorer - chunk-attention) and question-aware - agnostic. Accuracy as the
+    discordant pairs (the cases one answers and the other does not), the NLL as the mean
+    per-case difference with its 95% t interval (negative: the first configuration predicts
+    the held-out prose better)."""
     by_case = defaultdict(dict)
     for cell in cells:
         by_case[(cell["label"], cell["length"])][case_of(cell)] = cell
@@ -124,10 +125,11 @@ def contrasts(cells: list[dict], rows: list[dict]) -> list[dict]:
     for a in memstep:
         for b in memstep:
             differs = _differs_in(a["config"], b["config"])
-            if a["length"] != b["length"] or differs not in ({"rope"}, {"scorer"}):
+            if a["length"] != b["length"] or differs not in ({"rope"}, {"scorer"}, {"question_aware"}):
                 continue
             axis = differs.pop()
-            if (a["config"][axis], b["config"][axis]) != ("compact", "document") and \
+            pair = (a["config"].get(axis), b["config"].get(axis))
+            if pair not in (("compact", "document"), (True, None), (True, False)) and \
                     not (axis == "scorer" and b["config"]["scorer"] == DEFAULT_SCORER):
                 continue
             first, second = by_case[(a["label"], a["length"])], by_case[(b["label"], b["length"])]
@@ -155,8 +157,7 @@ def goals(rows: list[dict]) -> dict:
     for imdc in (r for r in memstep if r["config"]["schedule"] == "imdc"):
         for fm in memstep:
             c, f = imdc["config"], fm["config"]
-            if f["schedule"] == "fm" and (f["scorer"], f["budget"], f["chunk"], f.get("rope")) \
-                    == (c["scorer"], c["budget"], c["chunk"], c.get("rope")) \
+            if f["schedule"] == "fm" and _like(f) == _like(c) \
                     and fm["length"] == imdc["length"] and c["growth"] in (None, "linear"):
                 points = 100 * (imdc["accuracy"] - fm["accuracy"])
                 accuracy.append({"imdc": imdc["label"], "fm": fm["label"], "length": imdc["length"],
@@ -167,7 +168,8 @@ def goals(rows: list[dict]) -> dict:
     memory = []
     for imdc in (r for r in memstep if r["config"]["schedule"] == "imdc" and r["length"] == longest):
         for press in (r for r in rows if r["config"]["kind"] == "kvpress" and r["length"] == longest
-                      and r["config"]["budget"] == imdc["config"]["budget"]):
+                      and r["config"]["budget"] == imdc["config"]["budget"]
+                      and bool(r["config"].get("question_aware")) == bool(imdc["config"].get("question_aware"))):
             peak_ratio = _ratio(imdc["peak_rss_bytes"], press["peak_rss_bytes"])
             working_ratio = _ratio(imdc["working_rss_bytes"], press["working_rss_bytes"])
             time_ratio = _ratio(imdc["seconds"], press["seconds"])
@@ -176,6 +178,13 @@ def goals(rows: list[dict]) -> dict:
                            "peak_ratio": peak_ratio, "working_ratio": working_ratio, "seconds_ratio": time_ratio,
                            "met": _met(peak_ratio, time_ratio), "met_above_baseline": _met(working_ratio, time_ratio)})
     return {"imdc_vs_fm_accuracy": accuracy, "imdc_vs_kvpress_memory": memory}
+
+
+def _like(config: dict) -> tuple:
+    """What IMDC and FM must share to be compared: scorer, budget, chunk, RoPE positions and
+    whether the question scored the steps."""
+    return (config["scorer"], config["budget"], config["chunk"], config.get("rope"),
+            bool(config.get("question_aware")))
 
 
 def _met(memory_ratio, time_ratio) -> bool | None:
