@@ -142,6 +142,13 @@ def test_evaluate_figures_fit_a_phone(summary):
     for fig in (heatmaps, intervals):
         lines = [line for a in fig.layout.annotations for line in a.text.split("<br>")]
         assert lines and max(map(len, lines)) <= 16, lines
+    ticks = [line for axis in (intervals.layout.yaxis, intervals.layout.yaxis3) for text in axis.ticktext
+             for line in text.split("<br>")]
+    assert ticks and max(map(len, ticks)) <= 28, ticks  # configuration names on short lines
+    assert intervals.layout.yaxis.tickmode == "array" and set(intervals.layout.yaxis.tickvals) <= set(
+        r["label"] for r in summary["rows"])
+    assert plots._wrap("imdc chunk-attention M=512 compact question-aware", 28) == \
+        "imdc chunk-attention M=512<br>compact question-aware"
     long = {"heatmaps": {"kvpress streaming-llm M=512": {"lengths": [1024], "depths": [0.5], "accuracy": [[1.0]]}},
             "rows": []}
     assert plots.heatmap_figure(long, labels=["kvpress streaming-llm M=512"]).layout.annotations[0].text == \

@@ -144,14 +144,16 @@ def intervals_figure(summary: dict, lengths: list[int] | None = None):
                 continue
             _interval_traces(fig, go, group, kind, i, kind not in shown)
             shown.add(kind)
-        fig.update_yaxes(categoryorder="array", categoryarray=[r["label"] for r in at][::-1], automargin=True, tickfont_size=10,
-                         row=i, col=1)
+        # long configuration names on two lines: on one they would take a phone's width
+        fig.update_yaxes(categoryorder="array", categoryarray=[r["label"] for r in at][::-1], automargin=True,
+                         tickfont_size=10, tickmode="array", tickvals=[r["label"] for r in at],
+                         ticktext=[_wrap(r["label"], 28) for r in at], row=i, col=1)
         fig.update_xaxes(range=[-5, 105], row=i, col=1)
         fig.add_vline(x=0, line={"color": "grey", "width": 1, "dash": "dot"}, row=i, col=2)
     fig.update_annotations(font_size=10)
     fig.update_layout(title=_title("Quality with 95% intervals<br><sup>passkey accuracy; NLL gap to the full cache;"
                                    "<br>filled = compact RoPE positions, open = document</sup>"),
-                      height=240 + 24 * sum(counts) + 90 * len(lengths), margin={"l": 20, "r": 20, "t": 150, "b": 40},
+                      height=240 + 28 * sum(counts) + 90 * len(lengths), margin={"l": 20, "r": 20, "t": 150, "b": 40},
                       legend=FOOT)
     return fig
 
