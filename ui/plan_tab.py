@@ -201,7 +201,9 @@ def headline(plans: dict[str, planner.Plan]) -> str:
             change = f"{saved:.1%} saved" if saved >= 0 else f"{-saved:.1%} more"
             lines.append(f"**{SCHEDULE_LABELS[name]}** vs FM: {p.peak_bytes / fm.peak_bytes:.3f}x peak memory "
                          f"({change}), {fm.seconds / p.seconds:.2f}x speed.")
-    notices = dict.fromkeys(n for p in plans.values() for n in p.notices)
+    # each schedule's own notices, named (a notice repeated word for word is shown once)
+    notices = dict.fromkeys(f"{SCHEDULE_LABELS.get(name, name)}: {n}" if not n.startswith(name.upper()) else n
+                            for name, p in plans.items() for n in p.notices)
     lines += [f"⚠ {n}" for n in notices]
     return "\n\n".join(lines)
 
