@@ -51,9 +51,52 @@ def test_padded_attention_equals_the_chunk_rows_of_full_attention():
         torch.testing.assert_close(sums[key], one_pass[key], **EXACT)
 
 
+def masked_reference(q, k, v, scaling):
+    """Lower-right causal attention written out in float64 with repeated KV heads."""
+    rows, keys = q.shape[2], k.shape[2]
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.double().repeat_interleave(groups, 1), v.double().repeat_interleave(groups, 1)
+    logits = q.double() @ k.transpose(-1, -2) * scaling
+    hidden = torch.ones(rows, keys, dtype=torch.bool).tril(keys - rows).logical_not()
+    return torch.softmax(logits.masked_fill(hidden, float("-inf")), dim=-1) @ v
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (4, 4), (6, 1), (9, 3)], ids=["gqa", "mha", "mqa", "gqa3"])
+@pytest.mark.parametrize("rows,memory", [(11, 9), (5, 1), (2, 300), (40, 3)])
+def test_split_cpu_attention_equals_lower_right_causal(heads, kv_heads, rows, memory, dtype, tolerance):
+    """The CPU path of a step that needs no scores: the memory part and the causal square as
+    two flash calls merged by log-sum-exp, against the attention written out; the queries
+    arrive transposed, as the model's projection hands them over."""
+    q, k, v = tensors(heads, kv_heads, rows, memory, seed=rows + memory)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    expected = masked_reference(q, k, v, 0.3)
+    out = attention.split_lower_right(q.to(dtype), k.to(dtype), v.to(dtype), 0.3)
+    assert out is not None and out.dtype == dtype and out.shape == q.shape
+    torch.testing.assert_close(out.double(), expected, rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(attention.sdpa_lower_right(q, k, v, 0.3).double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_split_attention_steps_aside_where_the_kernel_is_missing_or_refuses(monkeypatch):
+    q, k, v = tensors(4, 2, rows=6, memory=10)
+    expected = masked_reference(q, k, v, 0.3)
+    monkeypatch.setattr(attention, "_flash_cpu", None)  # a torch without the CPU flash kernel
+    assert attention.split_lower_right(q, k, v, 0.3) is None
+    torch.testing.assert_close(attention.sdpa_lower_right(q, k, v, 0.3).double(), expected, rtol=1e-5, atol=1e-6)
+
+    def refuses(*args, **kwargs):
+        raise RuntimeError("not for these inputs")
+
+    monkeypatch.setattr(attention, "_flash_cpu", refuses)
+    assert attention.split_lower_right(q, k, v, 0.3) is None
+    torch.testing.assert_close(attention.sdpa_lower_right(q, k, v, 0.3).double(), expected, rtol=1e-5, atol=1e-6)
+    assert attention.split_lower_right(q.double(), k.double(), v.double(), 0.3) is None  # dtype the kernel lacks
+
+
 def test_fallbacks_without_the_causal_bias_or_native_gqa(monkeypatch):
     q, k, v = tensors(4, 2, rows=6, memory=10)
     expected = attention.sdpa_lower_right(q, k, v, 0.3)
+    monkeypatch.setattr(attention, "_flash_cpu", None)  # SDPA's own paths, as on other devices
     monkeypatch.setattr(attention, "causal_lower_right", None)  # an older torch: an explicit mask
     torch.testing.assert_close(attention.sdpa_lower_right(q, k, v, 0.3), expected, **EXACT)
     real = torch.nn.functional.scaled_dot_product_attention
