@@ -8,8 +8,10 @@ and transformers builds no chunk x keys mask. GQA runs natively (no repeated KV 
 
 Three ways to compute it, chosen per layer and step by the engine (``module.memstep``, a
 ``StepContext``):
-- plain: SDPA with a lower-right causal bias, when no scores are needed (no eviction in
-  this layer and step, or a scorer that reads no attention);
+- plain, when no scores are needed (no eviction in this layer and step, or a scorer that
+  reads no attention): on CPU two calls of the flash kernel behind SDPA, the memory part
+  (nothing hidden) and the chunk's causal square, merged by their log-sum-exp, so the hidden
+  half of the square is never computed; elsewhere SDPA with a lower-right causal bias;
 - one pass: when the layer is about to be cut by an attention-based scorer, each block
   of query rows computes its logits once, and from the same probabilities both the output
   and each key's column sums (what the scorers need): the query-key product is not
@@ -31,7 +33,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 NAME = "memstep"
-BLOCKS = {"cpu": 128, "cuda": 1024, "mps": 512}  # query rows per block of the one-pass attention
+BLOCKS = {"cpu": 32, "cuda": 1024, "mps": 512}  # query rows per block of the one-pass attention
+# (CPU: a block of a KV group's logits stays in the core's L2 at c = M = 512: measured fastest)
 
 try:  # torch >= 2.3: a lower-right causal bias that SDPA understands without a materialized mask
     from torch.nn.attention.bias import causal_lower_right
@@ -132,22 +135,24 @@ def one_pass_attention(query, key, value, scaling: float, ranges=((0, None),), b
     groups, memory = heads // kv_heads, n - rows
     block = block or BLOCKS.get(query.device.type, 256)
     q = (query[0].float() * scaling).view(kv_heads, groups, rows, dim)  # scale the queries, not the logits
-    k = key[0].float().unsqueeze(1)  # (kv_heads, 1, keys, dim)
-    v = value[0].float().unsqueeze(1)
+    k, v = key[0].float(), value[0].float()  # (kv_heads, keys, dim)
     out = torch.empty(kv_heads, groups, rows, dim, dtype=torch.float32, device=query.device)
     sums = {r: torch.zeros(kv_heads, n, dtype=torch.float32, device=query.device) for r in ranges}
     index = torch.arange(rows, device=query.device)
     for start in range(0, rows, block):
         stop = min(start + block, rows)
-        visible = memory + stop  # keys after the block's last row are hidden from all its rows
-        logits = torch.matmul(q[:, :, start:stop], k[:, :, :visible].transpose(-1, -2))
+        width, visible = stop - start, memory + stop  # keys after the block's last row are hidden from all its rows
+        # a KV group's query heads as one matrix of rows: one GEMM per KV head, no repeated keys
+        rows_q = q[:, :, start:stop].reshape(kv_heads, groups * width, dim)
+        logits = torch.matmul(rows_q, k[:, :visible].transpose(-1, -2)).view(kv_heads, groups, width, visible)
         # causal: only the block's own square of chunk keys needs a mask
         logits[..., memory + start:].masked_fill_(index[None, start:stop] > index[start:stop, None], float("-inf"))
         probabilities = torch.softmax(logits, dim=-1)
         del logits
-        out[:, :, start:stop] = torch.matmul(probabilities, v[:, :, :visible])
+        out[:, :, start:stop] = torch.matmul(probabilities.view(kv_heads, groups * width, visible),
+                                             v[:, :visible]).view(kv_heads, groups, width, dim)
         for (lo, hi), total in sums.items():
-            lo, hi = max(lo - start, 0), min((rows if hi is None else hi) - start, stop - start)
+            lo, hi = max(lo - start, 0), min((rows if hi is None else hi) - start, width)
             if lo < hi:
                 total[:, :visible] += probabilities[:, :, lo:hi].sum(dim=(1, 2))
         del probabilities
