@@ -295,14 +295,17 @@ def layer_linear_params(shape: ModelShape) -> int:
 
 
 def attention_pairs(before: int, chunk: int, attention: str) -> int:
-    """Query-key pairs one head computes: fused SDPA kernels skip the masked half of the first
-    chunk (no memory, plain causal); with a memory they run the whole chunk x keys rectangle
-    under an explicit mask, as eager does; the padded reference code squares memory + chunk."""
+    """Query-key pairs one head computes. memstep's attention never computes the hidden half
+    of the chunk's causal square: its CPU path splits the step into the memory part and the
+    causal square, CUDA's kernels take the lower-right causal bias, and the one pass stops
+    each block of rows at its last visible key (which counts block / 2 more pairs per row:
+    ignored). Eager runs the whole chunk x keys rectangle under an explicit mask; the padded
+    reference code squares memory + chunk."""
     keys = before + chunk
     if attention == "padded":
         return keys * keys
-    if attention == "sdpa" and before == 0:
-        return chunk * (chunk + 1) // 2
+    if attention == "sdpa":
+        return chunk * before + chunk * (chunk + 1) // 2
     return chunk * keys
 
 
@@ -340,7 +343,7 @@ def step_work(shape: ModelShape, before: int, chunk: int, after: int, attention:
     elif evicts:  # memstep's one pass: blocks of float32 logits, the scores from the same probabilities
         scores = ONE_PASS_PASSES * heads * pairs * SCORE_BYTES
     else:
-        scores = pairs if before else 0  # fused kernel (native GQA): only the causal mask is read
+        scores = 0  # no mask is materialized, no KV head repeated
     attn_bytes = layers * (cache_copy + qkv_io + scores)
 
     if evicts and attention == "padded":  # the reference scorer sums the kept maps' chunk rows

@@ -47,15 +47,17 @@ def test_linear_flops_are_two_per_weight_per_token():
     work = planner.step_work(shape, 1028, 1024, 1028, "sdpa", scoring=True)
     assert work["linear"][0] == 2 * 1024 * 32 * 202_375_168
     # attention: QK^T and PV, 2 x 2 FLOPs per pair and dimension, 32 heads, 32 layers
-    assert work["attention"][0] == 32 * 4 * 32 * 128 * (1024 * 2052)
+    pairs = 1024 * 1028 + 1024 * 1025 // 2  # over the memory, then the chunk's causal triangle
+    assert work["attention"][0] == 32 * 4 * 32 * 128 * pairs
     # the scores come from the attention's own probabilities (one pass): one add per pair and head
-    assert work["scorer"][0] == 32 * 32 * (1024 * 2052)
+    assert work["scorer"][0] == 32 * 32 * pairs
 
 
 def test_attention_pairs_by_implementation():
     assert planner.attention_pairs(0, 4, "sdpa") == 10  # causal triangle of the first chunk
-    assert planner.attention_pairs(6, 4, "sdpa") == 40  # chunk x (memory + chunk) under a mask
-    assert planner.attention_pairs(6, 4, "eager") == 40
+    # chunk x memory, then the chunk's causal triangle: the hidden half is never computed
+    assert planner.attention_pairs(6, 4, "sdpa") == 6 * 4 + 10
+    assert planner.attention_pairs(6, 4, "eager") == 40  # chunk x (memory + chunk) under a mask
     assert planner.attention_pairs(6, 4, "padded") == 100  # (memory + chunk)^2
 
 
