@@ -153,7 +153,8 @@ def planned(lm, tokens: int, schedule: str, size: int | None, growth: str, atten
     shape = model_shape(lm.model)
     here = planner.Gpu("this machine", rate / 1e12, rate / 1e12, rate / 1e12, bandwidth / 1e9, 1 << 40)
     return planner.plan(shape, here, schedule=schedule, tokens=tokens, chunk=size, memory=size, growth=growth,
-                        attention=attention, dtype="fp32", efficiency=1.0, bandwidth_efficiency=1.0)
+                        attention=attention, dtype="fp32", efficiency=1.0, bandwidth_efficiency=1.0,
+                        device=torch.device(lm.device).type)
 
 
 def bench(lm, document_ids: list[int], tokens_list, sizes, schedules, growth: str, repeats: int = 1,

@@ -63,7 +63,8 @@ def validate(model: str = "embedded", device: str = "auto", dtype: str = "auto",
     runs = []
     for name in schedules:
         schedule = make_schedule(name, len(ids), chunk, memory, growth)
-        plan = planner.plan_schedule(shape, plan_gpu, schedule, dtype=dtype_name, sinks=sinks)
+        plan = planner.plan_schedule(shape, plan_gpu, schedule, dtype=dtype_name, sinks=sinks,
+                                     device=engine.device.type)
         began = time.perf_counter()
         records = list(engine.run(ids, schedule))
         seconds = time.perf_counter() - began

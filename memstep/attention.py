@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from memstep.memory import ONE_PASS_BLOCKS, QUERY_BLOCK
+
 NAME = "memstep"
-BLOCKS = {"cpu": 32, "cuda": 1024, "mps": 512}  # query rows per block of the one-pass attention
-# (CPU: a block of a KV group's logits stays in the core's L2 at c = M = 512: measured fastest)
 
 try:  # torch >= 2.3: a lower-right causal bias that SDPA understands without a materialized mask
     from torch.nn.attention.bias import causal_lower_right
@@ -133,7 +133,7 @@ def one_pass_attention(query, key, value, scaling: float, ranges=((0, None),), b
     _, heads, rows, dim = query.shape
     kv_heads, n = key.shape[1], key.shape[2]
     groups, memory = heads // kv_heads, n - rows
-    block = block or BLOCKS.get(query.device.type, 256)
+    block = block or ONE_PASS_BLOCKS.get(query.device.type, QUERY_BLOCK)  # the memory model counts it
     q = (query[0].float() * scaling).view(kv_heads, groups, rows, dim)  # scale the queries, not the logits
     k, v = key[0].float(), value[0].float()  # (kv_heads, keys, dim)
     out = torch.empty(kv_heads, groups, rows, dim, dtype=torch.float32, device=query.device)

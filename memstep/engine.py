@@ -348,7 +348,7 @@ class ChunkedPrefill(StepContext):
                     raise MemstepError(f"step {step}: cache holds {real} entries per layer, expected {after}")
                 # the question's tokens are read with the chunk: they count in every step's bytes
                 parts = step_bytes(self.shape, before, size + question.numel(), after, attention=self.attention,
-                                   scoring=scoring)
+                                   scoring=scoring, device=self.device.type)
                 yield StepRecord(
                     step=step, steps=schedule.steps, chunk_start=start, chunk_size=size,
                     memory_before=max(before), memory_budget=budget, memory_after=max(after), seconds=seconds,

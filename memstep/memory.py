@@ -16,16 +16,18 @@ of c tokens and a entries kept after it (sinks included), k = b + c keys:
   With layer-wise budgets (b_l, a_l per layer) the peak is the largest over l of
   sum_{j<l} a_j + (b_l + c) + sum_{j>l} b_j; the working sets below take the widest layer.
 - attention working set of one layer, by implementation:
-    sdpa:   memstep's attention: a lower-right causal mask c*k (materialized on CPU) and the
-            output heads*c*d; GQA runs natively (fused kernel: no score matrix). A step that
-            cuts the layer runs one pass in blocks of query rows (the scorer's working set below)
+    sdpa:   memstep's attention: the output heads*c*d; no mask is materialized (CPU splits the
+            step into the memory part and the causal square, CUDA takes a lower-right bias) and
+            GQA runs natively (no score matrix). A step that cuts the layer runs one pass in
+            blocks of query rows (the scorer's working set below)
     eager:  scores and probabilities 2*heads*c*k (float32) + mask + K/V repeated to every
             query head 2*heads*k*d + output
     padded: the seed paper's reference code pads to (b + c)^2 per head:
             2*heads*(b + c)^2 + repeated K/V + output
   plus the cache copy that concatenation and eviction make: one layer's max(a, b) entries.
 - scorer working set (only when the step evicts): the one-pass attention's rotated queries
-  heads*c*d, and per query block of q rows, logits and probabilities 2*heads*q*k float32,
+  heads*c*d, and per query block of q rows (the device's block, ``ONE_PASS_BLOCKS``; the
+  recomputing scorer of an eager model: 256), logits and probabilities 2*heads*q*k float32,
   plus per-head column sums kv_heads*k float32.
 - activations: MLP gate, up and product 3*c*intermediate + hidden-state copies 4*c*hidden.
 """
@@ -37,7 +39,11 @@ from dataclasses import dataclass
 ATTENTIONS = ("sdpa", "eager", "padded")
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 SCORE_BYTES = 4  # scorers work in float32 whatever the model dtype
-QUERY_BLOCK = 256  # scorer query rows per block: bounds its working set
+QUERY_BLOCK = 256  # the recomputing scorer's query rows per block (eager models): bounds its working set
+# query rows per block of memstep's one-pass attention, by device (memstep/attention.py): on
+# CPU a block of a KV group's logits stays in the core's L2 at c = M = 512 (measured fastest)
+ONE_PASS_BLOCKS = {"cpu": 32, "cuda": 1024, "mps": 512}
+PLANNED_DEVICE = "cuda"  # the planner plans GPUs
 
 
 @dataclass(frozen=True)
@@ -137,7 +143,8 @@ def attention_bytes(shape: ModelShape, before: int, chunk: int, after: int, atte
     before, after = _widest(before, after)
     keys = before + chunk
     item = shape.dtype_bytes
-    mask = chunk * keys if before else 0  # no mask needed for the first chunk (is_causal)
+    # eager's explicit mask; memstep's attention builds none (nor does the first chunk: is_causal)
+    mask = chunk * keys if before and attention == "eager" else 0
     # memstep's SDPA runs GQA natively; eager and the padded reference repeat K/V to every query head
     repeated = 2 * shape.heads * keys * shape.head_dim * item if shape.heads != shape.kv_heads and \
         attention != "sdpa" else 0
@@ -152,12 +159,17 @@ def attention_bytes(shape: ModelShape, before: int, chunk: int, after: int, atte
     return mask + repeated + output + scores + copy
 
 
-def scorer_bytes(shape: ModelShape, before: int, chunk: int, evicts: bool) -> int:
+def query_block(attention: str, device: str = PLANNED_DEVICE) -> int:
+    """Query rows per block of the pass that yields the scores."""
+    return ONE_PASS_BLOCKS.get(device, QUERY_BLOCK) if attention == "sdpa" else QUERY_BLOCK
+
+
+def scorer_bytes(shape: ModelShape, before: int, chunk: int, evicts: bool, block: int = QUERY_BLOCK) -> int:
     """Working set of scoring one layer's cache (zero when the step evicts nothing)."""
     if not evicts:
         return 0
     keys = max(_as_list(before)) + chunk
-    rows = min(chunk, QUERY_BLOCK)
+    rows = min(chunk, block)
     queries = shape.heads * chunk * shape.head_dim * shape.dtype_bytes
     return queries + 2 * shape.heads * rows * keys * SCORE_BYTES + shape.kv_heads * keys * SCORE_BYTES
 
@@ -167,8 +179,9 @@ def activation_bytes(shape: ModelShape, chunk: int) -> int:
 
 
 def step_bytes(shape: ModelShape, before: int, chunk: int, after: int, *, attention: str = "sdpa",
-               evict_per_layer: bool = True, scoring: bool = True) -> dict[str, int]:
-    """Modeled peak bytes of one step by component; ``total`` is their sum."""
+               evict_per_layer: bool = True, scoring: bool = True, device: str = PLANNED_DEVICE) -> dict[str, int]:
+    """Modeled peak bytes of one step by component; ``total`` is their sum. ``device``: the
+    device type the step runs on (its one-pass block)."""
     evicts = scoring and any(b + chunk > a for b, a in zip(_per_layer(before, shape.layers),
                                                          _per_layer(after, shape.layers)))
     kv_entries = kv_peak_entries(shape, before, chunk, after, evict_per_layer)
@@ -178,7 +191,7 @@ def step_bytes(shape: ModelShape, before: int, chunk: int, after: int, *, attent
         "kv_memory": kv_entries * shape.kv_bytes_per_entry - kv_chunk,
         "kv_chunk": kv_chunk,
         "attention": attention_bytes(shape, before, chunk, after, attention)
-        + scorer_bytes(shape, before, chunk, evicts),
+        + scorer_bytes(shape, before, chunk, evicts, query_block(attention, device)),
         "activations": activation_bytes(shape, chunk),
     }
     parts["total"] = sum(parts.values())

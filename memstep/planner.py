@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from memstep.errors import MemstepError
-from memstep.memory import ATTENTIONS, DTYPE_BYTES, PARTS, SCORE_BYTES, ModelShape, step_bytes
+from memstep.memory import ATTENTIONS, DTYPE_BYTES, PARTS, PLANNED_DEVICE, SCORE_BYTES, ModelShape, step_bytes
 from memstep.schedules import (GROWTHS, MAX_SIZE_TOKENS, MAX_STEPS, Schedule, check_bounds, check_steps, largest_true,
                                make_schedule)
 
@@ -560,8 +560,10 @@ def plan_schedule(shape: ModelShape, gpu: Gpu, schedule: Schedule, *, dtype: str
                   attention: str = "sdpa", sinks: int = 4, evict_per_layer: bool | None = None,
                   keep_maps: bool = False, efficiency: float = DEFAULT_EFFICIENCY,
                   bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY, rope: str = "compact",
-                  question_tokens: int = 0) -> Plan:
-    """Plan an already-built schedule. ``question_tokens``: question-aware compression reads
+                  question_tokens: int = 0, device: str = PLANNED_DEVICE) -> Plan:
+    """Plan an already-built schedule. ``device``: the device type whose one-pass block
+    the working set counts (a GPU's unless the engine's own run is modeled on CPU).
+    ``question_tokens``: question-aware compression reads
     the question after every chunk of a compressed schedule (more rows, and their entries
     until the layer is cut). ``evict_per_layer`` defaults to the engine's per-layer
     eviction, except for the padded reference code, which evicts after the whole forward.
@@ -579,7 +581,7 @@ def plan_schedule(shape: ModelShape, gpu: Gpu, schedule: Schedule, *, dtype: str
         key = (before, chunk, after)
         if key not in memo:
             parts = step_bytes(shape, before, chunk, after, attention=attention,
-                               evict_per_layer=evict_per_layer, scoring=scoring)
+                               evict_per_layer=evict_per_layer, scoring=scoring, device=device)
             if keep_maps and attention == "padded":
                 parts["attention"] += retained_maps_bytes(shape, _widest(before), chunk)
             total = sum(parts[p] for p in PARTS)
@@ -626,7 +628,7 @@ def plan(model="llama-3.1-8b", gpu="h100-80gb", *, schedule: str = "imdc", token
          dtype: str = "bf16", sinks: int = 4, evict_per_layer: bool | None = None, keep_maps: bool = False,
          efficiency: float = DEFAULT_EFFICIENCY,
          bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY, rope: str = "compact",
-         question_tokens: int = 0) -> Plan:
+         question_tokens: int = 0, device: str = PLANNED_DEVICE) -> Plan:
     """Plan one schedule; ``model`` and ``gpu`` take anything resolve_model/resolve_gpu take."""
     schedule = str(schedule).lower()
     _check_settings(tokens, chunk, memory, sinks, schedule, attention, growth, efficiency, bandwidth_efficiency)
@@ -641,7 +643,8 @@ def plan(model="llama-3.1-8b", gpu="h100-80gb", *, schedule: str = "imdc", token
                           layers=shape.layers)
     return plan_schedule(shape, gpu, built, dtype=dtype, attention=attention, sinks=sinks,
                          evict_per_layer=evict_per_layer, keep_maps=keep_maps, efficiency=efficiency,
-                         bandwidth_efficiency=bandwidth_efficiency, rope=rope, question_tokens=question_tokens)
+                         bandwidth_efficiency=bandwidth_efficiency, rope=rope, question_tokens=question_tokens,
+                         device=device)
 
 
 def compare(model="llama-3.1-8b", gpu="h100-80gb", schedules=("fm", "imdc", "full"), **settings) -> dict[str, Plan]:
@@ -681,7 +684,8 @@ def _peak_at(shape: ModelShape, gpu: Gpu, schedule: str, tokens: int, settings: 
         if (before, chunk, after) in seen:
             continue
         seen.add((before, chunk, after))
-        parts = step_bytes(shape, before, chunk, after, attention=attention, evict_per_layer=evict, scoring=scoring)
+        parts = step_bytes(shape, before, chunk, after, attention=attention, evict_per_layer=evict, scoring=scoring,
+                           device=settings.get("device", PLANNED_DEVICE))
         total = parts["total"]
         if settings.get("keep_maps") and attention == "padded":
             total += retained_maps_bytes(shape, _widest(before), chunk)

@@ -78,8 +78,23 @@ def test_step_zero_attention_needs_no_mask():
     # (SDPA runs GQA natively: no repeated K/V)
     output = 4 * 10 * 16 * 2
     assert attention_bytes(SHAPE, 0, 10, 6) == output + 6 * 128
-    # with a memory of 5: a chunk x keys boolean mask (10 x 15 bytes) appears
-    assert attention_bytes(SHAPE, 5, 10, 6) == 10 * 15 + output + 6 * 128
+    # with a memory of 5: memstep's attention still builds no mask (CPU splits the step, CUDA
+    # takes a lower-right bias); eager's explicit chunk x keys mask (10 x 15 bytes) appears
+    assert attention_bytes(SHAPE, 5, 10, 6) == output + 6 * 128
+    repeated = 2 * 4 * 15 * 16 * 2  # eager repeats K/V to every query head
+    scores = 2 * 4 * 10 * 15 * 4  # and holds float32 scores and probabilities
+    assert attention_bytes(SHAPE, 5, 10, 6, "eager") == 10 * 15 + repeated + output + scores + 6 * 128
+
+
+def test_scorer_working_set_counts_the_devices_one_pass_block():
+    # a step that cuts the layer: memory 100, chunk 200, 300 keys; blocks of 32 query rows on
+    # CPU, 1024 (so the whole chunk) on CUDA; logits + probabilities float32, 4 heads
+    cpu = step_bytes(SHAPE, 100, 200, 60, device="cpu")["attention"]
+    cuda = step_bytes(SHAPE, 100, 200, 60, device="cuda")["attention"]
+    assert cuda - cpu == 2 * 4 * (200 - 32) * 300 * 4
+    assert step_bytes(SHAPE, 100, 200, 60)["attention"] == cuda  # the planner plans GPUs
+    # no eviction: no scorer working set on either device
+    assert step_bytes(SHAPE, 100, 200, 300, device="cpu") == step_bytes(SHAPE, 100, 200, 300, device="cuda")
 
 
 def test_planner_fits_when_the_peak_equals_the_usable_bytes():
