@@ -41,8 +41,10 @@ DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, 
 SCORE_BYTES = 4  # scorers work in float32 whatever the model dtype
 QUERY_BLOCK = 256  # the recomputing scorer's query rows per block (eager models): bounds its working set
 # query rows per block of memstep's one-pass attention, by device (memstep/attention.py): on
-# CPU a block of a KV group's logits stays in the core's L2 at c = M = 512 (measured fastest)
-ONE_PASS_BLOCKS = {"cpu": 32, "cuda": 1024, "mps": 512}
+# CPU a block of a KV group's logits stays in the core's L2 at c = M = 512 (measured fastest);
+# on a GPU 256 rows keep the float32 block small (Llama-2-7B, 2052 keys: 134 MiB) while
+# still filling the device (not measured: no GPU was lent)
+ONE_PASS_BLOCKS = {"cpu": 32, "cuda": 256, "mps": 256}
 PLANNED_DEVICE = "cuda"  # the planner plans GPUs
 
 
@@ -143,8 +145,9 @@ def attention_bytes(shape: ModelShape, before: int, chunk: int, after: int, atte
     before, after = _widest(before, after)
     keys = before + chunk
     item = shape.dtype_bytes
-    # eager's explicit mask; memstep's attention builds none (nor does the first chunk: is_causal)
-    mask = chunk * keys if before and attention == "eager" else 0
+    # eager's and the padded code's explicit masks; memstep's attention builds none (nor does
+    # the first chunk: is_causal)
+    mask = chunk * keys if before and attention != "sdpa" else 0
     # memstep's SDPA runs GQA natively; eager and the padded reference repeat K/V to every query head
     repeated = 2 * shape.heads * keys * shape.head_dim * item if shape.heads != shape.kv_heads and \
         attention != "sdpa" else 0

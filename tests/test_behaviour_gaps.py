@@ -87,12 +87,15 @@ def test_step_zero_attention_needs_no_mask():
 
 
 def test_scorer_working_set_counts_the_devices_one_pass_block():
-    # a step that cuts the layer: memory 100, chunk 200, 300 keys; blocks of 32 query rows on
-    # CPU, 1024 (so the whole chunk) on CUDA; logits + probabilities float32, 4 heads
-    cpu = step_bytes(SHAPE, 100, 200, 60, device="cpu")["attention"]
-    cuda = step_bytes(SHAPE, 100, 200, 60, device="cuda")["attention"]
-    assert cuda - cpu == 2 * 4 * (200 - 32) * 300 * 4
-    assert step_bytes(SHAPE, 100, 200, 60)["attention"] == cuda  # the planner plans GPUs
+    # a step that cuts the layer: memory 100, chunk 500, 600 keys; blocks of 32 query rows on
+    # CPU, 256 on CUDA; logits + probabilities float32, 4 heads
+    cpu = step_bytes(SHAPE, 100, 500, 60, device="cpu")["attention"]
+    cuda = step_bytes(SHAPE, 100, 500, 60, device="cuda")["attention"]
+    assert cuda - cpu == 2 * 4 * (256 - 32) * 600 * 4
+    # a chunk shorter than the block: the whole chunk is one block
+    short = step_bytes(SHAPE, 100, 200, 60, device="cuda")["attention"] - step_bytes(SHAPE, 100, 200, 60, device="cpu")["attention"]
+    assert short == 2 * 4 * (200 - 32) * 300 * 4
+    assert step_bytes(SHAPE, 100, 500, 60)["attention"] == cuda  # the planner plans GPUs
     # no eviction: no scorer working set on either device
     assert step_bytes(SHAPE, 100, 200, 300, device="cpu") == step_bytes(SHAPE, 100, 200, 300, device="cuda")
 
