@@ -147,6 +147,29 @@ def test_padded_reference_attention_keeps_the_same_sets(scorer):
     torch.testing.assert_close(hidden, hidden_padded, rtol=1e-4, atol=1e-4)
 
 
+def test_cpu_engine_steps_without_scores_take_the_split_kernel(monkeypatch):
+    """On CPU a step over a memory that needs no scores runs the split flash calls (no mask),
+    and the hidden states equal those of SDPA with an explicit lower-right mask."""
+    calls = []
+    split = attention.split_lower_right
+
+    def counted(*args, **kwargs):
+        out = split(*args, **kwargs)
+        calls.append(out is not None)
+        return out
+
+    model = make_tiny_model("qwen2", layers=2, seed=7)
+    ids = torch.randint(0, 128, (150,), generator=torch.Generator().manual_seed(7))
+    schedule = make_schedule("fm", 150, 32, 40)
+    monkeypatch.setattr(attention, "split_lower_right", counted)
+    hidden, kept = run(model, ids, schedule, make_scorer("recency"))
+    assert calls and all(calls) and len(calls) == 2 * (schedule.steps - 1)  # every layer of every step after the first
+    monkeypatch.setattr(attention, "split_lower_right", lambda *args, **kwargs: None)  # SDPA's own mask path
+    hidden_masked, kept_masked = run(model, ids, schedule, make_scorer("recency"))
+    assert all(np.array_equal(a, b) for a, b in zip(kept, kept_masked))
+    torch.testing.assert_close(hidden, hidden_masked, **EXACT)
+
+
 def test_one_pass_runs_only_where_a_layer_is_cut(monkeypatch):
     """Steps that evict nothing, and scorers that read no attention, take plain SDPA."""
     calls = {"one_pass": 0, "sdpa": 0}
