@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_tiny_model
+from test_models import tiny_lm, tiny_lm_folder  # noqa: F401  (fixtures)
 
 import memstep.attention as attention
 from memstep.engine import ChunkedPrefill
@@ -168,6 +169,30 @@ def test_cpu_engine_steps_without_scores_take_the_split_kernel(monkeypatch):
     hidden_masked, kept_masked = run(model, ids, schedule, make_scorer("recency"))
     assert all(np.array_equal(a, b) for a, b in zip(kept, kept_masked))
     torch.testing.assert_close(hidden, hidden_masked, **EXACT)
+
+
+def test_padded_reference_attention_gives_the_same_answer(tiny_lm):  # noqa: F811
+    """Through the whole path a user takes: prefill with eviction, then a greedy answer from
+    the memory; padded and memstep's attention agree on the answer and its logits."""
+    from memstep.generate import _extend, answer, prompt_parts
+
+    tokenizer = tiny_lm.tokenizer
+    ids = prompt_parts(tokenizer).head + tokenizer("The magic number is 4417. " * 12,
+                                                   add_special_tokens=False)["input_ids"]
+    schedule = make_schedule("imdc", len(ids), 32, 24)
+    results = {}
+    for mode in ("sdpa", "padded"):
+        engine = ChunkedPrefill(tiny_lm.model, make_scorer("chunk-attention"), sinks=4, attention=mode)
+        kept = [r.kept_positions for r in engine.run(ids, schedule)]
+        mark = [p.clone() for p in engine.positions], engine.position
+        first = _extend(engine, prompt_parts(tokenizer, "What is the magic number?").tail, logits_to_keep=1)
+        list(engine.run(ids, schedule))  # the same memory again, for the whole greedy answer
+        results[mode] = (kept, first, answer(engine, tokenizer, "What is the magic number?", max_new_tokens=6), mark)
+    (kept, first, said, mark), (kept_p, first_p, said_p, mark_p) = results["sdpa"], results["padded"]
+    assert all(np.array_equal(a, b) for a, b in zip(kept, kept_p))
+    assert all(torch.equal(a, b) for a, b in zip(mark[0], mark_p[0])) and mark[1] == mark_p[1]
+    torch.testing.assert_close(first, first_p, rtol=1e-4, atol=1e-4)
+    assert said == said_p
 
 
 def test_one_pass_runs_only_where_a_layer_is_cut(monkeypatch):
