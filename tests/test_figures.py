@@ -209,20 +209,25 @@ def test_compact_records_keep_their_kept_fraction(imdc):
     np.testing.assert_array_equal(small.kept_fraction(), record.kept_fraction())
 
 
-def test_a_run_view_renders_any_step_for_replay(imdc):
+def word_document(schedule, prefix=20):
+    """A prepared document of one word per token, the passkey in words 100-103."""
     from ui.documents import DocumentSource
-    from ui.runs import PreparedDocument, RunSettings
-    from ui.views import RunView, render, stats_html
+    from ui.runs import PreparedDocument
 
-    prefix = 20
-    words = [f"w{i}" for i in range(imdc.tokens - prefix)]
+    words = [f"w{i}" for i in range(schedule.tokens - prefix)]
     spans, at = [], 0
     for word in words:
         spans.append((at, at + len(word)))
         at += len(word) + 1
-    text = " ".join(words)
-    source = DocumentSource("doc", text, "q?", "123", (spans[100][0], spans[103][1]))
-    document = PreparedDocument(source, list(range(len(words))), spans, prefix, (100, 104))
+    source = DocumentSource("doc", " ".join(words), "q?", "123", (spans[100][0], spans[103][1]))
+    return PreparedDocument(source, list(range(len(words))), spans, prefix, (100, 104))
+
+
+def test_a_run_view_renders_any_step_for_replay(imdc):
+    from ui.runs import RunSettings
+    from ui.views import RunView, render, stats_html
+
+    document = word_document(imdc)
     view = RunView(document, RunSettings("imdc", 512, 512), imdc, records=fake_records(imdc))
 
     shown = render(view, 1)  # after the second step
@@ -233,6 +238,52 @@ def test_a_run_view_renders_any_step_for_replay(imdc):
     assert 'data-stat="steps"' in stats_html(view, 1) and "2 / 4" in stats_html(view, 1)
     assert "passkey in memory" in stats_html(view)  # the needle was read by the last step
     assert "4 / 4" in stats_html(view) and 'data-progress="1.000"' in stats_html(view)
+
+
+def test_stop_ends_the_run_on_its_own_last_update(imdc):
+    """Stop marks the session; the run's stream then sends one last update (the steps so
+    far, stopped) and reads no further. A Stop pressed before a run does not stop it."""
+    from types import SimpleNamespace
+
+    from ui import handlers
+    from ui.runs import RunSettings
+    from ui.views import RunView
+
+    pulled = []
+
+    def stream():
+        yield "schedule", imdc
+        for record in fake_records(imdc):
+            pulled.append(record.step)
+            yield "step", record
+
+    def run(session):
+        return handlers._stream_run(stream(), word_document(imdc), RunSettings("imdc", 512, 512), None, False, 0.0,
+                                    lambda *args, **kwargs: None, session)
+
+    updates = run("s1")
+    view = next(v for v in next(updates) if isinstance(v, RunView))
+    next(updates)  # the first step is shown
+    handlers.stop_run(SimpleNamespace(session_hash="s2"))  # another session's Stop: not this run's
+    next(updates)
+    assert len(view.records) == 2 and not view.stopped
+    handlers.stop_run(SimpleNamespace(session_hash="s1"))
+    last = next(updates)
+    stats = last[0]
+    assert view.stopped and 'data-stat="state"' in stats and "stopped" in stats and "2 / 4" in stats
+    assert "Stopped" in last[6]  # the answer box says so
+    with pytest.raises(StopIteration):
+        next(updates)
+    assert len(view.records) == 2 and pulled == [0, 1, 2]  # the stream was not read any further
+    assert "s1" not in handlers._STOP_REQUESTS
+    handlers._STOP_REQUESTS.discard("s2")
+    # Stop pressed while the model loads: the first update is already the last
+    handlers.stop_run(SimpleNamespace(session_hash="s3"))
+    updates = run("s3")
+    first = next(updates)
+    assert "stopped" in first[0] and "0 / 4" in first[0]
+    with pytest.raises(StopIteration):
+        next(updates)
 
 
 def test_layer_memory_figure_draws_each_layers_entries_and_budget():

@@ -161,10 +161,13 @@ def _layers_plot(shown):
 
 
 def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens,
-                 question, full_reference, rope="compact", question_aware=False, progress=gr.Progress()):
+                 question, full_reference, rope="compact", question_aware=False, progress=gr.Progress(),
+                 request: gr.Request = None):
     """Stream a run: one update as soon as the schedule is known, then one per step, then
     the answer (and the full-cache reference answer when asked)."""
     began = time.perf_counter()
+    session = _session(request)
+    _STOP_REQUESTS.discard(session)  # a Stop pressed before this run is not for it
     try:
         settings = settings_from(schedule, chunk, memory, growth, scorer, sinks, rope, question_aware)
         progress(0.0, desc="Loading the model")
@@ -176,18 +179,43 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
         reference = bool(full_reference) or doc.bundled
         with closing(prefill_stream(normalize_spec(model), document.ids, settings, question,
                                     reference, document.notices, cache_reference=doc.bundled)) as stream:
-            yield from _stream_run(stream, document, settings, question, reference, began, progress)
+            yield from _stream_run(stream, document, settings, question, reference, began, progress, session)
     except MemstepError as err:
         _fail(err)
 
 
-def _stream_run(stream, document, settings, question, full_reference, began, progress):
-    """The page updates for one run's stream of plain data."""
+# Sessions whose Stop was pressed while their run streams. Stop does not cancel the run's
+# event: Gradio sends a generator's updates as diffs of the previous one, and updates still
+# on their way when another event rewrote the same components were seen to garble the
+# key numbers (stopped, then more steps). The run itself ends on its own "stopped" update.
+_STOP_REQUESTS: set[str] = set()
+
+
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or ""
+
+
+def _take_stop(session: str) -> bool:
+    """Whether Stop was pressed for this session's run (and forget it)."""
+    if session in _STOP_REQUESTS:
+        _STOP_REQUESTS.discard(session)
+        return True
+    return False
+
+
+def _stream_run(stream, document, settings, question, full_reference, began, progress, session=""):
+    """The page updates for one run's stream of plain data; after Stop, one last update
+    (the steps so far, stopped) and no more."""
     _, plan = next(stream)
     view = RunView(document, settings, plan, wants_reference=bool(full_reference))
     progress((0, plan.steps), desc="Prefilling", unit="steps")
+    view.stopped = _take_stop(session)  # Stop pressed while the model loaded
     yield _run_outputs(view)
-    for kind, item in stream:
+    for kind, item in ([] if view.stopped else stream):
+        if _take_stop(session):
+            view.stopped = True
+            yield _run_outputs(view)
+            return
         view.seconds = time.perf_counter() - began
         if kind == "step":
             view.records.append(compact(item))
@@ -212,13 +240,10 @@ def choose_preset(preset: str | None):
     return chosen["scorer"], chosen["rope"], chosen["sinks"]
 
 
-def stop_run(view: RunView | None):
-    """Stop pressed: the run is cancelled after its current step; the steps so far stay."""
-    if view is None or view.finished:  # nothing left running
-        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-    view.stopped = True
-    return (stats_html(view), answer_markdown(view),
-            gr.update(maximum=max(1, view.steps), value=len(view.records), interactive=True), view)
+def stop_run(request: gr.Request = None):
+    """Stop pressed: the run ends after its current step with one last update (the steps so
+    far stay, for replay); see _STOP_REQUESTS."""
+    _STOP_REQUESTS.add(_session(request))
 
 
 def replay(step, view: RunView | None):

@@ -258,13 +258,12 @@ def build_app() -> gr.Blocks:
                      api_visibility="private")
         run_outputs = [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, answer, replay_step,
                        view_state, run_views, run_hint, layers_plot]
-        running = run.click(handlers.run_document,
-                            [doc_state, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens, question,
-                             full_reference, rope, question_aware], run_outputs,
-                            concurrency_id="prefill", concurrency_limit=1, show_progress="minimal",
-                            show_progress_on=[stats], api_visibility="private")
-        stop.click(handlers.stop_run, [view_state], [stats, answer, replay_step, view_state], cancels=[running],
-                   concurrency_limit=None, api_visibility="private")
+        run.click(handlers.run_document,
+                  [doc_state, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens, question,
+                   full_reference, rope, question_aware], run_outputs,
+                  concurrency_id="prefill", concurrency_limit=1, show_progress="minimal",
+                  show_progress_on=[stats], api_visibility="private")
+        stop.click(handlers.stop_run, None, None, concurrency_limit=None, api_visibility="private")
         replay_step.input(handlers.replay, [replay_step, view_state],
                           [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, layers_plot],
                           trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
