@@ -240,9 +240,9 @@ def test_a_run_view_renders_any_step_for_replay(imdc):
     assert "4 / 4" in stats_html(view) and 'data-progress="1.000"' in stats_html(view)
 
 
-def test_stop_ends_the_run_on_its_own_last_update(imdc):
+def test_stop_ends_the_run_on_its_own_last_update(imdc, monkeypatch):
     """Stop marks the session; the run's stream then sends one last update (the steps so
-    far, stopped) and reads no further. A Stop pressed before a run does not stop it."""
+    far, stopped) and reads no further. Only a session whose run streams keeps its Stop."""
     from types import SimpleNamespace
 
     from ui import handlers
@@ -261,10 +261,14 @@ def test_stop_ends_the_run_on_its_own_last_update(imdc):
         return handlers._stream_run(stream(), word_document(imdc), RunSettings("imdc", 512, 512), None, False, 0.0,
                                     lambda *args, **kwargs: None, session)
 
+    monkeypatch.setattr(handlers, "_STOP_REQUESTS", set())
+    monkeypatch.setattr(handlers, "_RUNNING", {"s1", "s2", "s3"})  # run_document marks them while they stream
+    handlers.stop_run(SimpleNamespace(session_hash="idle"))  # a Stop with no run: not stored
+    assert "idle" not in handlers._STOP_REQUESTS
     updates = run("s1")
     view = next(v for v in next(updates) if isinstance(v, RunView))
     next(updates)  # the first step is shown
-    handlers.stop_run(SimpleNamespace(session_hash="s2"))  # another session's Stop: not this run's
+    handlers.stop_run(SimpleNamespace(session_hash="s2"))  # another running session's Stop: not this run's
     next(updates)
     assert len(view.records) == 2 and not view.stopped
     handlers.stop_run(SimpleNamespace(session_hash="s1"))
@@ -276,7 +280,6 @@ def test_stop_ends_the_run_on_its_own_last_update(imdc):
         next(updates)
     assert len(view.records) == 2 and pulled == [0, 1, 2]  # the stream was not read any further
     assert "s1" not in handlers._STOP_REQUESTS
-    handlers._STOP_REQUESTS.discard("s2")
     # Stop pressed while the model loads: the first update is already the last
     handlers.stop_run(SimpleNamespace(session_hash="s3"))
     updates = run("s3")

@@ -168,6 +168,7 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
     began = time.perf_counter()
     session = _session(request)
     _STOP_REQUESTS.discard(session)  # a Stop pressed before this run is not for it
+    _RUNNING.add(session)
     try:
         settings = settings_from(schedule, chunk, memory, growth, scorer, sinks, rope, question_aware)
         progress(0.0, desc="Loading the model")
@@ -182,6 +183,9 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
             yield from _stream_run(stream, document, settings, question, reference, began, progress, session)
     except MemstepError as err:
         _fail(err)
+    finally:
+        _RUNNING.discard(session)
+        _STOP_REQUESTS.discard(session)
 
 
 # Sessions whose Stop was pressed while their run streams. Stop does not cancel the run's
@@ -189,6 +193,7 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
 # on their way when another event rewrote the same components were seen to garble the
 # key numbers (stopped, then more steps). The run itself ends on its own "stopped" update.
 _STOP_REQUESTS: set[str] = set()
+_RUNNING: set[str] = set()  # sessions with a run streaming: only their Stop is kept (bounded)
 
 
 def _session(request: gr.Request | None) -> str:
@@ -243,7 +248,9 @@ def choose_preset(preset: str | None):
 def stop_run(request: gr.Request = None):
     """Stop pressed: the run ends after its current step with one last update (the steps so
     far stay, for replay); see _STOP_REQUESTS."""
-    _STOP_REQUESTS.add(_session(request))
+    session = _session(request)
+    if session in _RUNNING:  # a Stop with no run of its own is dropped, not stored
+        _STOP_REQUESTS.add(session)
 
 
 def replay(step, view: RunView | None):
