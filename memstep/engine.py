@@ -162,8 +162,7 @@ class ChunkedPrefill(StepContext):
         keys, values = layer.keys, layer.values
         chunk_positions = self._chunk_positions.to(keys.device).expand(keys.shape[1], -1)
         positions = torch.cat([self.positions[idx].to(keys.device), chunk_positions], dim=1)
-        self._kv_peak = max(self._kv_peak, sum(
-            l.keys.nbytes + l.values.nbytes for l in self.cache.layers if l.keys is not None))
+        self._kv_peak = max(self._kv_peak, self.cache_bytes())
         self._memory.sample()
         keep = self._keep[idx]
         entries = positions.shape[1]  # memory + chunk: the question's own entries (after them) never stay

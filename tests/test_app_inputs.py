@@ -69,6 +69,13 @@ def test_api_document_refuses_server_files_and_wrong_types(upload_folder):
         api._document("", None, 5, None)
 
 
+def test_api_document_text_keeps_to_the_upload_limit(monkeypatch):
+    monkeypatch.setattr(api, "MAX_UPLOAD_BYTES", 1000)
+    assert api._document("a" * 1000, None, "", None).text.startswith("a")
+    with pytest.raises(MemstepError, match="document_text is 0.0 million characters, over the 0.0 MB limit"):
+        api._document("a" * 1001, None, "", None)
+
+
 # ---- item 5: wrong types get a one-line reason -----------------------------------------------
 @pytest.mark.parametrize("kwargs,words", [
     (dict(chunk="abc"), "chunk size must be a whole number"),

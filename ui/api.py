@@ -14,7 +14,8 @@ from memstep.passkey import answer_contains_passkey
 from memstep.presets import PRESETS, preset_settings
 from memstep.schedules import make_schedule
 
-from ui.documents import EXAMPLES, DocumentSource, example, read_upload, uploaded_path, with_needle
+from ui.documents import (EXAMPLES, MAX_UPLOAD_BYTES, DocumentSource, example, read_upload, uploaded_path,
+                          with_needle)
 from ui.models import context_tokens, get_model, normalize_spec
 from ui.inputs import choice
 from ui.runs import DEFAULT_MAX_TOKENS, check_settings, prefill_stream, prepare, settings_from, whole_number
@@ -32,6 +33,9 @@ def _document(text: str, file: FileData | dict | None, example_name: str, tokeni
             raise MemstepError(f"{name} must be a text, not {type(value).__name__}")
     if file is not None and not isinstance(file, (dict, FileData)):
         raise MemstepError("document_file must be a file: use gradio_client's handle_file(path)")
+    if text and len(text) > MAX_UPLOAD_BYTES:  # the uploads' limit; every character is at least a byte
+        raise MemstepError(f"document_text is {len(text) / 1e6:.1f} million characters, over the "
+                           f"{MAX_UPLOAD_BYTES / 1e6:.1f} MB limit for documents")
     given = [bool(text and text.strip()), file is not None, bool(example_name)]
     if sum(given) != 1:
         raise MemstepError("give exactly one document: document_text, document_file or example_name "
