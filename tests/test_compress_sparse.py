@@ -377,7 +377,7 @@ def _result(records, ppl_cal, ppl_held):
 
 
 def test_error_figure_has_one_curve_per_technique_and_split():
-    from ui.compress_sparse import TECHNIQUE_COLORS, error_figure
+    from ui.tabs.compress.sparse import TECHNIQUE_COLORS, error_figure
 
     runs = [{"technique": "none", "records": _records([0.1, 0.2], [0.1, 0.3]), "result": None},
             {"technique": "br+gp", "records": _records([0.01], [0.05]), "result": None}]  # still running
@@ -390,7 +390,7 @@ def test_error_figure_has_one_curve_per_technique_and_split():
 
 
 def test_table_rows_give_perplexities_and_cuts_against_none():
-    from ui.compress_sparse import table_rows
+    from ui.tabs.compress.sparse import table_rows
 
     none = _records([0.1, 0.2], [0.1, 0.4])
     br = _records([0.01, 0.05], [0.05, 0.3])
@@ -405,7 +405,7 @@ def test_table_rows_give_perplexities_and_cuts_against_none():
 def test_app_caps_and_settings():
     import gradio as gr
 
-    from ui.compress_sparse import MAX_SAMPLES, load_into_run, make_config
+    from ui.tabs.compress.sparse import MAX_SAMPLES, load_into_run, make_config
 
     config = make_config("sparsegpt", "2:4", 0.5, "self", 8, 64, 5, 1e-3, "br+gp+cr")
     assert (config.nm, config.method, config.calibration, config.reconstruct) == ("2:4", "sparsegpt", "self", "br+gp+cr")
@@ -422,7 +422,7 @@ def test_app_caps_and_settings():
 
 
 def test_app_handler_streams_records_and_saves(tokenizer, tmp_path, monkeypatch):
-    from ui.compress_sparse import prune
+    from ui.tabs.compress.sparse import prune
 
     src = tmp_path / "tiny"
     lm = tiny_lm(tokenizer, layers=2)

@@ -83,7 +83,7 @@ def test_make_bench_runs_the_issue_grid():
     """`make bench`'s arguments give the grid issue 8 asks for: at 2k both RoPE modes x three
     scorers x FM/IMDC plus the peers, 12+ cases each; at 8k the default scorer, 6+ cases."""
     from memstep.cli import build_parser
-    from memstep.eval_cli import _floats, _ints, _names
+    from memstep.cli.common import fractions as _floats, ints as _ints, names as _names
     from memstep.evaluation.grid import make_grid
     from memstep.evaluation.suite import DEFAULT_HAYSTACKS
 
@@ -113,7 +113,8 @@ def test_make_bench_runs_question_aware_beside_agnostic():
     """Issue 13's grid: question-aware FM and IMDC (chunk-attention, compact) and kvpress with the
     question in the context, at 2k (12+ cases) and 8k, next to the agnostic runs of the same lengths."""
     from memstep.cli import build_parser
-    from memstep.eval_cli import QUESTION_AWARE, _ints, _names
+    from memstep.cli.common import ints as _ints, names as _names
+    from memstep.cli.eval import QUESTION_AWARE
     from memstep.evaluation.grid import make_grid
 
     makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()

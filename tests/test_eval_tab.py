@@ -79,7 +79,7 @@ def test_figures_of_empty_results():
 
 
 def test_latest_results_and_table(tmp_path, summary):
-    from ui import eval_tab
+    from ui.tabs import evaluate as eval_tab
 
     assert eval_tab.latest_results([tmp_path / "none"]) is None
     assert "No evaluation results" in eval_tab.headline(None)
@@ -101,7 +101,7 @@ def test_latest_results_and_table(tmp_path, summary):
 
 def test_a_summary_from_before_the_intervals_still_shows(summary):
     """results/summary.json written by an older memstep (no counts, intervals, contrasts)."""
-    from ui import eval_tab
+    from ui.tabs import evaluate as eval_tab
 
     new_fields = ("correct", "accuracy_low", "accuracy_high", "nll_gap_low", "nll_gap_high", "nll_gap_cases",
                   "retention_low", "retention_high", "retention_cases", "haystacks")
@@ -116,7 +116,7 @@ def test_a_summary_from_before_the_intervals_still_shows(summary):
 def test_build_tab_inside_blocks(tmp_path, monkeypatch, summary):
     import gradio as gr
 
-    from ui import eval_tab
+    from ui.tabs import evaluate as eval_tab
 
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     monkeypatch.setattr(eval_tab, "RESULT_FOLDERS", (tmp_path,))

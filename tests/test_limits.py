@@ -146,7 +146,7 @@ def test_broken_pipe_exits_without_traceback():
 
 # ---- the Plan tab when the weights alone do not fit ----------------------------------------------
 def test_plan_chart_never_draws_a_negative_limit_when_the_weights_do_not_fit():
-    from ui.plan_tab import headline, plan_memory_figure
+    from ui.tabs.plan import headline, plan_memory_figure
 
     plans = planner.compare("llama-3.1-70b", "h100-80gb", schedules=("fm", "imdc"), tokens=32768, chunk=1024,
                             memory=1024)

@@ -321,7 +321,7 @@ def test_modeled_peak_within_15_percent_of_cuda_max_memory_allocated(artifacts_d
 # ---- the Plan tab's figures, table and handler (no browser) -------------------------------------
 def _tab():
     pytest.importorskip("gradio")
-    from ui import plan_tab
+    from ui.tabs import plan as plan_tab
 
     return plan_tab
 

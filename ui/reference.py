@@ -12,7 +12,7 @@ import hashlib
 import json
 import threading
 
-from memstep.models import cache_root
+from memstep.paths import cache_root
 
 MAX_ENTRIES = 256  # a handful of examples x models x questions; bounded all the same
 

@@ -5,13 +5,6 @@ plain-data step records (as the prefill engine does) and ends in a model folder 
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from memstep.paths import compressed_root
 
-from memstep.models import cache_root
-
-
-def compressed_root() -> Path:
-    """Where the app saves compressed models (``$MEMSTEP_CACHE/compressed``). Folders under it
-    are the only local folders a public app accepts besides the configured models."""
-    return Path(os.environ.get("MEMSTEP_COMPRESSED", cache_root() / "compressed"))
+__all__ = ["compressed_root"]

@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from memstep.cli.common import fractions, ints, names
 from memstep.errors import MemstepError
 
 DEFAULT_OUTPUT = "results/local"
@@ -16,34 +17,10 @@ QUESTION_AWARE = {"no": (False,), "yes": (True,), "both": (False, True)}
 DEFAULT_DEPTHS = "0.167,0.5,0.833"
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise MemstepError(f"expected comma-separated whole numbers, got '{text}'") from None
-    if not values:
-        raise MemstepError("expected at least one number")
-    return values
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        values = [float(v.rstrip("%")) / (100 if v.strip().endswith("%") else 1) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise MemstepError(f"expected comma-separated depths such as 0,0.5,1 or 10%,90%, got '{text}'") from None
-    if not values or any(not 0 <= v <= 1 for v in values):
-        raise MemstepError(f"depths must be between 0 and 1 (or 0% and 100%), got '{text}'")
-    return values
-
-
-def _names(text: str) -> list[str]:
-    return [v.strip() for v in text.split(",") if v.strip()]
-
-
-def register(subparsers) -> None:
+def register(sub) -> None:
     from memstep.evaluation.grid import PRESSES, ROPES
 
-    p = subparsers.add_parser("eval", help="passkey accuracy, NLL gap, seconds and peak memory over a grid, "
+    p = sub.add_parser("eval", help="passkey accuracy, NLL gap, seconds and peak memory over a grid, "
                                            "with kvpress and the HF full cache as peers")
     p.add_argument("--lengths", default="2048,8192", help="haystack lengths in tokens (default 2048,8192)")
     p.add_argument("--depths", default=DEFAULT_DEPTHS,
@@ -95,11 +72,11 @@ def cmd_eval(args) -> int:
 
     if args.max_new_tokens < 1 or args.continuation_tokens < 0 or args.threads < 1:
         raise MemstepError("--max-new-tokens and --threads must be at least 1, --continuation-tokens at least 0")
-    configs = make_grid(_names(args.schedules), _names(args.scorers), _ints(args.budgets), args.chunk,
-                        _names(args.peers), _names(args.presses), _names(args.ropes),
+    configs = make_grid(names(args.schedules), names(args.scorers), ints(args.budgets), args.chunk,
+                        names(args.peers), names(args.presses), names(args.ropes),
                         QUESTION_AWARE[args.question_aware])
     model = args.model or default_model()
-    haystacks = _names(args.haystacks) if args.haystacks else None
+    haystacks = names(args.haystacks) if args.haystacks else None
     read_haystacks(haystacks)  # a missing or empty text fails here, before the tokenizer loads
     settings = EvalSettings(model=model, chunk=args.chunk,
                             max_new_tokens=args.max_new_tokens, continuation_tokens=args.continuation_tokens,
@@ -110,7 +87,7 @@ def cmd_eval(args) -> int:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except Exception as err:
         raise MemstepError(f"cannot load the tokenizer of '{model}': {str(err).splitlines()[0][:200]}") from err
-    cases = make_cases(tokenizer, _ints(args.lengths), _floats(args.depths), _ints(args.seeds), haystacks,
+    cases = make_cases(tokenizer, ints(args.lengths), fractions(args.depths), ints(args.seeds), haystacks,
                        args.continuation_tokens)
     store = ResultStore(args.output)
     total = len(configs) * len(cases)

@@ -20,9 +20,9 @@ import re
 import gradio as gr
 import plotly.graph_objects as go
 
-from memstep.compress import compressed_root
 from memstep.compress.sparse import RECONSTRUCTIONS, SparseConfig, SparsePruning
 from memstep.errors import MemstepError
+from memstep.paths import compressed_root
 
 # Bounds on the work one request can cause (the app is meant to be public).
 MAX_SAMPLES = 32

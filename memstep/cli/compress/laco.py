@@ -1,7 +1,7 @@
 """`memstep compress laco`: collapse layers with LaCo, step by step, and measure what it
 keeps and saves against the dense model and layer-removal baselines at the same ratio.
 
-Registered by memstep/compress_cli.py. Parsing imports no torch."""
+Parsing imports no torch."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from memstep.cli.common import at_least
 from memstep.errors import MemstepError
 
 # Mirrors memstep.compress.laco.DEFAULTS (kept literal so the parser needs no torch import).
@@ -55,11 +56,6 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_laco)
 
 
-def _positive(name: str, value) -> None:
-    if value is not None and value < 1:
-        raise MemstepError(f"{name} must be at least 1 (got {value})")
-
-
 def build_run(args, lm=None):
     """The CollapseRun the arguments describe (settings checked before any model work where possible)."""
     from memstep.compress.collapse_run import CollapseRun
@@ -69,7 +65,7 @@ def build_run(args, lm=None):
     from memstep.models import load_model
 
     for name in ("perplexity_windows", "sentences", "calibration_tokens", "passkey_cases", "passkey_tokens", "prefill_tokens", "repeats"):
-        _positive("--" + name.replace("_", "-"), getattr(args, name))
+        at_least("--" + name.replace("_", "-"), getattr(args, name))
     # the depth is known once the model is loaded (checked again then); check the rest now
     H = args.L + args.C if args.H is None else args.H
     check_settings(args.C, args.L, H, args.I, args.T, H)

@@ -14,9 +14,9 @@ import re
 import gradio as gr
 import plotly.graph_objects as go
 
-from memstep.compress import compressed_root
 from memstep.compress.laco import CALIBRATION_SENTENCES, CALIBRATION_TOKENS, DEFAULTS
 from memstep.errors import MemstepError
+from memstep.paths import compressed_root
 
 FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
 ACCEPT, REJECT, THRESHOLD = "#16a34a", "#94a3b8", "#dc2626"

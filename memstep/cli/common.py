@@ -1,0 +1,101 @@
+"""What every `memstep` verb shares: the parser whose usage errors are one line, argument
+types, bounds, output files, and the error path (exit 2 with one readable line)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from memstep.errors import MemstepError
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own usage errors: one line, exit 2
+        raise MemstepError(f"{self.prog}: {message}")
+
+
+def ints(text: str) -> list[int]:
+    """Comma-separated whole numbers: '2048,8192'."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise MemstepError(f"expected comma-separated whole numbers, got '{text}'") from None
+    if not values:
+        raise MemstepError("expected at least one number")
+    return values
+
+
+def fractions(text: str) -> list[float]:
+    """Comma-separated fractions in [0, 1], or percentages: '0,0.5,1' or '10%,90%'."""
+    try:
+        values = [float(v.rstrip("%")) / (100 if v.strip().endswith("%") else 1) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise MemstepError(f"expected comma-separated depths such as 0,0.5,1 or 10%,90%, got '{text}'") from None
+    if not values or any(not 0 <= v <= 1 for v in values):
+        raise MemstepError(f"depths must be between 0 and 1 (or 0% and 100%), got '{text}'")
+    return values
+
+
+def names(text: str) -> list[str]:
+    """Comma-separated names, blanks dropped."""
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def at_least(name: str, value, low: int = 1, unit: str = "") -> None:
+    """An optional number given on the command line must be ``low`` or more."""
+    if value is not None and value < low:
+        raise MemstepError(f"{name} must be at least {low}{unit} (got {value})")
+
+
+def check_output_path(output: str | None) -> None:
+    """An --output file must go into an existing folder: checked before any work."""
+    if output is None:
+        return
+    folder = Path(output).expanduser().parent
+    if not folder.is_dir():
+        raise MemstepError(f"--output {output}: the folder {folder} does not exist; create it first")
+    if Path(output).is_dir():
+        raise MemstepError(f"--output {output} is a folder: give a file name")
+
+
+def write_output(output: str, text: str) -> None:
+    try:
+        Path(output).expanduser().write_text(text)
+    except OSError as err:
+        raise MemstepError(f"cannot write {output}: {err.strerror}") from err
+
+
+def run_command(command) -> int:
+    """Run a command (parsing included): a user's error is one line on stderr and exit 2,
+    never a traceback."""
+    try:
+        return command()
+    except MemstepError as err:
+        return fail(err)
+    except KeyboardInterrupt:
+        print("memstep: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # output piped into `head` and closed early: no traceback
+        _silence_stdout()
+        print("memstep: error: the output was closed early (broken pipe)", file=sys.stderr)
+        return 2
+    except (MemoryError, OverflowError, RecursionError) as err:  # a safety net: inputs are bounded first
+        print(f"memstep: error: the request is too large for this machine ({type(err).__name__}): "
+              "use smaller sizes", file=sys.stderr)
+        return 2
+
+
+def fail(err: MemstepError) -> int:
+    print(f"memstep: error: {err}", file=sys.stderr)
+    return 2
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so Python's exit-time flush does not raise again."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

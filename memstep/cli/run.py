@@ -1,0 +1,115 @@
+"""`memstep run`: prefill a document under a schedule, with a progress bar, a step table or JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from memstep.cli.common import at_least, check_output_path, write_output
+from memstep.cli.schedule import add_schedule_options
+from memstep.errors import MemstepError
+from memstep.presets import PRESETS, ROPE_MODES, apply_preset
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="prefill a document under a schedule")
+    p.add_argument("document", help=".txt, .md, .pdf or .html file, or - for stdin")
+    p.add_argument("--model", default=None, help="'embedded' (default), a hub id, a folder or a .gguf file")
+    add_schedule_options(p)
+    # names spelled out so `memstep plan/schedule` start without importing torch (scorers.py)
+    p.add_argument("--scorer", default=None,
+                   help="chunk-attention (default), conv, snapkv, vatp, knorm, recency or random")
+    p.add_argument("--window", type=int, default=32, help="SnapKV observation window")
+    p.add_argument("--kernel", type=int, default=5, help="conv scorer: keys pooled together (odd, default 5)")
+    p.add_argument("--rope", default=None, choices=ROPE_MODES,
+                   help="RoPE positions: compact (default; contiguous, at most sinks + M + c, as the reference "
+                        "code) or document (true document positions)")
+    p.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                   help="reference: the paper's reference code (compact positions, conv scorer, 4 sinks); "
+                        "options given explicitly still win")
+    p.add_argument("--sinks", type=int, default=None, help="always-kept first tokens (default 4)")
+    p.add_argument("--attention", default="sdpa", choices=("sdpa", "padded"),
+                   help="sdpa (default: fused, or one pass that also yields the scores) or padded (the reference "
+                        "code's queries padded to memory + chunk and (m + c)^2 maps, for measurement)")
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--question", default=None)
+    p.add_argument("--question-aware", action="store_true",
+                   help="score each step with the question's attention too (its tokens are read after every "
+                        "chunk, then dropped): keeps what the question needs")
+    p.add_argument("--question-weight", type=float, default=0.75,
+                   help="question-aware: the question's share of the score, in (0, 1] (default 0.75)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--continuation-tokens", type=int, default=0)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device-map", default=None, help="'auto' shards a large model across GPUs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--output", default=None, help="write the JSON result to this file")
+    p.add_argument("--positions", action="store_true", help="include kept positions per layer/head in JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args) -> int:
+    from tqdm import tqdm
+
+    from memstep.documents import read_document, tokenize_document
+    from memstep.memory import format_bytes
+    from memstep.models import load_model
+    from memstep.runner import DocumentRun
+    from memstep.scorers import SCORERS
+
+    check_output_path(args.output)  # before the run, not after it
+    apply_preset(args)
+    text = read_document(args.document, stdin=sys.stdin.buffer if args.document == "-" else None)
+    at_least("--max-tokens", args.max_tokens)
+    at_least("--chunk", args.chunk, unit=" token")
+    if args.memory < args.sinks and args.schedule != "full":
+        raise MemstepError(f"--memory {args.memory} is smaller than --sinks {args.sinks}")
+    if args.scorer not in SCORERS:
+        raise MemstepError(f"unknown scorer '{args.scorer}': choose one of {', '.join(SCORERS)}")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # stderr carries memstep's own progress bar and errors only
+    lm = load_model(args.model, args.device, args.dtype, args.device_map)
+    ids, notice = tokenize_document(text, lm.tokenizer, args.max_tokens)
+    notices = [notice] if notice else []
+    for line in notices:
+        print(line, file=sys.stderr)
+    run = DocumentRun(lm, ids, schedule=args.schedule, chunk=args.chunk, memory=args.memory, growth=args.growth,
+                      scorer=args.scorer, sinks=args.sinks, seed=args.seed, window=args.window,
+                      question=args.question, max_new_tokens=args.max_new_tokens,
+                      continuation_tokens=args.continuation_tokens, notices=notices, rope=args.rope,
+                      kernel=args.kernel, attention=args.attention, question_aware=args.question_aware,
+                      question_weight=args.question_weight)
+    for line in run.result.notices[len(notices):]:  # what the run adds (positions beyond training)
+        print(line, file=sys.stderr)
+    with tqdm(total=run.schedule.steps, desc=f"{args.schedule} prefill", unit="step", file=sys.stderr,
+              disable=args.quiet) as bar:
+        for record in run:
+            bar.update(1)
+            bar.set_postfix(memory=record.memory_after, chunk=record.chunk_size)
+    result = run.result
+    payload = result.to_dict(with_positions=args.positions)
+    if args.output:
+        write_output(args.output, json.dumps(payload))
+    if args.json:
+        print(json.dumps(payload))
+        return 0
+    print(f"{result.model}: {result.tokens} tokens, schedule {args.schedule}, scorer {args.scorer}, "
+          f"{args.rope} RoPE positions, {result.device}/{result.dtype}")
+    print(f"{'step':>4} {'start':>6} {'chunk':>6} {'before':>6} {'budget':>6} {'after':>6} "
+          f"{'seconds':>8} {'modeled':>10} {'measured':>10}")
+    for s in result.steps:
+        print(f"{s.step:>4} {s.chunk_start:>6} {s.chunk_size:>6} {s.memory_before:>6} {s.memory_budget:>6} "
+              f"{s.memory_after:>6} {s.seconds:>8.3f} {format_bytes(s.bytes_modeled):>10} "
+              f"{format_bytes(s.bytes_measured):>10}")
+    print(f"total {result.seconds:.2f} s, peak modeled {format_bytes(result.peak_bytes_modeled)}, "
+          f"peak measured {format_bytes(result.peak_bytes_measured)}"
+          + ("" if result.peak_bytes_measured is not None else " (no device counter on CPU)"))
+    if result.continuation_nll is not None:
+        print(f"continuation NLL ({result.continuation_tokens} tokens): {result.continuation_nll:.4f}")
+    if result.answer is not None:
+        print(f"Q: {result.question}\nA: {result.answer}")
+    return 0

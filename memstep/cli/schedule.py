@@ -1,0 +1,38 @@
+"""`memstep schedule`: a schedule's chunk and memory sizes, instantly (no model, no torch)."""
+
+from __future__ import annotations
+
+import json
+
+from memstep.schedules import GROWTHS, SCHEDULES, check_run_settings, format_table, make_schedule
+
+
+def add_schedule_options(p, default_schedule="imdc"):
+    """--schedule, --chunk, --memory, --growth: shared by `schedule` and `run`."""
+    p.add_argument("--schedule", default=default_schedule, choices=[s for s in SCHEDULES if s != "custom"])
+    p.add_argument("--chunk", type=int, default=512, help="chunk size in tokens (default 512)")
+    p.add_argument("--memory", type=int, default=512, help="memory budget M in tokens (default 512)")
+    p.add_argument("--growth", default="linear", choices=GROWTHS,
+                   help="IM/IMDC growth curve; square-sqrt and double-inverse are layer-wise (the lower half "
+                        "of the layers follows the first curve, the upper half the second)")
+
+
+def cmd_schedule(args) -> int:
+    check_run_settings(args.schedule, args.tokens, args.chunk, args.memory, args.sinks)  # the app's rule too
+    schedule = make_schedule(args.schedule, args.tokens, args.chunk, args.memory, args.growth, layers=args.layers)
+    if args.json:
+        print(json.dumps(schedule.to_dict()))
+    else:
+        print(format_table(schedule, args.sinks))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("schedule", help="print a schedule's chunk and memory sizes (no model)")
+    p.add_argument("--tokens", type=int, required=True)
+    add_schedule_options(p)
+    p.add_argument("--layers", type=int, default=None,
+                   help="the model's layers, for a layer-wise growth (30 for the embedded model)")
+    p.add_argument("--sinks", type=int, default=4)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_schedule)

@@ -1,0 +1,186 @@
+"""The Run tab: controls on the left (document, question, schedule, sizes, scorer, model),
+the run's views on the right (schedule preview, retained-token map, memory, seconds, answer,
+text), streamed step by step. The event functions are in ui/handlers.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from memstep.documents import SUPPORTED_EXTENSIONS
+from memstep.models import allowed_models, default_model, offered_models
+from memstep.presets import PRESETS, ROPE_HELP
+from memstep.schedules import GROWTHS
+from memstep.scorers import SCORERS
+
+from ui import handlers
+from ui.documents import DEFAULT_EXAMPLE, EXAMPLES, MAX_UPLOAD_BYTES
+from ui.runs import DEFAULT_MAX_TOKENS
+from ui.summary import stat_cards
+from ui.views import answer_markdown
+
+SCHEDULE_CHOICES = [("full", "full"), ("FM", "fm"), ("IM", "im"), ("IMDC", "imdc")]
+ROPE_CHOICES = [("compact (reference)", "compact"), ("document", "document")]
+ROPE_INFO = "compact: " + ROPE_HELP["compact"] + ". document: " + ROPE_HELP["document"] + "."
+
+CHUNK_INFO = ("FM, IM: every chunk is c. IMDC: c sets the steps (⌈tokens/c⌉); chunks then shrink as memory "
+              "grows, keeping memory + chunk level.")
+
+RUN_HINT = ("Press **Run** (or Ctrl+Enter): each step streams the retained-token map (which positions memory keeps), "
+            "memory and seconds per step, then the answer to the question and the text shaded by what the "
+            "memory kept. While a run streams, the chart above follows it step by step.")
+
+GUIDE = """
+**Chunk and memory per step.** Each bar is one step: blue is the memory the step starts with (cache
+entries per layer, sinks included), orange the chunk it reads; together they are what the step's
+attention holds, and the red arrow marks their peak. The dark line is the memory kept after the step,
+the dotted line the schedule's budget. FM keeps a fixed memory; IM grows it along the growth curve;
+IMDC also shrinks the chunks as memory grows, so memory + chunk stays flat (a lower peak than FM).
+
+**Retained tokens.** One row per step (step 1 at the top), one column per token position (prompt
+head, then the document; long documents are binned). Grey: not read yet. White: read, then evicted
+from every layer and KV head. Blue: kept; the darker, the more of the layers × KV heads keep it. A
+new row adds the chunk just read (outlined in orange) and shows what survived of everything before.
+Orange and red ticks above the map mark the sinks and the hidden passkey.
+
+**Memory per step.** The modeled peak bytes of each step, stacked by component: KV of the memory,
+KV of the chunk, the attention and scorer working set, and activations. The weights are constant and
+left out so the schedule's effect stays visible. On CUDA a line shows the peak the device measured;
+on a CPU there is no such counter and only the model is shown.
+
+**Seconds per step.** Wall-clock time of each step (forward pass and eviction).
+
+**Text.** The document shaded by the memory after the chosen step: the darker a token, the more
+layer-head slots still hold it.
+"""
+
+
+@dataclass
+class RunTab:
+    """The Run tab's inputs that other tabs read (Compare runs on the same document and model)."""
+
+    doc_state: gr.State
+    model: gr.Dropdown
+    question: gr.Textbox
+    sinks: gr.Number
+    max_tokens: gr.Number
+
+
+def _model_choices() -> list[str]:
+    return offered_models()  # 'embedded' only where it can load; on a Space also all it accepts
+
+
+def build_tab() -> RunTab:
+    """Build the tab's controls and views inside the current gr.Tab, and wire its events."""
+    document = handlers.default_document()
+    first_preview, first_note = handlers.preview(document, default_model(), "imdc", "linear", 512, 512, 4,
+                                                 DEFAULT_MAX_TOKENS)
+    doc_state = gr.State(document)
+    view_state = gr.State(None)
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=4, min_width=330, elem_id="memstep-controls"):
+            # first in the column: visible without scrolling, a few Tab presses away
+            with gr.Row(elem_id="run-row"):
+                run = gr.Button("Run", variant="primary", elem_id="run", min_width=120)
+                stop = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
+            with gr.Group():
+                example = gr.Dropdown(list(EXAMPLES), value=DEFAULT_EXAMPLE, label="Example document",
+                                      elem_id="example")
+                upload = gr.File(label=f"…or upload a document ({' '.join(SUPPORTED_EXTENSIONS)}, up to "
+                                       f"{MAX_UPLOAD_BYTES // 2**20} MB)",
+                                 file_types=list(SUPPORTED_EXTENSIONS), type="filepath", height=150,
+                                 elem_id="upload")
+            doc_info = gr.Markdown(handlers.describe_document(document, default_model()),
+                                   elem_id="doc-info", elem_classes="memstep-note")
+            question = gr.Textbox(document.question, label="Question (optional)", lines=1,
+                                  elem_id="question")
+            schedule = gr.Radio(SCHEDULE_CHOICES, value="imdc", label="Schedule", elem_id="schedule")
+            growth = gr.Dropdown(list(GROWTHS), value="linear", label="Growth curve (IM and IMDC)",
+                                 elem_id="growth")
+            chunk = gr.Slider(16, _chunk_limit(document), value=512, step=16, label="Chunk size c (tokens)", elem_id="chunk",
+                              info=CHUNK_INFO)
+            memory = gr.Slider(0, 8192, value=512, step=4, label="Memory size M (tokens)",
+                               elem_id="memory", info="Tokens kept after each step, besides the sinks "
+                               "(at least the sinks).")
+            with gr.Row():
+                sinks = gr.Number(4, label="Sinks", minimum=0, maximum=256, precision=0,
+                                  elem_id="sinks", min_width=90)
+                max_tokens = gr.Number(DEFAULT_MAX_TOKENS, label="Max tokens", minimum=1, precision=0,
+                                       elem_id="max-tokens", min_width=90)
+            with gr.Row():
+                preset = gr.Dropdown(["none", *PRESETS], value="none", label="Preset", elem_id="preset",
+                                     info="reference: the paper's code (conv score, compact "
+                                          "positions, 4 sinks)", min_width=140)
+                scorer = gr.Dropdown(list(SCORERS), value="chunk-attention", label="Scorer",
+                                     elem_id="scorer", min_width=140)
+            rope = gr.Radio(ROPE_CHOICES, value="compact", label="RoPE positions", info=ROPE_INFO,
+                            elem_id="rope")
+            model = gr.Dropdown(_model_choices(), value=default_model(),
+                                allow_custom_value=allowed_models() is None,
+                                label="Model", info="'embedded': SmolLM2-135M-Instruct shipped with "
+                                "memstep. Or a hub id, a local folder or a .gguf file.",
+                                elem_id="model")
+            question_aware = gr.Checkbox(False, label="Question-aware", elem_id="question-aware",
+                                         info="Also score every step by the question's attention: its "
+                                              "tokens are read after each chunk, then dropped.")
+            full_reference = gr.Checkbox(False, label="Also answer from the full cache (reference)",
+                                         info="Bundled examples always show it (computed once, then "
+                                         "cached); for uploads it is one more prefill.",
+                                         elem_id="full-reference")
+        with gr.Column(scale=9):
+            stats = gr.HTML(stat_cards([("state", "run", "not run yet")]), elem_id="stats")
+            preview_note = gr.Markdown(first_note, elem_id="preview-note", elem_classes="memstep-note")
+            sizes_plot = gr.Plot(first_preview, label="Chunk and memory per step", show_label=False,
+                                 elem_id="sizes-plot")
+            run_hint = gr.Markdown(RUN_HINT, elem_id="run-hint", elem_classes="memstep-hint")
+            # Hidden until the first streamed update: the page loads without drawing empty plots.
+            with gr.Column(visible=False, elem_id="run-views") as run_views:
+                replay_step = gr.Slider(0, 1, value=0, step=1, interactive=False, elem_id="replay",
+                                        label="Replay: the run after step (0 = before the first)")
+                retained_plot = gr.Plot(show_label=False, elem_id="retained-plot")
+                with gr.Row():
+                    memory_plot = gr.Plot(show_label=False, elem_id="memory-plot", scale=3)
+                    seconds_plot = gr.Plot(show_label=False, elem_id="seconds-plot", scale=2)
+                layers_plot = gr.Plot(show_label=False, elem_id="layers-plot", visible=False)
+                with gr.Column(elem_id="answer-text"):
+                    answer = gr.Markdown(answer_markdown(None), elem_id="answer", container=True)
+                    text = gr.HTML(elem_id="retained-text")
+            with gr.Accordion("How to read these views", open=False):
+                gr.Markdown(GUIDE)
+
+
+    preview_inputs = [doc_state, model, schedule, growth, chunk, memory, sinks, max_tokens]
+    gr.on([doc_state.change, model.change, schedule.change, growth.change, chunk.change, memory.change,
+           sinks.change, max_tokens.change],
+          handlers.preview_page, preview_inputs, [sizes_plot, preview_note, run, chunk],
+          trigger_mode="always_last", concurrency_limit=None, show_progress="hidden", api_visibility="private")
+    example.input(handlers.choose_example, [example, model], [doc_state, question, doc_info, upload],
+                  concurrency_limit=None, api_visibility="private")
+    upload.upload(handlers.choose_upload, [upload, doc_state, model],
+                  [doc_state, question, doc_info, upload, example],
+                  concurrency_limit=None, api_visibility="private")
+
+    preset.input(handlers.choose_preset, [preset], [scorer, rope, sinks], concurrency_limit=None,
+                 api_visibility="private")
+    run_outputs = [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, answer, replay_step,
+                   view_state, run_views, run_hint, layers_plot]
+    run.click(handlers.run_document,
+              [doc_state, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens, question,
+               full_reference, rope, question_aware], run_outputs,
+              concurrency_id="prefill", concurrency_limit=1, show_progress="minimal",
+              show_progress_on=[stats], api_visibility="private")
+    stop.click(handlers.stop_run, None, None, concurrency_limit=None, api_visibility="private")
+    replay_step.input(handlers.replay, [replay_step, view_state],
+                      [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, layers_plot],
+                      trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
+                      api_visibility="private")
+    return RunTab(doc_state, model, question, sinks, max_tokens)
+
+
+def _chunk_limit(document) -> int:
+    """The chunk slider's end: the default document's tokens (the preview keeps it updated)."""
+    try:
+        return max(16, handlers.preview_tokens(document, default_model(), DEFAULT_MAX_TOKENS))
+    except Exception:  # noqa: BLE001 - no tokenizer yet (hub unreachable): the model's context
+        return 8192
