@@ -137,16 +137,20 @@ def self_generated_windows(model, tokenizer, samples: int, seq_len: int, seed: i
     return windows[:samples]
 
 
-def calibration_set(model, tokenizer, config: SparseConfig, text: str | None = None) -> CalibrationSet:
+def calibration_set(model, tokenizer, config: SparseConfig, text: str | None = None,
+                    generated: list[list[int]] | None = None) -> CalibrationSet:
     """The windows ``config`` asks for. ``text``: the user's calibration text (the bundled novel
     when None). ``self`` with masks from real text reads ``samples`` real windows for the masks
-    alone; ``both`` takes half real windows and half self-generated ones."""
+    alone; ``both`` takes half real windows and half self-generated ones. ``generated``: windows
+    the model wrote before with the same settings (the first ones needed are taken)."""
     source, samples, seq_len = config.calibration, config.samples, config.seq_len
     if source not in SOURCES:
         raise MemstepError(f"unknown calibration source '{source}': choose one of {', '.join(SOURCES)}")
     name = config.calibration_file
 
     def generate(count):
+        if generated is not None and len(generated) >= count:
+            return generated[:count]
         return self_generated_windows(model, tokenizer, count, seq_len, config.seed, config.self_length)
 
     if source == "text":
