@@ -633,3 +633,16 @@ def test_cli_unknown_calibration_keyword(capsys):
     code = main(["compress", "sparse", "--calibration", "web"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "unknown calibration 'web'" in err[0]
+
+
+def test_cli_reconstruct_cr_ends_with_the_last_block_alone(capsys, tokenizer, tmp_path):
+    import json
+
+    from memstep.cli import main
+
+    code = main(["compress", "sparse", "--model", str(_tiny_folder(tokenizer, tmp_path)), "--method", "magnitude",
+                 "--reconstruct", "cr", "--samples", "2", "--seq-len", "16", "--held-out-samples", "1",
+                 "--steps", "1", "--json", "--quiet"])
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 0 and payload["settings"]["reconstruct"] == "br+gp+cr"
+    assert [r["steps"] for r in payload["records"]] == [[[0]], [[0, 1], [1]]]  # 3 trainings for 2 blocks

@@ -28,7 +28,7 @@ def register(sub) -> None:
     p.add_argument("--sparsity", type=float, default=d.sparsity, help="unstructured sparsity in (0, 1) (default 0.5)")
     p.add_argument("--nm", default=None, help="N:M sparsity instead, e.g. 2:4 or 4:8")
     p.add_argument("--reconstruct", default=d.reconstruct,
-                   help=f"{' | '.join(RECONSTRUCTIONS)} (default {d.reconstruct})")
+                   help=f"{' | '.join(RECONSTRUCTIONS)} (cr: br+gp+cr) (default {d.reconstruct})")
     p.add_argument("--calibration", default=d.calibration, metavar="SOURCE",
                    help=f"{' | '.join(SOURCES)} | FILE: real text (bundled Persuasion, or --calibration-text), text "
                         f"the dense model generates, half of each, or your own text file (.txt, .md, .pdf, .html; "
@@ -109,7 +109,8 @@ def config_from_args(args):
     from memstep.compress.sparse.config import SparseConfig
 
     source, path = calibration_source(args)
-    return SparseConfig(method=args.method, sparsity=args.sparsity, nm=args.nm, reconstruct=args.reconstruct,
+    reconstruct = {"cr": "br+gp+cr"}.get(args.reconstruct, args.reconstruct)  # CR always runs with GP
+    return SparseConfig(method=args.method, sparsity=args.sparsity, nm=args.nm, reconstruct=reconstruct,
                         calibration=source, calibration_file=Path(path).name if path else None,
                         mask_data=args.mask_data, samples=args.samples, seq_len=args.seq_len,
                         self_length=args.self_length, held_out_samples=args.held_out_samples, optimizer=args.optimizer,
