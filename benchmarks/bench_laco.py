@@ -128,8 +128,13 @@ def samples_table(reports: list[tuple[str, dict, dict]], prompt: str) -> str:
                 continue
             seen.add(key if key == "dense" else (title, key))
             text = row["sample"].replace("|", "\\|").replace("\n", " ")
+            text = text if len(text) <= 200 else text[:200] + " …"
             lines.append(f"| {title if key != 'dense' else 'dense'} | {row['label']} | {text} |")
     return "\n".join(lines)
+
+
+def render(reports: list[tuple[str, dict, dict]], prompt: str) -> str:
+    return "\n\n".join([table(reports), merges_table(reports), samples_table(reports, prompt)])
 
 
 def write_docs(markdown: str, path: Path = DOCS) -> None:
@@ -146,7 +151,17 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU-time ratios are stable)")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--docs", action="store_true", help="also put the tables into docs/compress.md")
+    parser.add_argument("--retable", type=Path, default=None, help="re-render the tables of an existing JSON (no runs)")
     args = parser.parse_args(argv)
+    if args.retable:
+        result = json.loads(args.retable.read_text())
+        reports = [(title, r["settings"], r["report"]) for title, r in result["runs"].items()]
+        result["markdown"] = render(reports, result["probe"]["sample_prompt"])
+        args.retable.write_text(json.dumps(result, indent=1))
+        if args.docs:
+            write_docs(result["markdown"])
+        print(result["markdown"])
+        return 0
     torch.set_num_threads(args.threads)
     lm = load_model("embedded", device="auto", dtype="float32")
     device = lm.device.split(":")[0]
@@ -162,8 +177,7 @@ def main(argv=None) -> int:
         report = run(lm, texts, probe, args.repeats, variants, baselines, dense=dense, **settings)
         dense = dense or report["models"]["dense"]
         reports.append((title, settings, report))
-    prompt = probe.to_dict()["sample_prompt"]
-    markdown = "\n\n".join([table(reports), merges_table(reports), samples_table(reports, prompt)])
+    markdown = render(reports, probe.to_dict()["sample_prompt"])
     result = {"model": lm.name, "device": lm.device, "dtype": lm.dtype, "torch_threads": torch.get_num_threads(),
               "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
               "seconds": time.perf_counter() - began, "probe": probe.to_dict(), "paper": PAPER,
