@@ -119,8 +119,13 @@ def samples_table(runs: list[dict], dense: dict | None) -> str:
     rows = ([("dense", dense["sample"])] if dense else []) + [
         (f"{r['method']} {r['pattern']} {r['calibration']} {LABELS[r['reconstruct']]}"
          + (f" ({r['train']})" if r["reconstruct"] not in ("none", "lr") else ""), r["sample"]) for r in runs]
-    lines += [f"| {label} | {text.replace('|', chr(92) + '|').replace(chr(10), ' ')} |" for label, text in rows]
+    lines += [f"| {label} | {text.replace('|', chr(92) + '|').replace(chr(10), ' ') or '*(nothing: it ends at once)*'} |"
+              for label, text in rows]
     return "\n".join(lines)
+
+
+def sample_runs(runs: list[dict]) -> list[dict]:
+    return [r for r in runs if r["method"] == "wanda" and r["reconstruct"] in ("none", "br+gp", "br+gp+cr")]
 
 
 def write_docs(text: str, path: Path = DOCS) -> None:
@@ -144,7 +149,18 @@ def main(argv=None) -> int:
     p.add_argument("--passkey-cases", type=int, default=5)
     p.add_argument("--output", default=None)
     p.add_argument("--docs", action="store_true", help="also put the tables into docs/compress.md")
+    p.add_argument("--retable", default=None, help="re-render the tables of an existing JSON result (no runs)")
     args = p.parse_args(argv)
+    if args.retable:
+        payload = json.loads(Path(args.retable).read_text())
+        add_reductions(payload["runs"])
+        payload["table"] = markdown(payload["runs"], payload["dense"])
+        payload["samples"] = samples_table(sample_runs(payload["runs"]), payload["dense"])
+        Path(args.retable).write_text(json.dumps(payload, indent=1))
+        if args.docs:
+            write_docs(f"{payload['table']}\n\n{payload['samples']}")
+        print(payload["table"])
+        return 0
     base = load_model("embedded", device="cpu", dtype="float32")
     common = dict(samples=args.samples, seq_len=args.seq_len, held_out_samples=args.held_out_samples,
                   steps=args.steps, batch_size=args.batch_size, lr=args.lr, self_length=args.self_length)
@@ -174,8 +190,7 @@ def main(argv=None) -> int:
               f"passkey {sum(run['passkey_correct'])}/{len(passkeys)}, {run['seconds']:.0f} s", flush=True)
     add_reductions(runs)
     table = markdown(runs, dense)
-    samples = samples_table([r for r in runs if r["method"] == "wanda" and r["reconstruct"] in
-                             ("none", "br+gp", "br+gp+cr")], dense)
+    samples = samples_table(sample_runs(runs), dense)
     payload = {"model": base.name, "device": "cpu", "threads": torch.get_num_threads(),
                "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}; shared with other sessions",
                "settings": {**common, "optimizer": "adam", "held_out": "Pride and Prejudice ch. 1-12",
