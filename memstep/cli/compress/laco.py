@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 from memstep.cli.common import at_least
-from memstep.errors import MemstepError
 
 # Mirrors memstep.compress.laco.DEFAULTS (kept literal so the parser needs no torch import).
 C, L, I, T = 3, 0, 1, 0.45  # noqa: E741
