@@ -91,7 +91,7 @@ def test_short_laco_run_in_the_browser_loads_into_run(tmp_path, monkeypatch, art
         state = page.locator('#laco-status [data-stat="laco-state"] .memstep-stat-value').inner_text()
         wait_for_plot(page, "laco-similarity")
         wait_for_plot(page, "laco-map")
-        assert page.locator("#laco-similarity .scatterlayer .point").count() == 4  # l = 28, 27, 26, 25
+        assert page.locator("#laco-similarity .scatterlayer .point").count() == 3  # H = 29 (the top index): l = 27, 26, 25
         page.screenshot(path=str(artifacts_dir / "compress_laco_short.png"), full_page=True)
         if "removed none" in state:
             pytest.fail(f"the short run should merge something at T=0.5: {state}")

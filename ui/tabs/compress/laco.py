@@ -159,7 +159,7 @@ def folder_name(model_name: str, settings: dict) -> str:
     base = re.sub(r"[^a-z0-9]+", "-", model_name.split("/")[-1].lower()).strip("-") or "model"
     s = settings
     return (f"{base}-laco-{s['variant']}-{s['reference']}-C{s['C']}L{s['L']}H{s['H']}I{s['I']}T{s['T']:g}"
-            f"-cal{s['sentences']}x{s['tokens']}")
+            f"-cal{s['sentences']}x{s['tokens']}" + ("-run" if s.get("merge") == "run" else ""))
 
 
 def _int(value, name: str, low: int, high: int | None = None) -> int:
@@ -175,10 +175,12 @@ def _int(value, name: str, low: int, high: int | None = None) -> int:
     return number
 
 
-def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, evaluate):  # noqa: E741
+def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, evaluate,  # noqa: E741
+             merge="chained"):
     """Stream (status, similarity plot, layer map, table, load button, saved folder)."""
     from memstep.compress.collapse_run import LABELS, CollapseRun
     from memstep.compress.data import calibration_texts
+    from memstep.compress.laco import settings_warnings
     from memstep.compress.quality import make_probe
 
     from ui.models import get_model
@@ -187,20 +189,22 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
         settings = dict(C=_int(C, "C", 2), L=_int(L, "L", 0), H=_int(H, "H", 0), I=_int(I, "I", 1),
                         sentences=_int(sentences, "calibration sentences", 1, MAX_SENTENCES),
                         tokens=_int(tokens, "tokens per sentence", 2, MAX_TOKENS), variant=variant,
-                        reference=reference)
+                        reference=reference, merge=merge)
         try:
             settings["T"] = float(T)
         except (TypeError, ValueError):
             raise MemstepError(f"T must be a number in (0, 1] (got {T!r})") from None
         lm = get_model(model_spec)
-        settings["H"] = settings["H"] or len(lm.model.model.layers)
+        settings["H"] = settings["H"] or len(lm.model.model.layers) - 1  # 0: the top layer's index, as the notebook
         folder = compressed_root() / folder_name(lm.name, settings)
         probe = make_probe(lm.tokenizer, **APP_PROBE) if evaluate else None
         run = CollapseRun(lm, calibration_texts(settings["sentences"]), variants=(variant,), probe=probe,
                           output=folder, repeats=APP_REPEATS, C=settings["C"], L=settings["L"], H=settings["H"], I=settings["I"],
-                          T=settings["T"], reference=reference, max_tokens=settings["tokens"])
+                          T=settings["T"], reference=reference, merge=merge, max_tokens=settings["tokens"])
     except MemstepError as err:
         raise gr.Error(str(err), print_exception=False) from None
+    for warning in settings_warnings(settings["C"]):
+        gr.Warning(warning)
     search = run.searches[variant]
     depth, total = len(search.dense_layers), max(1, search.H - search.C - search.L + 1)
     measured_total = 4 if evaluate else 0
@@ -276,13 +280,16 @@ def build_section(model_box=None, tabs=None) -> dict:
                               elem_id="laco-i")
             with gr.Row():
                 L = gr.Number(DEFAULTS["L"], label="L · lowest base layer", precision=0, minimum=0, elem_id="laco-l")
-                H = gr.Number(0, label="H · top (0: all layers)", precision=0, minimum=0, elem_id="laco-h")
+                H = gr.Number(0, label="H · top layer index (0: the last)", precision=0, minimum=0, elem_id="laco-h")
             T = gr.Slider(0.01, 1.0, value=DEFAULTS["T"], step=0.01, label="T · similarity threshold", elem_id="laco-t")
             variant = gr.Radio([("paper formula", "paper"), ("released notebook", "notebook")], value="paper",
                                label="merge", elem_id="laco-variant",
                                info="notebook: what the authors' code computes (the last merged layer's weights)")
             reference = gr.Radio([("dense model", "dense"), ("model so far", "current")], value="dense",
                                  label="compare candidates with", elem_id="laco-reference")
+            merge = gr.Radio([("chained (paper)", "chained"), ("one RDSC per run", "run")], value="chained",
+                             label="merge into a merged layer", elem_id="laco-merge",
+                             info="run: a window that takes in a merged layer merges the original layers anew")
             with gr.Row():
                 sentences = gr.Number(CALIBRATION_SENTENCES, label=f"calibration sentences (≤ {MAX_SENTENCES})",
                                       precision=0, minimum=1, maximum=MAX_SENTENCES, elem_id="laco-sentences")
@@ -309,7 +316,7 @@ def build_section(model_box=None, tabs=None) -> dict:
                                  label="quality and cost against the dense model and the baselines")
     folder = gr.State(None)
     model_input = model_box if model_box is not None else gr.State(None)
-    running = start.click(run_laco, [model_input, C, L, H, I, T, variant, reference, sentences, tokens, evaluate],
+    running = start.click(run_laco, [model_input, C, L, H, I, T, variant, reference, sentences, tokens, evaluate, merge],
                           [status, sim_plot, map_plot, table, load, folder], concurrency_id="prefill",
                           concurrency_limit=1, show_progress="minimal", show_progress_on=[status],
                           api_visibility="private")

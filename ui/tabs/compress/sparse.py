@@ -107,7 +107,8 @@ def table_rows(runs: list[dict]) -> list[list]:
 
 
 # ---- handlers --------------------------------------------------------------------------------
-def make_config(method, pattern, sparsity, calibration, samples, seq_len, steps, lr, technique) -> SparseConfig:
+def make_config(method, pattern, sparsity, calibration, samples, seq_len, steps, lr, technique,
+                train="norms") -> SparseConfig:
     """The settings of one run, with the app's caps; MemstepError on a bad value."""
     samples, seq_len, steps = int(samples or 0), int(seq_len or 0), int(steps or 0)
     if not 1 <= samples <= MAX_SAMPLES:
@@ -124,7 +125,7 @@ def make_config(method, pattern, sparsity, calibration, samples, seq_len, steps,
     return SparseConfig(method=method, sparsity=float(sparsity or 0), nm=nm, reconstruct=technique,
                         calibration=calibration, samples=samples, seq_len=seq_len,
                         held_out_samples=HELD_OUT_SAMPLES, steps=steps, lr=float(lr or 0),
-                        batch_size=min(4, samples)).validate()
+                        batch_size=min(4, samples), train_params=train).validate()
 
 
 def _source_model(spec):
@@ -140,13 +141,13 @@ def _source_model(spec):
     return LoadedModel(copy.deepcopy(lm.model), lm.tokenizer, lm.name, lm.device, lm.dtype)
 
 
-def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq_len, steps, lr):
+def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq_len, steps, lr, train="norms"):
     """Stream (status, figure, table, saved-model dropdown) while each technique prunes the model."""
     techniques = [t for t in RECONSTRUCTIONS if t in (techniques or [])]
     try:
         if not techniques:
             raise MemstepError("tick at least one reconstruction technique")
-        configs = [make_config(method, pattern, sparsity, calibration, samples, seq_len, steps, lr, t)
+        configs = [make_config(method, pattern, sparsity, calibration, samples, seq_len, steps, lr, t, train)
                    for t in techniques]
     except MemstepError as err:
         raise gr.Error(str(err)) from err
@@ -219,6 +220,8 @@ def build_section(model_box=None, tabs=None) -> None:
                 steps = gr.Number(DEFAULTS["steps"], label=f"Steps per block (1-{MAX_STEPS})", precision=0, elem_id="sparse-steps", min_width=80)
                 lr = gr.Number(DEFAULTS["lr"], label="Learning rate (Adam)", elem_id="sparse-lr",
                                min_width=80)
+            train = gr.Radio([("every block parameter (reference)", "norms"), ("linear weights only", "linear")],
+                             value="norms", label="Reconstruction trains", elem_id="sparse-train")
             with gr.Row():
                 start = gr.Button("Prune", variant="primary", elem_id="sparse-run")
                 stop = gr.Button("Stop", elem_id="sparse-stop")
@@ -231,7 +234,7 @@ def build_section(model_box=None, tabs=None) -> None:
                 pruned = gr.Dropdown([], label="Pruned model", elem_id="sparse-pruned", scale=4)
                 load = gr.Button("Load into the Run tab", elem_id="sparse-load", scale=1)
     running = start.click(prune, [model_box if model_box is not None else gr.State(None), method, pattern, sparsity,
-                                  techniques, calibration, samples, seq_len, steps, lr],
+                                  techniques, calibration, samples, seq_len, steps, lr, train],
                           [status, plot, table, pruned], concurrency_id="prefill", concurrency_limit=1,
                           show_progress="minimal", show_progress_on=[status], api_visibility="private")
     stop.click(lambda: "**Stopped.** The curves show the blocks done so far.", None, [status], cancels=[running],
