@@ -158,7 +158,8 @@ def test_highlight_shades_tokens_escapes_html_and_outlines_the_needle():
     body = out.split('overflow-y:auto')[1]
     assert "<b>" not in body and "&lt;b&gt;" in body
     assert html.unescape(re.sub(r"<[^>]+>", "", body.split(">", 1)[1])) == text[:32]
-    needle = re.search(r'<span id="memstep-needle" style="outline:2px solid #dc2626[^"]*">(.*?</span>)</span>', body)
+    needle = re.search(r'<span id="memstep-needle" data-mark="needle" style="outline:2px solid #dc2626[^"]*">(.*?</span>)</span>',
+                       body)
     assert needle and html.unescape(re.sub(r"<[^>]+>", "", needle.group(1))) == " 12345"  # one outlined piece
     assert body.count('id="memstep-needle"') == 1 and 'href="#memstep-needle"' in out
     assert "color:#6b7280;font-style:italic" in body  # the unread token (AA contrast)

@@ -10,6 +10,7 @@ import gradio as gr
 from ui import api
 from ui.documents import MAX_UPLOAD_BYTES
 from ui.summary import COMPARE_WIDTHS
+from ui.theme import dark_css
 from ui.tabs import compare as compare_tab
 from ui.tabs import compress as compress_tab
 from ui.tabs import evaluate as evaluate_tab
@@ -21,16 +22,20 @@ QUEUE_SIZE = int(os.environ.get("MEMSTEP_QUEUE_SIZE", "16"))  # waiting line for
 CSS = """
 .gradio-container { max-width: 1480px !important; }
 #memstep-header h1 { font-size: 1.6rem; margin: 0; }
-#memstep-header p { margin: 2px 0 0; color: #4b5563; }
+#memstep-header p { margin: 2px 0 0; color: var(--body-text-color-subdued); }
 .memstep-stats { display: flex; flex-wrap: wrap; gap: 8px; }
-.memstep-stat { flex: 1 1 110px; border: 1px solid #e5e7eb; border-radius: 8px; padding: 6px 10px;
-  background: #f9fafb; }
-.memstep-stat-label { font-size: 11px; text-transform: uppercase; letter-spacing: .04em; color: #6b7280; }
-.memstep-stat-value { font-size: 15px; font-weight: 600; color: #111827; white-space: nowrap; }
+.memstep-stat { flex: 1 1 110px; min-width: 0; border: 1px solid var(--border-color-primary); border-radius: 8px;
+  padding: 6px 10px; background: var(--background-fill-secondary); }
+.memstep-stat-label { font-size: 11px; text-transform: uppercase; letter-spacing: .04em;
+  color: var(--body-text-color-subdued); }
+/* a long value (the run's label) wraps inside its card instead of being cut */
+.memstep-stat-value { font-size: 15px; font-weight: 600; color: var(--body-text-color); overflow-wrap: anywhere; }
 #memstep-controls .gr-group, #memstep-controls { gap: 10px; }
-.memstep-note { font-size: 12.5px; color: #4b5563; }
-.memstep-hint { padding: 14px 16px; border: 1px dashed #cbd5e1; border-radius: 8px; color: #4b5563; }
-.memstep-progress { height: 6px; margin-top: 8px; border-radius: 3px; background: #e5e7eb; overflow: hidden; }
+.memstep-note { font-size: 12.5px; color: var(--body-text-color-subdued); }
+.memstep-hint { padding: 14px 16px; border: 1px dashed var(--border-color-primary); border-radius: 8px;
+  color: var(--body-text-color-subdued); }
+.memstep-progress { height: 6px; margin-top: 8px; border-radius: 3px; background: var(--border-color-primary);
+  overflow: hidden; }
 .memstep-progress > div { height: 100%; background: #3b82f6; transition: width .3s ease; }
 /* keyboard users see where they are */
 button:focus-visible, input:focus-visible, select:focus-visible, textarea:focus-visible, [role="tab"]:focus-visible,
@@ -77,7 +82,7 @@ chunks; right after each layer's attention a <b>scorer</b> cuts that layer's cac
 def build_app() -> gr.Blocks:
     with gr.Blocks(title="memstep: memorize step by step") as demo:
         gr.HTML(HEADER)
-        with gr.Tabs() as tabs:
+        with gr.Tabs(overflow_behavior="wrap") as tabs:  # every tab in view on a phone, no "..." menu
             with gr.Tab("Run", id="run"):
                 run = run_tab.build_tab()
             with gr.Tab("Compare", id="compare"):
@@ -98,7 +103,7 @@ def launch_options() -> dict:
     theme = gr.themes.Soft(primary_hue="blue", neutral_hue="slate",
                            font=[gr.themes.Font(name) for name in ("Inter", "Segoe UI", "system-ui", "sans-serif")],
                            font_mono=[gr.themes.Font(name) for name in ("ui-monospace", "monospace")])
-    return {"theme": theme, "css": CSS + _table_css(), "head": HEAD, "max_file_size": MAX_UPLOAD_BYTES}
+    return {"theme": theme, "css": CSS + _table_css() + dark_css(), "head": HEAD, "max_file_size": MAX_UPLOAD_BYTES}
 
 
 def _table_css() -> str:

@@ -14,7 +14,7 @@ from memstep.presets import PRESETS, ROPE_HELP
 from memstep.schedules import GROWTHS
 from memstep.scorers import SCORERS
 
-from ui import handlers
+from ui import handlers, legend
 from ui.documents import DEFAULT_EXAMPLE, EXAMPLES, MAX_UPLOAD_BYTES
 from ui.runs import DEFAULT_MAX_TOKENS
 from ui.summary import stat_cards
@@ -38,22 +38,19 @@ attention holds, and the red arrow marks their peak. The dark line is the memory
 the dotted line the schedule's budget. FM keeps a fixed memory; IM grows it along the growth curve;
 IMDC also shrinks the chunks as memory grows, so memory + chunk stays flat (a lower peak than FM).
 
-**Retained tokens.** One row per step (step 1 at the top), one column per token position (prompt
-head, then the document; long documents are binned). Grey: not read yet. White: read, then evicted
-from every layer and KV head. Blue: kept; the darker, the more of the layers × KV heads keep it. A
-new row adds the chunk just read (outlined in orange) and shows what survived of everything before.
-Orange and red ticks above the map mark the sinks and the hidden passkey.
+{retained}
 
 **Memory per step.** The modeled peak bytes of each step, stacked by component: KV of the memory,
 KV of the chunk, the attention and scorer working set, and activations. The weights are constant and
 left out so the schedule's effect stays visible. On CUDA a line shows the peak the device measured;
 on a CPU there is no such counter and only the model is shown.
 
-**Seconds per step.** Wall-clock time of each step (forward pass and eviction).
+**Seconds per step.** Bars: wall-clock seconds of each step (forward pass and eviction); diamonds:
+the CPU seconds the app's process spent on it (on a CPU run). On a machine shared with other jobs wall
+seconds follow the load, CPU seconds much less: the chart says when the load is above the cores.
 
-**Text.** The document shaded by the memory after the chosen step: the darker a token, the more
-layer-head slots still hold it.
-"""
+{text}
+""".format(retained=legend.map_guide(), text=legend.text_guide())
 
 
 @dataclass
