@@ -330,8 +330,10 @@ def memory_figure(records: Sequence[StepRecord], steps: int, include_weights: bo
     return fig
 
 
-def seconds_figure(records: Sequence[StepRecord], steps: int, height: int = 300) -> go.Figure:
-    """Wall-clock seconds of each step's forward pass (and its eviction)."""
+def seconds_figure(records: Sequence[StepRecord], steps: int, height: int = 300 + LEGEND_ROOM,
+                   cpu: Sequence[float] | None = None, note: str | None = None) -> go.Figure:
+    """Wall-clock seconds of each step's forward pass (and its eviction), and where measured the
+    CPU seconds this process spent on it; ``note`` (a shared machine's load) under the axis."""
     if not records:
         return placeholder_figure("Run to see seconds per step", "Seconds per step", height)
     x = [r.step + 1 for r in records]
@@ -339,14 +341,23 @@ def seconds_figure(records: Sequence[StepRecord], steps: int, height: int = 300)
     speed = [r.chunk_size / r.seconds if r.seconds > 0 else 0.0 for r in records]
     fig = go.Figure()
     _highlight_step(fig, records[-1].step if len(records) < steps else None)
-    fig.add_bar(x=x, y=seconds, marker_color=COLORS["seconds"], name="seconds",
+    fig.add_bar(x=x, y=seconds, marker_color=COLORS["seconds"], name="wall seconds",
                 customdata=np.stack([[r.chunk_size for r in records], [r.memory_before for r in records],
                                      speed], axis=1),
-                hovertemplate=("step %{x}: %{y:.2f} s<br>chunk %{customdata[0]:,} tokens with memory "
+                hovertemplate=("step %{x}: %{y:.2f} s wall<br>chunk %{customdata[0]:,} tokens with memory "
                                "%{customdata[1]:,}<br>%{customdata[2]:,.0f} tokens/s<extra></extra>"))
-    total = sum(seconds)
-    _style(fig, f"Seconds per step · total {total:.1f} s", height, "step", "seconds")
-    fig.update_layout(showlegend=False, bargap=0.25)
+    total = f"{sum(seconds):.1f} s wall"
+    if cpu:
+        fig.add_scatter(x=x[: len(cpu)], y=list(cpu), mode="markers", name="CPU seconds (this process)",
+                        marker=dict(symbol="diamond", size=9, color=COLORS["measured"]),
+                        hovertemplate="step %{x}: %{y:.2f} CPU s<extra></extra>")
+        total += f", {sum(cpu):.1f} s CPU"
+    xtitle = "step" + (f"<br>{_two_lines(note, 44)}" if note else "")
+    _style(fig, f"Seconds per step · {total}", height, xtitle, "seconds")
+    fig.update_layout(showlegend=bool(cpu), bargap=0.25)
+    if note:
+        fig.update_xaxes(title=dict(font=dict(size=11, color=INK_SOFT)))
+        fig.update_layout(margin=dict(b=100))
     _step_axis(fig, steps)
     return fig
 

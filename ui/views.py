@@ -34,6 +34,10 @@ class RunView:
     seconds: float = 0.0  # wall-clock since Run, model load and answer included
     stopped: bool = False
     wants_reference: bool = False  # a full-cache reference answer follows the run
+    cpu_seconds: list[float] = field(default_factory=list)  # this process's CPU time per step (CPU runs)
+    cpu_measured: bool = False  # whether cpu_seconds are the run's own work (a CPU run in this process)
+    now: str = ""  # what is happening right now, with an estimate ("step 2 of 3 · about 6 s left")
+    load_note: str | None = None  # set when the machine runs more work than it has cores
 
     @property
     def steps(self) -> int:
@@ -95,8 +99,10 @@ def render(view: RunView, step: int | None = None) -> Rendered:
                                       "Retained tokens: what memory holds after each step", 340)
     layers = layer_memory_figure(records[-1] if records else None, view.settings.sinks) \
         if view.schedule.layerwise else None
+    cpu = view.cpu_seconds[: len(records)] if view.cpu_measured else None
     return Rendered(sizes, retained, memory_figure(records, view.steps),
-                    seconds_figure(records, view.steps), text_view(view, records[-1] if records else None), layers)
+                    seconds_figure(records, view.steps, cpu=cpu, note=view.load_note),
+                    text_view(view, records[-1] if records else None), layers)
 
 
 def text_view(view: RunView, record: StepRecord | None) -> str:
@@ -139,15 +145,17 @@ def stats_html(view: RunView, step: int | None = None) -> str:
         ("steps", "step", f"{len(records)} / {view.steps}"),
         ("tokens", "tokens read", f"{last.tokens_seen if last else 0:,} / {view.schedule.tokens:,}"),
         ("memory", "memory kept", _memory_kept(last)),
-        ("seconds", "prefill seconds", f"{seconds:.1f} s"),
+        ("seconds", "prefill seconds", f"{seconds:.1f} s" + (f" · CPU {sum(view.cpu_seconds[:len(records)]):.1f} s"
+                                                             if view.cpu_measured and records else "")),
         ("modeled", "peak modeled", format_bytes(modeled) if modeled is not None else "—"),
         ("measured", "peak measured", format_bytes(measured) if measured is not None else "n/a on this device"),
     ]
     kept = needle_kept(last, view.needle) if last is not None else None
     if view.needle is not None:
         items.append(("passkey", "passkey in memory", f"{kept:.0%} of slots" if kept is not None else "not read yet"))
+    now = "" if state in ("replay", "done") else view.now
     return stat_cards(items, None if state == "replay" else len(records) / max(view.steps, 1),
-                      summary=charts_text(view, records))
+                      summary=charts_text(view, records), now=now)
 
 
 def charts_text(view: RunView, records: list[StepRecord]) -> str:

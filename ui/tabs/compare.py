@@ -11,7 +11,7 @@ from memstep.scorers import SCORERS
 
 from ui import handlers
 from ui.figures import compare_memory_figure, compare_sizes_figure
-from ui.summary import COMPARE_HEADERS, COMPARE_WIDTHS
+from ui.summary import COMPARE_WIDTHS, compare_headers
 from ui.tabs.run import SCHEDULE_CHOICES, RunTab
 
 COMPARE_DEFAULTS = [(True, "fm", "linear"), (True, "im", "linear"), (True, "imdc", "linear")]
@@ -44,7 +44,7 @@ def build_tab(run: RunTab) -> None:
     with gr.Row():
         compare_sizes = gr.Plot(compare_sizes_figure([]), show_label=False, elem_id="compare-sizes")
         compare_memory = gr.Plot(compare_memory_figure([]), show_label=False, elem_id="compare-memory")
-    compare_table = gr.Dataframe(headers=COMPARE_HEADERS, interactive=False, wrap=True,
+    compare_table = gr.Dataframe(headers=compare_headers(True), interactive=False, wrap=True,
                                  column_widths=COMPARE_WIDTHS, elem_id="compare-table")
     shared = [run.doc_state, run.model, run.sinks, run.max_tokens, run.question]
     comparing = compare_run.click(handlers.compare, [*shared, *config_inputs], [compare_status, compare_sizes, compare_memory, compare_table],
