@@ -352,12 +352,13 @@ def seconds_figure(records: Sequence[StepRecord], steps: int, height: int = 300 
                         marker=dict(symbol="diamond", size=9, color=COLORS["measured"]),
                         hovertemplate="step %{x}: %{y:.2f} CPU s<extra></extra>")
         total += f", {sum(cpu):.1f} s CPU"
-    xtitle = "step" + (f"<br>{_two_lines(note, 44)}" if note else "")
+    # the note wraps: the chart is a third of a laptop's width and all of a phone's
+    xtitle = "step" + ("<br>" + "<br>".join(textwrap.wrap(note, 38)) if note else "")
     _style(fig, f"Seconds per step · {total}", height, xtitle, "seconds")
     fig.update_layout(showlegend=bool(cpu), bargap=0.25)
     if note:
         fig.update_xaxes(title=dict(font=dict(size=11, color=INK_SOFT)))
-        fig.update_layout(margin=dict(b=100))
+        fig.update_layout(margin=dict(b=64 + 14 * xtitle.count("<br>")), height=height + 14 * xtitle.count("<br>"))
     _step_axis(fig, steps)
     return fig
 

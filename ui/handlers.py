@@ -21,6 +21,8 @@ from memstep.schedules import make_schedule
 from ui.documents import (DEFAULT_EXAMPLE, TOKENIZER_FREE_EXAMPLE, DocumentSource, describe, example, read_upload,
                           uploaded_path)
 from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure, schedule_figure
+from memstep.models import default_model, offered_models
+
 from ui.models import cached_model, context_tokens, get_model, layer_count, normalize_spec, preview_tokenizer
 from ui.runs import (MAX_NEW_TOKENS, MAX_TOKENS_LIMIT, check_settings, document_limit, prefill_stream, prepare, settings_from,
                      whole_number)
@@ -28,7 +30,8 @@ from ui.summary import ComparedRun, compare_headers, compare_rows
 from ui.reference import lookup, reference_key
 from ui.summary import stat_cards
 from ui.timing import about, cpu_time_measured, modeled_flops, seconds_left, shared_note, timed
-from ui.views import RunView, answer_markdown, compact, render, stats_html
+from ui.share import link_html, parse_query, settings_query, write_files
+from ui.views import RunView, answer_markdown, compact, render, stats_html, text_view
 
 ERROR_TITLE = "memstep"
 
@@ -155,7 +158,17 @@ def _run_outputs(view: RunView, step: int | None = None):
                        interactive=view.finished or view.stopped)
     return (stats_html(view, step), shown.sizes, shown.retained, shown.memory, shown.seconds, shown.text,
             answer_markdown(view), slider, view, gr.Column(visible=True), gr.Markdown(visible=False),
-            _layers_plot(shown))
+            _layers_plot(shown), gr.Button(visible=view.finished and view.suggests_question_aware),
+            *_downloads(view))
+
+
+def _downloads(view: RunView) -> tuple:
+    """The run's JSON and step CSV, offered once the run (and its answer) is in."""
+    if view.result is None or not view.finished:
+        return gr.DownloadButton(visible=False), gr.DownloadButton(visible=False)
+    json_path, csv_path = write_files(view.result, view.settings.label(),
+                                      view.cpu_seconds if view.cpu_measured else None)
+    return gr.DownloadButton(value=json_path, visible=True), gr.DownloadButton(value=csv_path, visible=True)
 
 
 def _layers_plot(shown):
@@ -163,7 +176,7 @@ def _layers_plot(shown):
     return gr.Plot(shown.layers, visible=True) if shown.layers is not None else gr.Plot(visible=False)
 
 
-RUN_OUTPUTS = 12  # the Run tab's outputs of a run update (see _run_outputs)
+RUN_OUTPUTS = 15  # the Run tab's outputs of a run update (see _run_outputs)
 
 
 def _loading_update(model) -> tuple:
@@ -306,14 +319,68 @@ def stop_run(request: gr.Request = None):
         _STOP_REQUESTS.add(session)
 
 
-def replay(step, view: RunView | None):
+def replay(step, view: RunView | None, query: str = ""):
     """The step slider moved: redraw the views as they were after that step."""
     if view is None:
         return (gr.skip(),) * 7
-    index = min(max(int(step or 0), 0), len(view.records)) - 1  # slider k: the run after k steps
-    shown = render(view, index)
+    index = _replay_index(step, view)
+    shown = render(view, index, query or "")
     return (stats_html(view, index), shown.sizes, shown.retained, shown.memory, shown.seconds, shown.text,
             _layers_plot(shown))
+
+
+def _replay_index(step, view: RunView) -> int:
+    """Slider k shows the run after k steps (0-based record index k - 1)."""
+    try:
+        k = int(step or 0)
+    except (TypeError, ValueError):
+        k = len(view.records)
+    return min(max(k, 0), len(view.records)) - 1
+
+
+def search_text(query, step, view: RunView | None):
+    """The search box changed: the text view at the replay step with the matches outlined, and
+    what the memory did with each."""
+    if view is None:
+        return gr.skip()
+    index = _replay_index(step, view)
+    records = view.records[: index + 1]
+    return text_view(view, records[-1] if records else None, str(query or ""), records)
+
+
+def try_question_aware():
+    """The one-click rerun: tick question-aware (the run follows)."""
+    return True
+
+
+def share_link(example_name, doc: DocumentSource, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope,
+               question_aware, question, model):
+    """The link that reopens these settings (an uploaded document cannot travel in a link)."""
+    bundled = bool(getattr(doc, "bundled", False))
+    query = settings_query(example_name if bundled else None, schedule, growth, chunk, memory, sinks, max_tokens,
+                           scorer, rope, question_aware, question, model,
+                           default_question=getattr(doc, "question", ""), default_model=default_model())
+    return link_html(query, uploaded=not bundled)
+
+
+def open_link(request: gr.Request):
+    """The page opened with settings in its address (?schedule=fm&chunk=256&example=...): set
+    the controls to them; a value that does not pass its check is dropped with a note."""
+    params = getattr(request, "query_params", None) or {}
+    chosen, refused = parse_query(params, offered_models())
+    for reason in refused:
+        gr.Warning(f"The link's {reason}; that setting keeps its default.", title=ERROR_TITLE)
+    keys = ("example", "schedule", "growth", "chunk", "memory", "sinks", "max_tokens", "scorer", "rope",
+            "question_aware", "model")
+    updates = [chosen.get(key, gr.skip()) for key in keys]
+    model = chosen.get("model") or default_model()
+    doc_updates = (gr.skip(),) * 3
+    if "example" in chosen:
+        source, question, info, _ = choose_example(chosen["example"], model)
+        doc_updates = (source, question, info)
+    if "question" in chosen:
+        doc_updates = (doc_updates[0], chosen["question"], doc_updates[2])
+    return (*updates, *doc_updates)
 
 
 # ---- comparison ----------------------------------------------------------------------

@@ -7,7 +7,7 @@ import os
 
 import gradio as gr
 
-from ui import api
+from ui import api, handlers
 from ui.documents import MAX_UPLOAD_BYTES
 from ui.summary import COMPARE_WIDTHS
 from ui.theme import dark_css
@@ -94,6 +94,16 @@ def build_app() -> gr.Blocks:
             with gr.Tab("Compress", id="compress"):
                 compress_tab.build_tab(model_box=run.model, tabs=tabs)  # it can load a model into Run
         api.register()
+        # a link with settings in its address (?schedule=fm&chunk=256&example=...) opens with them
+        c = run.controls
+        demo.load(handlers.open_link, None,
+                  [c[k] for k in ("example", "schedule", "growth", "chunk", "memory", "sinks", "max_tokens", "scorer",
+                                  "rope", "question_aware", "model", "doc_state", "question", "doc_info")],
+                  api_visibility="private", show_progress="hidden")
+        demo.load(handlers.share_link, [c[k] for k in ("example", "doc_state", "schedule", "growth", "chunk",
+                                                       "memory", "sinks", "max_tokens", "scorer", "rope",
+                                                       "question_aware", "question", "model")], [c["share"]],
+                  api_visibility="private", show_progress="hidden")
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
     return demo
 
