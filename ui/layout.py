@@ -16,6 +16,7 @@ from ui.tabs import compress as compress_tab
 from ui.tabs import evaluate as evaluate_tab
 from ui.tabs import plan as plan_tab
 from ui.tabs import run as run_tab
+from ui.tabs.compress import laco as laco_section
 
 QUEUE_SIZE = int(os.environ.get("MEMSTEP_QUEUE_SIZE", "16"))  # waiting line for runs
 
@@ -43,14 +44,16 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
 .memstep-sr-only { position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0);
   white-space: nowrap; }
 #run-row { gap: 8px; }
+.memstep-now { margin: 6px 0 0; font-size: 13px; color: var(--body-text-color-subdued); }
+#keep-row { gap: 8px; flex-wrap: wrap; }
+.memstep-caption, .memstep-legend { color: var(--body-text-color-subdued); }
+.memstep-search-result { margin-top: 4px; }
+/* touch screens have no hover: keep each chart's toolbar (its PNG camera) in view */
+@media (hover: none) { .js-plotly-plot .modebar { opacity: 1 !important; } }
 /* tables scroll sideways instead of stacking their headers one letter per line (the header is
    a separate table from the body: both get the same minimum widths, and words never break) */
 .table-wrap, .table-container { overflow-x: auto !important; }
-#compare-table table, #plan-table table, #compare-table .virtual-body, #plan-table .virtual-body { min-width: 1200px; }
-#compare-table th, #compare-table th *, #plan-table th, #plan-table th * { word-break: normal !important;
-  overflow-wrap: normal !important; }
-#compare-table .cell-wrap, #plan-table .cell-wrap, #compare-table .cell-wrap span, #plan-table .cell-wrap span {
-  word-break: normal !important; overflow-wrap: normal !important; }
+/* (the rules per table are generated below, from the tables' column widths) */
 @media (max-width: 640px) {
   #memstep-header h1 { font-size: 1.25rem; }
   .memstep-stat { flex: 1 1 44%; }
@@ -116,10 +119,24 @@ def launch_options() -> dict:
     return {"theme": theme, "css": CSS + _table_css() + dark_css(), "head": HEAD, "max_file_size": MAX_UPLOAD_BYTES}
 
 
+# Tables that scroll sideways on a narrow screen: elem_id -> (minimum width in px, column widths)
+TABLES = {"compare-table": (1300, COMPARE_WIDTHS), "plan-table": (1200, plan_tab.TABLE_WIDTHS),
+          "eval-table": (1100, ["7%", "27%", "8%", "16%", "10%", "11%", "7%", "7%", "7%"]),
+          "laco-table": (1000, laco_section.TABLE_WIDTHS),
+          "sparse-table": (1000, ["10%", "15%", "15%", "11%", "11%", "16%", "10%", "12%"])}
+
+
 def _table_css() -> str:
-    """Body cells as wide as their header cells (Gradio draws the header as its own table):
-    each column's share of the tables' 1200 px minimum (header words fit their cells)."""
-    tables = [("compare-table", COMPARE_WIDTHS), ("plan-table", plan_tab.TABLE_WIDTHS)]
-    return "".join(f"#{table} th:nth-child({i}), #{table} .body-cell:nth-child({i}) "
-                   f"{{ min-width: {12 * float(width.rstrip('%')):.0f}px; }}\n"
-                   for table, widths in tables for i, width in enumerate(widths, start=1))
+    """Tables scroll sideways instead of stacking their headers one letter per line: the header
+    (Gradio draws it as its own table) and the body get the same minimum width, each column its
+    share of it, and words never break inside."""
+    rules = []
+    for table, (least, widths) in TABLES.items():
+        t = f"#{table}"
+        rules.append(f"{t} table, {t} .virtual-body {{ min-width: {least}px; }}")
+        rules.append(f"{t} th, {t} th *, {t} .cell-wrap, {t} .cell-wrap span {{ word-break: normal !important; "
+                     "overflow-wrap: normal !important; }")
+        rules += [f"{t} th:nth-child({i}), {t} .body-cell:nth-child({i}) "
+                  f"{{ min-width: {least * float(width.rstrip('%')) / 100:.0f}px; }}"
+                  for i, width in enumerate(widths, start=1)]
+    return "\n".join(rules) + "\n"

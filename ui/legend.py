@@ -57,7 +57,7 @@ TEXT_ENTRIES = (
 
 # The colour bar of the map: what its ticks say
 COLORBAR_TITLE = "kept by<br>layer-heads"
-COLORBAR_TICKS = ((0.02, "one"), (0.5, "half"), (1.0, "all"))
+COLORBAR_TICKS = ((0.03, "one"), (0.5, "half"), (0.95, "all"))  # "all" just under the title
 LEGEND_NAMES = {"unread": "not read yet", "evicted": "evicted everywhere"}
 
 

@@ -26,10 +26,11 @@ MAX_BARS = 300  # more steps than this are drawn as stacked areas over sampled s
 MAX_POINTS = 1200  # sampled steps per schedule for long schedules (each bin keeps its peak step)
 SHARED_SCALE_RATIO = 4.0  # side-by-side panels share a y axis unless one peak dwarfs another
 LIMIT_SHOWN_ABOVE = 2.0  # the GPU limit line is drawn when it is at most this far above the bars
-NOTE_SHIFT_PX = -42  # notes under the plots, below the x-axis titles (pixels: any height)
-NOTE_WIDTH = 52  # characters per line of a note: a phone's width
-TITLE_ROOM = 118  # the figure's title and the panels' three-line titles above the plots
-FOOT_ROOM = 178  # x-axis titles, the note (up to three lines) and the legend (wrapping on a phone) below
+NOTE_SHIFT_PX = -56  # notes under the plots, below the x-axis titles (pixels: any height)
+NOTE_LEFT_PX = -52  # from near the figure's left edge, not the plot's: a phone has no width to spare
+NOTE_WIDTH = 46  # characters per line of a note: a phone's width
+TITLE_ROOM = 136  # the figure's title and the panels' three-line titles above the plots
+FOOT_ROOM = 196  # x-axis titles, the note (up to three lines) and the legend (wrapping on a phone) below
 PART_COLORS = {"weights": "#cbd5e1", "kv_memory": "#3b82f6", "kv_chunk": "#f59e0b", "attention": "#8b5cf6",
                "activations": "#14b8a6"}
 TIME_COLORS = {"linear": "#0d9488", "attention": "#8b5cf6", "scorer": "#ec4899", "overhead": "#94a3b8"}
@@ -91,7 +92,8 @@ def _panels(plans: dict[str, planner.Plan], peaks: list[float], titles: list[str
     fig.update_xaxes(title_text="step", showline=True, linecolor=AXIS_LINE)
     fig.update_yaxes(showline=True, linecolor=AXIS_LINE, gridcolor=GRID, zeroline=False, rangemode="tozero")
     fig.update_yaxes(title_text=ytitle, row=1, col=1)
-    fig.update_annotations(font=dict(size=12))
+    # the panels' titles clear of the top y tick labels, which a phone's narrow panels bring close
+    fig.update_annotations(font=dict(size=12), yshift=10)
     return fig, groups
 
 
@@ -106,7 +108,7 @@ def _wrap(text: str, width: int) -> str:
 def _note(fig: go.Figure, text: str, color: str = INK_FAINT) -> None:
     """A note under the panels, below the x-axis titles."""
     fig.add_annotation(text=_wrap(text, NOTE_WIDTH), x=0, y=0, xref="paper", yref="paper", xanchor="left",
-                       yanchor="top", yshift=NOTE_SHIFT_PX, align="left", showarrow=False,
+                       yanchor="top", yshift=NOTE_SHIFT_PX, xshift=NOTE_LEFT_PX, align="left", showarrow=False,
                        font=dict(size=11, color=color))
 
 
