@@ -236,13 +236,17 @@ def what_it_takes(needs: list[planner.Need], gpu: planner.Gpu, dtype: str, token
              f"weights as {dtype} / int8 / int4 (bytes only):"]
     for name in dict.fromkeys(n.schedule for n in needs):
         rows = [n for n in needs if n.schedule == name]
-        gpus = " / ".join(f"{n.gpus}" for n in rows)
-        longest = " / ".join(n.longest.label().replace("no limit (fits ", "no limit (").replace(" tokens)", ")")
-                             for n in rows)
+        counts = [f"{n.gpus}" for n in rows]
+        unit = "GPU" + "s" * (max(n.gpus for n in rows) > 1)
+        gpus = f"{counts[0]} {unit} with any weights" if len(set(counts)) == 1 else f"{' / '.join(counts)} {unit}"
+        labels_ = [n.longest.label() for n in rows]
+        longest = (f"{labels_[0]} with any weights" if len(set(labels_)) == 1 else
+                   " / ".join(label.replace("no limit (fits ", "no limit (").replace(" tokens)", ")")
+                              for label in labels_))
         split = next((n for n in rows if n.weights == "dtype" and n.longest_split is not None), None)
         more = (f"; on {split.gpus} of them with {labels['dtype']} weights: {split.longest_split.label()}"
                 if split else "")
-        lines.append(f"- **{SCHEDULE_LABELS.get(name, name)}**: {gpus} GPU{'s' * (max(n.gpus for n in rows) > 1)}; "
+        lines.append(f"- **{SCHEDULE_LABELS.get(name, name)}**: {gpus}; "
                      f"longest context on one: {longest}{more}")
     return "\n".join(lines)
 
