@@ -84,7 +84,7 @@ def _style(level: int) -> str:
     if level < 0:
         return f"color:{UNREAD_TEXT};font-style:italic"
     if level == 0:
-        return f"background:{EVICTED_BACKGROUND}"
+        return f"background:{EVICTED_BACKGROUND};color:{DARK_TEXT}"  # dark text on any page theme
     background, text = shade(level)
     r, g, b = (round(c) for c in background)
     return f"background:rgb({r},{g},{b});color:{text}"
@@ -100,7 +100,7 @@ def legend_html() -> str:
         '<div class="memstep-legend" style="font-size:12px;margin-bottom:6px;display:flex;gap:14px;'
         'align-items:center;flex-wrap:wrap">'
         f'<span style="{_style(-1)}">{unread.meaning}</span>'
-        f'<span style="{_style(0)};padding:0 3px;color:{DARK_TEXT}">{evicted.meaning}</span>'
+        f'<span style="{_style(0)};padding:0 3px">{evicted.meaning}</span>'
         f'<span>kept: <span style="display:inline-flex">{swatches}</span> the darker, the more layer-head slots</span>'
         f'<span><span style="{NEEDLE_STYLE};padding:0 3px">passkey</span>, '
         f'<span style="{MARK_STYLES["answer"]};padding:0 3px">answer</span> and '
