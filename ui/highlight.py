@@ -101,7 +101,7 @@ def legend_html() -> str:
         'align-items:center;flex-wrap:wrap">'
         f'<span style="{_style(-1)}">{unread.meaning}</span>'
         f'<span style="{_style(0)};padding:0 3px">{evicted.meaning}</span>'
-        f'<span>kept: <span style="display:inline-flex">{swatches}</span> the darker, the more layer-head slots</span>'
+        f'<span>{kept.meaning} <span style="display:inline-flex">{swatches}</span></span>'
         f'<span><span style="{NEEDLE_STYLE};padding:0 3px">passkey</span>, '
         f'<span style="{MARK_STYLES["answer"]};padding:0 3px">answer</span> and '
         f'<span style="{MARK_STYLES["match"]};padding:0 3px">search matches</span> outlined</span>'
