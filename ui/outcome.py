@@ -21,7 +21,7 @@ STOP_WORDS = frozenset("""a an the and or but of to in on at by for with from as
 this that these those he she they them his her their him i you we our your my me not no yes do does did has have had
 so than then there here what which who whom whose when where why how all any some one very just also into out up
 about over after before again more most such only own same too can will would should could may might must shall
-mr mrs miss""".split())
+""".split())
 
 
 @dataclass(frozen=True)
@@ -75,17 +75,17 @@ def answer_spans(answer: str | None, question: str | None, text: str, limit: int
     if not answer:
         return []
     asked = set(_words(question or ""))
-    numbers = [n for n in re.findall(r"\d[\d,.]*\d|\d", answer) if len(n.replace(",", "").replace(".", "")) >= 2
-               and n not in asked]
+    # standalone numbers of two digits or more ("57071", "1,760"), not digits inside a word
+    numbers = [n for n in re.findall(r"(?<!\w)\d[\d,.]*\d(?!\w)", answer) if n not in asked]
     for number in sorted(numbers, key=len, reverse=True):
-        spans = _find(rf"(?<![\d]){re.escape(number)}(?![\d])", text, limit)
+        spans = _find(rf"(?<![\w]){re.escape(number)}(?![\d\w])", text, limit)
         if spans:
             return spans
     words = re.findall(r"[\w][\w'’-]*", answer)
     content = [w.lower() not in STOP_WORDS and w.lower() not in asked for w in words]
     for size in range(min(len(words), 8), 0, -1):
         for i in range(len(words) - size + 1):
-            if not any(content[i:i + size]) or not (content[i] or size > 1):
+            if not (content[i] and content[i + size - 1]):  # a run starts and ends on words of substance
                 continue
             pattern = r"\b" + r"\W+".join(re.escape(w) for w in words[i:i + size]) + r"\b"
             spans = _find(pattern, text, limit)
