@@ -144,6 +144,10 @@ def test_every_tab_fits_the_screen_with_no_overlapping_chart_text(ran, browser, 
             .filter(([, b]) => b.width > 0 && (b.left < -1 || b.right > width + 1))
             .map(([name, b]) => name.slice(0, 40) + ' ' + Math.round(b.left) + '-' + Math.round(b.right))""", width)
         assert not outside, (name, outside)  # every control inside the window
+        cut = page.evaluate("""() => [...document.querySelectorAll('label, button, th span, th .cell-wrap')]
+            .filter(e => e.offsetParent !== null && e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 2)
+            .map(e => (e.innerText || '').slice(0, 40) + ' ' + e.scrollWidth + '/' + e.clientWidth)""")
+        assert not cut, (name, cut)  # no label, button or column header cut off
         page.screenshot(path=str(artifacts_dir / f"screens_{name.split(' (')[0].replace(' ', '_')}_{viewport}.png"),
                         full_page=True)
     page.context.close()

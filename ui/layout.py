@@ -44,6 +44,8 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
 .memstep-sr-only { position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0);
   white-space: nowrap; }
 #run-row { gap: 8px; }
+/* a checkbox in a row of fields takes the room its label needs (Gradio gives checkboxes no minimum) */
+.memstep-wide-check { min-width: min(160px, 100%) !important; flex: 1 1 160px !important; }
 .memstep-now { margin: 6px 0 0; font-size: 13px; color: var(--body-text-color-subdued); }
 #keep-row { gap: 8px; flex-wrap: wrap; }
 .memstep-caption, .memstep-legend { color: var(--body-text-color-subdued); }

@@ -76,7 +76,7 @@ class ComparedRun:
 COMPARE_HEADERS = ["run", "steps", "wall s", "CPU s", "× FM time", "× FM FLOPs (modeled)", "peak measured",
                    "peak modeled", "above weights", "× FM memory", "kept tokens", "passkey kept", "answer",
                    "passkey answered"]
-COMPARE_WIDTHS = ["12%", "5%", "5%", "5%", "6%", "7%", "7%", "7%", "7%", "6%", "8%", "6%", "13%", "6%"]
+COMPARE_WIDTHS = ["12%", "5%", "5%", "5%", "6%", "7%", "7%", "7%", "7%", "6%", "8%", "6%", "11%", "8%"]
 
 
 def compare_headers(cpu: bool) -> list[str]:

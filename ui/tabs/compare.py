@@ -25,17 +25,20 @@ def build_tab(run: RunTab) -> None:
     for i, (on, name, curve) in enumerate(COMPARE_DEFAULTS, start=1):
         with gr.Row(equal_height=True):
             config_inputs += [
-                gr.Checkbox(on, label=f"configuration {i}", elem_id=f"cmp{i}-on", scale=1, min_width=120),
+                # minimum widths that hold their labels and values, so a phone wraps the row
+                # instead of cutting them ("configura", "chunk-attent")
+                gr.Checkbox(on, label=f"configuration {i}", elem_id=f"cmp{i}-on", scale=1,
+                            elem_classes="memstep-wide-check"),
                 gr.Dropdown(SCHEDULE_CHOICES, value=name, label="schedule", elem_id=f"cmp{i}-schedule",
-                            scale=1, min_width=100),
+                            scale=1, min_width=120),
                 gr.Dropdown(list(GROWTHS), value=curve, label="growth", scale=1, min_width=120),
                 gr.Number(512, label="chunk", precision=0, minimum=1, scale=1, min_width=90),
                 gr.Number(512, label="memory", precision=0, minimum=0, scale=1, min_width=90),
                 gr.Dropdown(list(SCORERS), value="chunk-attention", label="scorer", scale=2,
-                            min_width=140),
+                            min_width=190),
                 gr.Dropdown(list(ROPE_MODES), value="compact", label="RoPE positions", scale=1,
                             min_width=120),
-                gr.Checkbox(False, label="question-aware", scale=1, min_width=120),
+                gr.Checkbox(False, label="question-aware", scale=1, elem_classes="memstep-wide-check"),
             ]
     with gr.Row():
         compare_run = gr.Button("Run comparison", variant="primary", elem_id="compare-run")
