@@ -15,22 +15,20 @@ import gradio as gr
 from memstep.errors import MemstepError
 from memstep.documents import tokenize_prefix
 from memstep.generate import prompt_parts
+from memstep.models import default_model, offered_models
 from memstep.presets import preset_settings
 from memstep.schedules import make_schedule
 
 from ui.documents import (DEFAULT_EXAMPLE, TOKENIZER_FREE_EXAMPLE, DocumentSource, describe, example, read_upload,
                           uploaded_path)
 from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure, schedule_figure
-from memstep.models import default_model, offered_models
-
 from ui.models import cached_model, context_tokens, get_model, layer_count, normalize_spec, preview_tokenizer
-from ui.runs import (MAX_NEW_TOKENS, MAX_TOKENS_LIMIT, check_settings, document_limit, prefill_stream, prepare, settings_from,
-                     whole_number)
-from ui.summary import ComparedRun, compare_headers, compare_rows
 from ui.reference import lookup, reference_key
-from ui.summary import stat_cards
-from ui.timing import about, cpu_time_measured, modeled_flops, seconds_left, shared_note, timed
+from ui.runs import (MAX_NEW_TOKENS, MAX_TOKENS_LIMIT, check_settings, document_limit, prefill_stream, prepare,
+                     settings_from, whole_number)
 from ui.share import link_html, parse_query, settings_query, write_files
+from ui.summary import ComparedRun, compare_headers, compare_rows, stat_cards
+from ui.timing import about, cpu_time_measured, modeled_flops, seconds_left, shared_note, timed
 from ui.views import RunView, answer_markdown, compact, render, stats_html, text_view
 
 ERROR_TITLE = "memstep"
@@ -418,7 +416,7 @@ def compare(doc: DocumentSource, model, sinks, max_tokens, question, *config_val
         lm = get_model(model)
         document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm))
         cpu = cpu_time_measured(lm.device)
-        asked = question or document.source.question
+        asked = (question or "").strip()  # what each configuration is asked (the Run tab's question box)
         question_tokens = len(prompt_parts(lm.tokenizer, asked).tail) if asked else 0
         runs, labels = [], set()
         for s in settings:  # check every configuration before running any

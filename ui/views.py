@@ -16,10 +16,10 @@ from memstep.memory import format_bytes
 from memstep.records import RunResult, StepRecord
 from memstep.schedules import Schedule
 
-from ui.figures import (layer_memory_figure, memory_figure, placeholder_figure, retained_map_figure, schedule_figure,
-                        seconds_figure)
 from memstep.passkey import answer_contains_passkey
 
+from ui.figures import (layer_memory_figure, memory_figure, placeholder_figure, retained_map_figure, schedule_figure,
+                        seconds_figure)
 from ui.highlight import Mark, highlight_html
 from ui.outcome import MAX_MATCHES, answer_spans, answers_differ, describe_history, history, search_spans, token_range
 from ui.runs import PreparedDocument, RunSettings
