@@ -14,9 +14,8 @@ import numpy as np
 
 from memstep.memory import format_bytes
 from memstep.records import RunResult, StepRecord
-from memstep.schedules import Schedule
-
 from memstep.passkey import answer_contains_passkey
+from memstep.schedules import Schedule
 
 from ui.figures import (layer_memory_figure, memory_figure, placeholder_figure, retained_map_figure, schedule_figure,
                         seconds_figure)
