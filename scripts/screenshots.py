@@ -132,6 +132,12 @@ def main(argv=None) -> int:
             shots += capture_width(browser, url, name, args.out, compare=not args.quick)
     for path in shots:
         print(f"{path}: {shrink(path) / 1000:.0f} KB")
+    if args.out == ROOT / "docs" / "screenshots" and not args.quick:  # date the README's pictures
+        from benchmarks.docs_block import write_block
+
+        write_block("screenshots", "Pictures of this README: every tab at 1440 and 390 px, after real runs of the "
+                    "default example, in [docs/screenshots](docs/screenshots/).", "scripts/screenshots.py",
+                    doc=ROOT / "README.md")
     (args.out / "README.md").write_text(
         f"Screenshots of every tab at 1440 px (`*_wide.png`) and 390 px (`*_phone.png`), made by "
         f"`scripts/screenshots.py` on {datetime.date.today().isoformat()} after real runs of the default "
