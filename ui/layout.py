@@ -122,7 +122,7 @@ def launch_options() -> dict:
 
 
 # Tables that scroll sideways on a narrow screen: elem_id -> (minimum width in px, column widths)
-TABLES = {"compare-table": (1300, COMPARE_WIDTHS), "plan-table": (1200, plan_tab.TABLE_WIDTHS),
+TABLES = {"compare-table": (1200, COMPARE_WIDTHS), "plan-table": (1200, plan_tab.TABLE_WIDTHS),
           "eval-table": (1100, ["7%", "27%", "8%", "16%", "10%", "11%", "7%", "7%", "7%"]),
           "laco-table": (1000, laco_section.TABLE_WIDTHS),
           "sparse-table": (1000, ["10%", "15%", "15%", "11%", "11%", "16%", "10%", "12%"])}

@@ -76,7 +76,8 @@ class ComparedRun:
 COMPARE_HEADERS = ["run", "steps", "wall s", "CPU s", "× FM time", "× FM FLOPs (modeled)", "peak measured",
                    "peak modeled", "above weights", "× FM memory", "kept tokens", "passkey kept", "answer",
                    "passkey answered"]
-COMPARE_WIDTHS = ["12%", "5%", "5%", "5%", "6%", "7%", "7%", "7%", "7%", "6%", "8%", "6%", "11%", "8%"]
+COMPARE_WIDTHS = ["11%", "4%", "5%", "5%", "6%", "7%", "7%", "7%", "7%", "6%", "7%", "6%", "14%", "8%"]
+ANSWER_CHARS = 160  # an answer in the table (the Run tab shows whole answers)
 
 
 def compare_headers(cpu: bool) -> list[str]:
@@ -92,6 +93,10 @@ def _ratio(value: float | None, reference: float | None) -> str:
 
 def _time(run: ComparedRun, cpu: bool) -> float:
     return sum(run.cpu_seconds or []) if cpu else sum(s.seconds for s in run.records)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= ANSWER_CHARS else text[:ANSWER_CHARS].rsplit(" ", 1)[0] + " …"
 
 
 def compare_rows(runs: Sequence[ComparedRun]) -> list[list[str]]:
@@ -124,7 +129,7 @@ def compare_rows(runs: Sequence[ComparedRun]) -> list[list[str]]:
             _ratio(above_weights(run.records), fm_memory) if done else "—",
             f"{last.memory_after:,} of {last.tokens_seen:,}" if last is not None else "—",
             f"{kept:.0%}" if kept is not None else "—",
-            (run.result.answer or "") if done else "",
+            _short(run.result.answer or "") if done else "",
             passkey_verdict(run.result.answer if done else None, run.passkey),
         ])
     return rows

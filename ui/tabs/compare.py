@@ -37,7 +37,7 @@ def build_tab(run: RunTab) -> None:
                 gr.Dropdown(list(SCORERS), value="chunk-attention", label="scorer", scale=2,
                             min_width=190),
                 gr.Dropdown(list(ROPE_MODES), value="compact", label="RoPE positions", scale=1,
-                            min_width=120),
+                            min_width=150),
                 gr.Checkbox(False, label="question-aware", scale=1, elem_classes="memstep-wide-check"),
             ]
     with gr.Row():

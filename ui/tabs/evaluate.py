@@ -152,7 +152,8 @@ def build_tab() -> dict:
         reload = gr.Button("Reload", variant="secondary", elem_id="eval-reload")
     tradeoff = gr.Plot(first[3], show_label=False, elem_id="eval-tradeoff")
     table = gr.Dataframe(first[4], headers=TABLE_HEADERS, interactive=False, wrap=True, elem_id="eval-table")
-    heatmaps = gr.Plot(first[5], show_label=False, elem_id="eval-heatmaps")
+    with gr.Accordion("Passkey accuracy by needle depth and length, per configuration", open=False):
+        heatmaps = gr.Plot(first[5], show_label=False, elem_id="eval-heatmaps")
     with gr.Accordion("Paired differences on the same cases", open=False):
         contrasts = gr.Markdown(first[6], elem_id="eval-contrasts")
     outputs = [lead, status, intervals, tradeoff, table, heatmaps, contrasts, length]

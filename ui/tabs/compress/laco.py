@@ -73,7 +73,7 @@ def similarity_figure(candidates: list[dict], threshold: float, depth: int | Non
                       legend=dict(orientation="h", yref="container", y=0.0, yanchor="bottom", xref="container",
                                   x=0.0, xanchor="left"))
     fig.update_xaxes(title_text="base layer l (original numbering;<br>the search walks right)",
-                     range=[top + 0.5, -0.5], tickmode="auto", nticks=16, showline=True, linecolor="#9ca3af")
+                     range=[top + 0.5, -0.5], tickmode="auto", nticks=10, showline=True, linecolor="#9ca3af")
     low = min([c["similarity"] for c in candidates] + [threshold, 0.0])
     fig.update_yaxes(title_text="mean cosine similarity", range=[min(low - 0.05, 0), 1.05], gridcolor="#eef0f3")
     return fig
