@@ -342,7 +342,7 @@ def build_tab() -> dict:
                                       min_width=200)
         keep_maps = gr.Checkbox(False, label="padded: count every layer's maps (the reference code as written)",
                                 elem_id="plan-keep-maps", min_width=200)
-    with gr.Accordion("your own model config.json or GPU numbers", open=False):
+    with gr.Accordion("your own config.json or GPU", open=False):
         with gr.Row():
             config_file = gr.File(label="config.json (choose model 'config.json (upload)')", file_types=[".json"],
                                   type="filepath")
