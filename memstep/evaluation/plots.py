@@ -135,8 +135,12 @@ def intervals_figure(summary: dict, lengths: list[int] | None = None):
     # three short lines each: side by side they must fit a phone's narrow panels
     titles = [t for n in lengths for t in (f"{n} tokens:<br>accuracy %<br>(95% Wilson)",
                                            f"{n} tokens:<br>NLL gap<br>(95% t)")]
+    # 36 px a row: two-line names at 10 px stay apart even when a phone's wrapped legend takes more
+    # of the figure's height; between lengths, room for the next row's three-line titles
+    height = 260 + 36 * sum(counts) + 90 * len(lengths)
     fig = make_subplots(rows=len(lengths), cols=2, shared_yaxes=True, horizontal_spacing=0.03,
-                        vertical_spacing=0.5 / len(lengths), row_heights=counts, subplot_titles=titles)
+                        vertical_spacing=min(0.3, 120 / height) if len(lengths) > 1 else 0.0,
+                        row_heights=counts, subplot_titles=titles)
     shown = set()
     for i, length in enumerate(lengths, start=1):
         at = [r for r in rows if r["length"] == length]
@@ -155,9 +159,7 @@ def intervals_figure(summary: dict, lengths: list[int] | None = None):
     fig.update_annotations(font_size=10)
     fig.update_layout(title=_title("Quality with 95% intervals<br><sup>passkey accuracy; NLL gap to the full cache;"
                                    "<br>filled = compact RoPE positions, open = document</sup>"),
-                      # 36 px a row: two-line names at 10 px stay apart even when a phone's wrapped legend
-                      # takes more of the figure's height
-                      height=260 + 36 * sum(counts) + 90 * len(lengths), margin={"l": 20, "r": 20, "t": 150, "b": 70},
+                      height=height, margin={"l": 20, "r": 20, "t": 150, "b": 70},
                       legend=FOOT)
     return fig
 

@@ -47,7 +47,7 @@ def build_tab(run: RunTab) -> None:
     with gr.Row():
         compare_sizes = gr.Plot(compare_sizes_figure([]), show_label=False, elem_id="compare-sizes")
         compare_memory = gr.Plot(compare_memory_figure([]), show_label=False, elem_id="compare-memory")
-    compare_table = gr.Dataframe(headers=compare_headers(True), interactive=False, wrap=True,
+    compare_table = gr.Dataframe(headers=compare_headers(True), interactive=False, wrap=True, max_height=900,
                                  column_widths=COMPARE_WIDTHS, elem_id="compare-table")
     shared = [run.doc_state, run.model, run.sinks, run.max_tokens, run.question]
     comparing = compare_run.click(handlers.compare, [*shared, *config_inputs], [compare_status, compare_sizes, compare_memory, compare_table],
