@@ -33,7 +33,7 @@ def test_groups_so_far_and_layer_map():
     assert state.count("kept") == 6
     assert rows[1][1][2] == rows[1][1][7] == "removed" and rows[1][1].count("kept") == 8
     fig = laco.layer_map_figure(10, [[0], [1], [2], [3], [4], [5], [6, 7], [8, 9]], {"uniform": [2, 7]})
-    assert list(fig.data[0].y) == ["LaCo", "uniform"] and len(fig.data[0].z[0]) == 10
+    assert list(fig.data[0].x) == ["LaCo", "uniform"] and len(fig.data[0].z) == 10  # a row per layer
 
 
 def test_table_rows_ratios_against_dense():

@@ -19,6 +19,7 @@ from memstep.errors import MemstepError
 from memstep.paths import compressed_root
 
 FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
+LEGEND_ROOM = 70  # the legend at the foot of a figure may wrap to three rows on a phone
 ACCEPT, REJECT, THRESHOLD = "#16a34a", "#94a3b8", "#dc2626"
 MAP_COLORS = {"kept": "#e2e8f0", "base": "#16a34a", "merged": "#f59e0b", "removed": "#ef4444"}
 MAX_SENTENCES, MAX_TOKENS = 16, 256  # bounds one request's calibration work
@@ -63,12 +64,16 @@ def similarity_figure(candidates: list[dict], threshold: float, depth: int | Non
                   annotation_text=f"T = {threshold:g}", annotation_position="top left",
                   annotation_font=dict(color=THRESHOLD, size=11))
     top = max(depth or 1, 1) - 1
-    fig.update_layout(template="plotly_white", height=height, font=FONT, margin=dict(l=60, r=20, t=60, b=50),
-                      title=dict(text="LaCo search: similarity of each candidate to the dense model", x=0,
-                                 font=dict(size=14)),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1))
-    fig.update_xaxes(title_text="base layer l (original numbering; the search walks right)",
-                     range=[top + 0.5, -0.5], dtick=max(1, (top + 1) // 15), showline=True, linecolor="#9ca3af")
+    # laid out for a phone too: a two-line title at the top, the legend at the foot, ticks Plotly spaces
+    fig.update_layout(template="plotly_white", height=height + LEGEND_ROOM, font=FONT,
+                      margin=dict(l=60, r=20, t=76, b=76 + LEGEND_ROOM),
+                      title=dict(text="LaCo search: similarity of each<br>candidate to the dense model", x=0.0,
+                                 xref="container", xanchor="left", y=1.0, yref="container", yanchor="top",
+                                 pad=dict(t=14, l=12), font=dict(size=14)),
+                      legend=dict(orientation="h", yref="container", y=0.0, yanchor="bottom", xref="container",
+                                  x=0.0, xanchor="left"))
+    fig.update_xaxes(title_text="base layer l (original numbering;<br>the search walks right)",
+                     range=[top + 0.5, -0.5], tickmode="auto", nticks=10, showline=True, linecolor="#9ca3af")
     low = min([c["similarity"] for c in candidates] + [threshold, 0.0])
     fig.update_yaxes(title_text="mean cosine similarity", range=[min(low - 0.05, 0), 1.05], gridcolor="#eef0f3")
     return fig
@@ -92,11 +97,19 @@ def layer_rows(depth: int, groups: list[list[int]] | None, baselines: dict[str, 
     return rows
 
 
+def _method_label(name: str) -> str:
+    """A method's name on short lines: the map's columns are a phone's width divided by four."""
+    import textwrap
+
+    return "<br>".join(textwrap.wrap(name, 11, break_long_words=False)) or name
+
+
 def layer_map_figure(depth: int, groups: list[list[int]] | None, baselines: dict[str, list[int]] | None = None,
                      height: int | None = None) -> go.Figure:
-    """One row per method, one cell per original layer: green a LaCo base that absorbed
-    layers (+n), orange a layer merged into the base it points to (→b), red a layer a
-    baseline removes (×), grey a layer kept as it was."""
+    """One column per method, one row per original layer (layer 0 at the top): green a LaCo
+    base that absorbed layers (+n), orange a layer merged into the base it points to (→b), red
+    a layer a baseline removes (×), grey a layer kept as it was. Layers run down the figure so
+    each cell is wide enough for its text on a phone as on a laptop."""
     rows = layer_rows(depth, groups, baselines or {})
     names = list(MAP_COLORS)
     code = {name: i for i, name in enumerate(names)}
@@ -104,21 +117,26 @@ def layer_map_figure(depth: int, groups: list[list[int]] | None, baselines: dict
     for i, name in enumerate(names):
         scale += [[i / len(names), MAP_COLORS[name]], [(i + 1) / len(names), MAP_COLORS[name]]]
     fig = go.Figure(go.Heatmap(
-        z=[[code[s] for s in state] for _, state, _ in rows], x=list(range(depth)), y=[r[0] for r in rows],
-        text=[t for _, _, t in rows], texttemplate="%{text}", textfont=dict(size=11),
-        colorscale=scale, zmin=-0.5, zmax=len(names) - 0.5, showscale=False, xgap=2, ygap=4,
-        customdata=[state for _, state, _ in rows],
-        hovertemplate="%{y}, layer %{x}: %{customdata} %{text}<extra></extra>"))
+        z=[[code[state[layer]] for _, state, _ in rows] for layer in range(depth)], x=[r[0] for r in rows],
+        y=list(range(depth)), text=[[text[layer] for _, _, text in rows] for layer in range(depth)],
+        texttemplate="%{text}", textfont=dict(size=11), colorscale=scale, zmin=-0.5, zmax=len(names) - 0.5,
+        showscale=False, xgap=4, ygap=2, customdata=[[state[layer] for _, state, _ in rows] for layer in range(depth)],
+        hovertemplate="%{x}, layer %{y}: %{customdata} %{text}<extra></extra>"))
     for name, label in (("base", "LaCo: merged into (+n layers)"), ("merged", "LaCo: merged away (→ base)"),
                         ("removed", "baseline: removed"), ("kept", "kept as is")):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=label,
                                  marker=dict(color=MAP_COLORS[name], size=11, symbol="square")))
-    fig.update_layout(template="plotly_white", height=height or 130 + 46 * max(1, len(rows)), font=FONT,
-                      margin=dict(l=190, r=20, t=60, b=40), title=dict(text="Layer map", x=0, font=dict(size=14)),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1),
+    fig.update_layout(template="plotly_white", height=height or 190 + LEGEND_ROOM + 18 * depth, font=FONT,
+                      margin=dict(l=60, r=20, t=110, b=20 + LEGEND_ROOM),
+                      title=dict(text="Layer map", x=0.0, xref="container", xanchor="left", y=1.0, yref="container",
+                                 yanchor="top", pad=dict(t=14, l=12), font=dict(size=14)),
+                      legend=dict(orientation="h", yref="container", y=0.0, yanchor="bottom", xref="container",
+                                  x=0.0, xanchor="left"),
                       plot_bgcolor="white")
-    fig.update_xaxes(title_text="original layer", dtick=1 if depth <= 40 else 5, showgrid=False, zeroline=False)
-    fig.update_yaxes(autorange="reversed", showgrid=False, zeroline=False)
+    fig.update_xaxes(side="top", showgrid=False, zeroline=False, tickmode="array", tickvals=[r[0] for r in rows],
+                     ticktext=[_method_label(r[0]) for r in rows])
+    fig.update_yaxes(title_text="original layer", autorange="reversed", tickmode="auto", nticks=16, showgrid=False,
+                     zeroline=False)
     return fig
 
 

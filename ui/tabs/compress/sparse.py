@@ -63,14 +63,22 @@ def error_figure(runs: list[dict], blocks: int | None = None) -> go.Figure:
                 x=x, y=[getattr(r, key) for r in records], mode="lines+markers", name=f"{TECHNIQUE_LABELS[t]}, {split}",
                 line=dict(color=TECHNIQUE_COLORS[t], dash=dash, width=2), marker=dict(size=4),
                 hovertemplate=f"{TECHNIQUE_LABELS[t]} ({split})<br>block %{{x}}: error %{{y:.4g}}<extra></extra>"))
-    fig.update_layout(template="plotly_white", height=450, font=FONT, hovermode="closest",
-                      title=dict(text="Reconstruction error after each block (pruned vs dense hidden states)",
-                                 x=0.0, xanchor="left", y=0.985, yanchor="top", font=dict(size=14)),
-                      margin=dict(l=64, r=24, t=118, b=56),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0.0,
-                                  font=dict(size=11)))
+    # laid out for a phone too: a two-line title at the top, the legend (it wraps) at the foot
+    fig.update_layout(template="plotly_white", height=520, font=FONT, hovermode="closest",
+                      title=dict(text="Reconstruction error after each block<br>(pruned vs dense hidden states)",
+                                 x=0.0, xanchor="left", xref="container", y=1.0, yanchor="top", yref="container",
+                                 pad=dict(t=14, l=12), font=dict(size=14)),
+                      margin=dict(l=64, r=24, t=80, b=130),
+                      legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.0, xref="container",
+                                  xanchor="left", x=0.0, font=dict(size=11)))
+    if not fig.data:  # nothing pruned yet: a hint instead of empty log axes
+        fig.update_xaxes(visible=False)
+        fig.update_yaxes(visible=False)
+        fig.add_annotation(text="Prune to see the error after each block", x=0.5, y=0.5, xref="paper",
+                           yref="paper", showarrow=False, font=dict(size=13, color="#4b5563"))
+        return fig
     fig.update_xaxes(title_text="decoder block", range=[-0.5, blocks - 0.5] if blocks else None,
-                     tickmode="linear", tick0=0, dtick=max(1, (blocks or 1) // 15), showline=True,
+                     tickmode="auto", nticks=16, showline=True,
                      linecolor="#9ca3af")
     fig.update_yaxes(title_text="||pruned − dense||² / ||dense||²", type="log", showline=True,
                      linecolor="#9ca3af", gridcolor="#eef0f3", tickvals=LOG_TICKS,
