@@ -101,6 +101,29 @@ class Fidelity:
 
 REFERENCE = Fidelity(**{name: s.reference for name, s in SWITCHES.items()})
 
+
+def other_value(name: str) -> str:
+    """The value of a switch that is not the reference's."""
+    return next(v for v in SWITCHES[name].choices if v != SWITCHES[name].reference)
+
+
+def fidelity_variant(variant: str | None) -> Fidelity:
+    """A named set of switches: "memstep" (the defaults), "reference" (all as the reference code),
+    "reference-no-<switch>" (the reference with that one switch off) or "memstep-with-<switch>"
+    (memstep's defaults with that one switch as the reference's); switch names with hyphens."""
+    if not variant or variant == "memstep":
+        return Fidelity()
+    if variant == "reference":
+        return REFERENCE
+    for prefix, base in (("reference-no-", REFERENCE), ("memstep-with-", Fidelity())):
+        name = variant[len(prefix):].replace("-", "_") if variant.startswith(prefix) else None
+        if name in SWITCHES:
+            value = other_value(name) if base is REFERENCE else SWITCHES[name].reference
+            return replace(base, **{name: value})
+    names = ", ".join(n.replace("_", "-") for n in SWITCHES)
+    raise MemstepError(f"unknown fidelity variant '{variant}': memstep, reference, reference-no-<switch> or "
+                       f"memstep-with-<switch> ({names})")
+
 DEFAULTS = {"rope": "compact", "scorer": "chunk-attention", "sinks": 4, "kernel": 5, "attention": "sdpa",
             **asdict(Fidelity())}
 PRESETS = {"reference": {"rope": "compact", "scorer": "conv", "sinks": 4, "kernel": 5, "attention": "padded",
@@ -124,9 +147,13 @@ def preset_settings(name: str | None) -> dict:
 def apply_preset(args) -> None:
     """Fill the options left unset (None) on ``args`` from its preset, then from the defaults."""
     chosen = preset_settings(getattr(args, "preset", None))
+    filled = set()
     for key, default in DEFAULTS.items():
         if getattr(args, key, None) is None:
             setattr(args, key, chosen.get(key, default))
+            filled.add(key)
+    if args.rope == "document" and "ntk" in filled:  # dynamic NTK rescales the compact positions only
+        args.ntk = DEFAULTS["ntk"]
     if getattr(args, "preset", None) == "reference":
         check_reference_run(getattr(args, "schedule", None), getattr(args, "growth", None))
 

@@ -269,3 +269,24 @@ def test_unknown_switch_values_are_refused():
     with pytest.raises(MemstepError, match="custom schedule has none"):
         list(ChunkedPrefill(make_tiny_model(), fidelity=Fidelity(score_rows="last-c")).run(
             torch.arange(20), make_schedule("custom", 20, chunk_sizes=[10, 10], memory_sizes=[5, 5])))
+
+
+# ---- the evaluation's axis -----------------------------------------------------------------------------
+def test_eval_grid_takes_the_reference_switches_as_an_axis(tiny_lm):  # noqa: F811
+    from memstep.evaluation.grid import Config, make_grid
+    from memstep.evaluation.worker import run_case
+
+    configs = make_grid(["imdc"], ["conv"], [48], 64, fidelities=["memstep", "reference", "reference-no-gqa-grouping"])
+    assert [c.fidelity for c in configs] == [None, "reference", "reference-no-gqa-grouping"]
+    assert "fidelity" not in configs[0].to_dict() and configs[1].label.endswith("[reference]")
+    assert all(Config.from_dict(c.to_dict()) == c for c in configs)
+    with pytest.raises(MemstepError, match="unknown fidelity variant"):
+        make_grid(["imdc"], ["conv"], [48], 64, fidelities=["reference-no-rope"])
+    ids = tiny_lm.tokenizer("The magic number for the castle is 81777. " * 12)["input_ids"]
+    case = {"document_ids": ids[:-16], "continuation_ids": ids[-16:], "seed": 0, "question": "What is it?",
+            "passkey_tokens": [3, 6]}
+    settings = {"sinks": 4, "window": 32, "max_new_tokens": 2}
+    cell = run_case(tiny_lm, configs[1].to_dict(), settings, case)  # the question in the prompt: two prefills
+    assert cell["continuation_nll"] is not None and cell["answer"] is not None
+    plain = run_case(tiny_lm, configs[0].to_dict(), settings, case)
+    assert plain["continuation_nll"] is not None and plain["continuation_nll"] != cell["continuation_nll"]
