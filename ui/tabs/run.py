@@ -110,8 +110,8 @@ def build_tab() -> RunTab:
                                        elem_id="max-tokens", min_width=90)
             with gr.Row():
                 preset = gr.Dropdown(["none", *PRESETS], value="none", label="Preset", elem_id="preset",
-                                     info="reference: the paper's code (conv score, compact "
-                                          "positions, 4 sinks)", min_width=140)
+                                     info="reference: the paper's code exactly (conv score, compact "
+                                          "positions, 4 sinks, every box below)", min_width=140)
                 scorer = gr.Dropdown(list(SCORERS), value="chunk-attention", label="Scorer",
                                      elem_id="scorer", min_width=140)
             rope = gr.Radio(ROPE_CHOICES, value="compact", label="RoPE positions", info=ROPE_INFO,
