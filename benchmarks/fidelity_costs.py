@@ -27,6 +27,7 @@ how often the two roundings give different square / sqrt budgets.
 
     flock /tmp/memstep-heavy.lock .venv/bin/python benchmarks/fidelity_costs.py --docs docs/reference-fidelity.md
     .venv/bin/python benchmarks/fidelity_costs.py --lengths 1024 --depths 0.5 --seeds 0   # a quick check
+    .venv/bin/python benchmarks/fidelity_costs.py --render benchmarks/results/fidelity_costs.json   # tables only
 
 Writes benchmarks/results/fidelity_costs.json and prints the Markdown tables (``--docs``
 refreshes them between the file's ``fidelity-costs`` markers).
@@ -257,10 +258,17 @@ def main(argv=None) -> int:
     parser.add_argument("--continuation-tokens", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--scan", type=int, default=20000, help="random settings per growth in the rounding scan")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: CPU time, not load)")
     parser.add_argument("--output", default=str(RESULTS / "fidelity_costs.json"))
     parser.add_argument("--docs", default=None, help="refresh the tables in this Markdown file")
+    parser.add_argument("--render", default=None, help="print (and --docs: refresh) the tables of this JSON; no runs")
     args = parser.parse_args(argv)
+    if args.render:
+        block = markdown(json.loads(Path(args.render).read_text()))
+        if args.docs:
+            refresh(Path(args.docs), block)
+        print(block)
+        return 0
     torch.set_num_threads(args.threads)
     lm = load_model("embedded", device="cpu", dtype="float32")
     cases = make_cases(lm.tokenizer, args.lengths, args.depths, args.seeds, None, args.continuation_tokens)
