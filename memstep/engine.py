@@ -185,6 +185,7 @@ class ChunkedPrefill(StepContext):
         self._ntk_tables: dict[int, tuple] = {}
         self._window: int | None = None  # score rows "last-c": the configured chunk c
         self._frozen = False  # fixed-incremental: the memory from earlier steps is never scored again
+        self._read_through = 0  # the furthest document position read so far, plus one
         self._attended = self._queries = None
         self._prefilling = self._padded_run = False
         self._question_step: list[int] = []  # question tokens carried by the current step
@@ -228,7 +229,7 @@ class ChunkedPrefill(StepContext):
         are left out of the scoring when the reference does so (the sinks, under sink scoring
         "strip"; a fixed-incremental memory, always): their scores are 0 (select_kept keeps
         them), and pooling sees the first scored key as the first key."""
-        sinks = int((positions[0, :self.sinks] < self.sinks).sum())  # the sinks lead every KV head
+        sinks = min(self.sinks, self._read_through)  # the sinks read so far lead every KV head (always kept)
         state.budget = keep - sinks
         skip = max(frozen, sinks if self.fidelity.sink_scoring == "strip" else 0)
         if not skip:
@@ -416,6 +417,7 @@ class ChunkedPrefill(StepContext):
                 self._start_position = max(before) if self.rope == "compact" else start
                 self._next_position = max(after) if self.rope == "compact" else start + size
                 self._chunk_positions = torch.arange(start, start + size, device=self.device)[None]
+                self._read_through = max(self.tokens_seen, start + size)
                 # question-aware: the question's tokens ride after the chunk, their attention scores it
                 question = self.question_ids if self.question_ids.numel() and scoring else self.question_ids[:0]
                 self._question_step = question.tolist()
