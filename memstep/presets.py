@@ -135,18 +135,21 @@ ROPE_HELP = {
 }
 
 
-def preset_settings(name: str | None) -> dict:
-    """The settings a preset fixes ({} for none)."""
+def preset_settings(name: str | None, schedule: str | None = None) -> dict:
+    """The settings a preset fixes ({} for none); the reference's local window keeps no sinks."""
     if not name:
         return {}
     if name not in PRESETS:
         raise MemstepError(f"unknown preset '{name}': choose one of {', '.join(PRESETS)}")
-    return dict(PRESETS[name])
+    settings = dict(PRESETS[name])
+    if name == "reference" and schedule == "local":
+        settings["sinks"] = 0  # its local_window keeps no memory at all, sinks included
+    return settings
 
 
 def apply_preset(args) -> None:
     """Fill the options left unset (None) on ``args`` from its preset, then from the defaults."""
-    chosen = preset_settings(getattr(args, "preset", None))
+    chosen = preset_settings(getattr(args, "preset", None), getattr(args, "schedule", None))
     filled = set()
     for key, default in DEFAULTS.items():
         if getattr(args, key, None) is None:

@@ -290,3 +290,15 @@ def test_eval_grid_takes_the_reference_switches_as_an_axis(tiny_lm):  # noqa: F8
     assert cell["continuation_nll"] is not None and cell["answer"] is not None
     plain = run_case(tiny_lm, configs[0].to_dict(), settings, case)
     assert plain["continuation_nll"] is not None and plain["continuation_nll"] != cell["continuation_nll"]
+
+
+def test_the_reference_preset_keeps_no_sinks_in_a_local_window(capsys, tiny_lm_folder):  # noqa: F811
+    import json
+
+    from conftest import ASSETS
+
+    code, out, _ = cli(capsys, "run", ASSETS / "pride_and_prejudice_ch1-12.txt", "--model", tiny_lm_folder,
+                       "--max-tokens", 300, "--schedule", "local", "--chunk", 100, "--preset", "reference", "--json",
+                       "--quiet")
+    data = json.loads(out)
+    assert code == 0 and data["sinks"] == 0 and all(s["memory_after"] == 0 for s in data["steps"])

@@ -71,7 +71,7 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
     ``gqa_grouping`` model or strided, ``score_rows`` chunk or last-c, ``question_place`` after or
     prompt, ``ntk`` none or dynamic."""
     try:
-        fixed = preset_settings(choice(preset, "preset", list(PRESETS), "") or None)
+        fixed = preset_settings(choice(preset, "preset", list(PRESETS), "") or None, schedule)
         switches = dict(sink_scoring=sink_scoring, growth_rounding=growth_rounding, gqa_grouping=gqa_grouping,
                         score_rows=score_rows, question_place=question_place, ntk=ntk)
         settings = settings_from(schedule, chunk, memory, growth, fixed.get("scorer", scorer),

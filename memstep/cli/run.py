@@ -68,8 +68,6 @@ def cmd_run(args) -> int:
     from memstep.scorers import SCORERS
 
     check_output_path(args.output)  # before the run, not after it
-    if args.preset == "reference" and args.schedule == "local" and args.sinks is None:
-        args.sinks = 0  # the reference's local window keeps no memory at all, sinks included
     apply_preset(args)
     text = read_document(args.document, stdin=sys.stdin.buffer if args.document == "-" else None)
     at_least("--max-tokens", args.max_tokens)
