@@ -502,8 +502,8 @@ def test_the_acceptance_step_three_keeps_1615():
 @pytest.mark.slow
 def test_acceptance_command_gives_the_reference_codes_kept_positions(embedded, tmp_path):
     """`memstep run doc.txt --preset reference --schedule imdc --chunk 256 --memory 256
-    --positions --json` on 1,500 tokens of Pride and Prejudice, against the port on the same
-    model and tokens: every (step, layer, KV head) set identical."""
+    --positions --json` on 1,697 tokens of Pride and Prejudice, against the port on the same
+    model and tokens: every (step, layer, KV head) set identical (7 x 30 x 3 = 630)."""
     from memstep.cli import main
 
     text = (ASSETS / "pride_and_prejudice_ch1-12.txt").read_text()
