@@ -19,9 +19,6 @@ from memstep.errors import MemstepError
 from memstep.memory import QUERY_BLOCK
 
 
-GROUPINGS = ("model", "strided")
-
-
 @dataclass
 class LayerState:
     """One layer's cache right after its attention ran on the current chunk.
