@@ -8,7 +8,8 @@ schedule and scorer (``conv``, the reference's) run as:
 - ``reference-no-<switch>``: the reference with that one switch at its other value (memstep's,
   or for the two switches whose default is the reference's, memstep's former way);
 - ``memstep``: memstep's defaults (one-pass attention, model grouping, the chunk's rows, the
-  question after the memory), still with the conv scorer.
+  question after the memory), still with the conv scorer; ``memstep-no-sink-scoring``: the
+  same with the sinks pooled with the other keys (memstep's former way), to choose its default.
 
 Per case and configuration:
 
@@ -57,7 +58,8 @@ from memstep.schedules import make_schedule
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 MARKERS = ("<!-- fidelity-costs:start -->", "<!-- fidelity-costs:end -->")
-CONFIGS = ["reference"] + [f"reference-no-{name.replace('_', '-')}" for name in SWITCHES] + ["memstep"]
+CONFIGS = (["reference"] + [f"reference-no-{name.replace('_', '-')}" for name in SWITCHES]
+           + ["memstep", "memstep-no-sink-scoring"])
 
 
 def kept_sets(result) -> list[list[np.ndarray]]:
@@ -95,7 +97,7 @@ class Runner:
 
     def settings(self, name: str) -> tuple[Fidelity, str]:
         fidelity = fidelity_variant(name)
-        attention = "sdpa" if name == "memstep" else preset_settings("reference")["attention"]
+        attention = "sdpa" if name.startswith("memstep") else preset_settings("reference")["attention"]
         return fidelity, attention
 
     def _key(self, fidelity: Fidelity, attention: str, question: bool, tokens: int):

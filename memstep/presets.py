@@ -109,20 +109,21 @@ def other_value(name: str) -> str:
 
 def fidelity_variant(variant: str | None) -> Fidelity:
     """A named set of switches: "memstep" (the defaults), "reference" (all as the reference code),
-    "reference-no-<switch>" (the reference with that one switch off) or "memstep-with-<switch>"
-    (memstep's defaults with that one switch as the reference's); switch names with hyphens."""
+    "reference-no-<switch>" / "memstep-no-<switch>" (the reference / memstep's defaults with that
+    one switch at its other value than the reference's) or "memstep-with-<switch>" (memstep's
+    defaults with that one switch as the reference's); switch names with hyphens."""
     if not variant or variant == "memstep":
         return Fidelity()
     if variant == "reference":
         return REFERENCE
-    for prefix, base in (("reference-no-", REFERENCE), ("memstep-with-", Fidelity())):
+    for prefix, base, reference in (("reference-no-", REFERENCE, False), ("memstep-no-", Fidelity(), False),
+                                    ("memstep-with-", Fidelity(), True)):
         name = variant[len(prefix):].replace("-", "_") if variant.startswith(prefix) else None
         if name in SWITCHES:
-            value = other_value(name) if base is REFERENCE else SWITCHES[name].reference
-            return replace(base, **{name: value})
+            return replace(base, **{name: SWITCHES[name].reference if reference else other_value(name)})
     names = ", ".join(n.replace("_", "-") for n in SWITCHES)
-    raise MemstepError(f"unknown fidelity variant '{variant}': memstep, reference, reference-no-<switch> or "
-                       f"memstep-with-<switch> ({names})")
+    raise MemstepError(f"unknown fidelity variant '{variant}': memstep, reference, reference-no-<switch>, "
+                       f"memstep-no-<switch> or memstep-with-<switch> ({names})")
 
 DEFAULTS = {"rope": "compact", "scorer": "chunk-attention", "sinks": 4, "kernel": 5, "attention": "sdpa",
             **asdict(Fidelity())}

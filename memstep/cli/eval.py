@@ -41,8 +41,9 @@ def register(sub) -> None:
                         "at its position in the document)")
     p.add_argument("--fidelity", default="memstep",
                    help="the reference switches of memstep's runs, comma-separated: memstep (default), reference "
-                        "(all as the reference code), reference-no-<switch> (one switch off) or "
-                        "memstep-with-<switch> (one switch as the reference's); switches: sink-scoring, "
+                        "(all as the reference code), reference-no-<switch> / memstep-no-<switch> (one switch "
+                        "at its other value than the reference's) or memstep-with-<switch> (one switch as the "
+                        "reference's); switches: sink-scoring, "
                         "growth-rounding, gqa-grouping, score-rows, question-place, ntk")
     p.add_argument("--chunk", type=int, default=512, help="chunk size in tokens (default 512)")
     p.add_argument("--peers", default="", help="kvpress and/or hf (the HF full cache), comma-separated")
