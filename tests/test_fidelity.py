@@ -416,18 +416,24 @@ def other_value(switch: str) -> str:
     return next(v for v in SWITCHES[switch].choices if v != SWITCHES[switch].reference)
 
 
+@pytest.fixture(scope="module")
+def switch_case(tiny):
+    """A document whose IMDC sqrt schedule the two roundings tell apart, and the port's sets on it."""
+    frame = reference_prompt(tiny.tokenizer, [], QUESTION).shape[1]
+    ids = document(rounding_sensitive_length("imdc", "sqrt", 64, 56, frame))
+    with torch.inference_mode():
+        _, theirs = port_for(tiny.model, "imdc", "sqrt", 64, 56).forward(reference_prompt(tiny.tokenizer, ids, QUESTION))
+    return ids, theirs
+
+
 @pytest.mark.parametrize("switch", [*SWITCHES, "attention"])
-def test_each_switch_off_disagrees_with_the_port(tiny, switch):
+def test_each_switch_off_disagrees_with_the_port(tiny, switch_case, switch):
     """One switch off (its other value) and the rest as the reference: the port sees it.
     (Padded attention is not a difference of what is kept: with memstep's one-pass attention,
     the reference's zero rows added to its sums, the sets agree.)"""
-    frame = reference_prompt(tiny.tokenizer, [], QUESTION).shape[1]
-    ids = document(rounding_sensitive_length("imdc", "sqrt", 64, 56, frame))
-    port = port_for(tiny.model, "imdc", "sqrt", 64, 56)
-    with torch.inference_mode():
-        _, theirs = port.forward(reference_prompt(tiny.tokenizer, ids, QUESTION))
+    ids, theirs = switch_case
     change = {switch: "sdpa"} if switch == "attention" else {switch: other_value(switch)}
-    run, result = memstep_run(tiny, ids, "imdc", "sqrt", 64, 56, question=QUESTION, **change)
+    _, result = memstep_run(tiny, ids, "imdc", "sqrt", 64, 56, question=QUESTION, **change)
     same, total = agreement(kept_sets(result), theirs)
     if switch == "attention":
         assert same == total
