@@ -236,7 +236,8 @@ def markdown(report: dict) -> str:
               "|---|---:|"]
     for growth, row in scan.items():
         low, high = row["interval"]
-        lines.append(f"| {growth} | {row['differ']:,} / {row['settings']:,} ({row['differ'] / row['settings'] * 100:.2f}%; "
+        share = row["differ"] / row["settings"] * 100
+        lines.append(f"| {growth} | {row['differ']:,} / {row['settings']:,} ({share:.2f}%; "
                      f"95% CI {low * 100:.2f}-{high * 100:.2f}%) |")
     lines += ["", f"Produced by `benchmarks/fidelity_costs.py` ({report['seconds']:.0f} s of CPU time for the runs)."]
     return "\n".join(lines)

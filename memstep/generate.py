@@ -6,8 +6,9 @@ head (system + user turn opening) is prefilled with the document under the sched
 question and the assistant opening are appended after the compressed memory, never
 compressed (question place "after"), or, as the reference code does (question place
 "prompt"), prefilled and compressed with the document: the first answer token then comes
-from the last chunk's logits (``answer_from_prefill``). Their RoPE positions continue from the engine's ``position``: right after the
-compact memory (rope compact) or after the true end of the document (rope document).
+from the last chunk's logits (``answer_from_prefill``). Their RoPE positions continue from
+the engine's ``position``: right after the compact memory (rope compact) or after the true
+end of the document (rope document).
 """
 
 from __future__ import annotations

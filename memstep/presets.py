@@ -40,7 +40,8 @@ SWITCHES: dict[str, Switch] = {
     "growth_rounding": Switch(
         ("divide-first", "multiply-first"), "divide-first", "divide-first", "divide-first growth rounding",
         "divide-first: square and sqrt budgets are int(i^2 * ((M - a) / (n - 1)^2) + a), the reference's "
-        "order; multiply-first: int(i^2 * (M - a) / (n - 1)^2 + a), one token apart at some step in 0.2 (square) to 1 (sqrt) settings in 100"),
+        "order; multiply-first: int(i^2 * (M - a) / (n - 1)^2 + a), one token apart at some step in 0.2 "
+        "(square) to 1 (sqrt) settings in 100"),
     "gqa_grouping": Switch(
         ("model", "strided"), "strided", "model", "strided GQA grouping",
         "model: a KV head's score sums the query heads that attend through it; strided: KV head j sums "
