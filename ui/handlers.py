@@ -16,7 +16,7 @@ from memstep.errors import MemstepError
 from memstep.documents import tokenize_prefix
 from memstep.generate import prompt_parts
 from memstep.models import default_model, offered_models
-from memstep.presets import preset_settings
+from memstep.presets import SWITCHES, other_value, preset_settings
 from memstep.schedules import make_schedule
 
 from ui.documents import (DEFAULT_EXAMPLE, TOKENIZER_FREE_EXAMPLE, DocumentSource, describe, example, read_upload,
@@ -185,9 +185,22 @@ def _loading_update(model) -> tuple:
     return (stat_cards([("state", "run", "starting")], 0.0, now=now),) + (gr.skip(),) * (RUN_OUTPUTS - 1)
 
 
+# The Run tab's "as the reference code" boxes: a ticked box takes the reference's way
+PADDED_WAY = "padded (m + c)² attention maps"
+WAY_CHOICES = [s.label for s in SWITCHES.values()] + [PADDED_WAY]
+WAY_DEFAULTS = [s.label for s in SWITCHES.values() if s.default == s.reference]
+
+
+def reference_ways(ways) -> tuple[str, dict]:
+    """The attention and the reference switches the ticked boxes ask for."""
+    ways = set(ways or [])
+    switches = {name: s.reference if s.label in ways else other_value(name) for name, s in SWITCHES.items()}
+    return ("padded" if PADDED_WAY in ways else "sdpa"), switches
+
+
 def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens,
-                 question, full_reference, rope="compact", question_aware=False, progress=gr.Progress(),
-                 request: gr.Request = None):
+                 question, full_reference, rope="compact", question_aware=False, ways=None,
+                 progress=gr.Progress(), request: gr.Request = None):
     """Stream a run: one update as soon as the schedule is known, then one per step, then
     the answer (and the full-cache reference answer when asked)."""
     began = time.perf_counter()
@@ -195,7 +208,8 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
     _STOP_REQUESTS.discard(session)  # a Stop pressed before this run is not for it
     _RUNNING.add(session)
     try:
-        settings = settings_from(schedule, chunk, memory, growth, scorer, sinks, rope, question_aware)
+        settings = settings_from(schedule, chunk, memory, growth, scorer, sinks, rope, question_aware,
+                                 *reference_ways(WAY_DEFAULTS if ways is None else ways))
         yield _loading_update(model)
         progress(0.0, desc="Loading the model")
         lm = get_model(model)
@@ -302,11 +316,13 @@ def _reference_note(view: RunView, lm, model_spec: str) -> str:
 
 
 def choose_preset(preset: str | None):
-    """A preset picked: set the controls it fixes (scorer, RoPE positions, sinks); 'none' keeps them."""
+    """A preset picked: set the controls it fixes (scorer, RoPE positions, sinks, the reference's
+    ways); 'none' keeps them."""
     chosen = preset_settings(preset if preset and preset != "none" else None)
     if not chosen:
-        return gr.skip(), gr.skip(), gr.skip()
-    return chosen["scorer"], chosen["rope"], chosen["sinks"]
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    ways = [s.label for name, s in SWITCHES.items() if chosen[name] == s.reference]
+    return chosen["scorer"], chosen["rope"], chosen["sinks"], ways + ([PADDED_WAY] * (chosen["attention"] == "padded"))
 
 
 def stop_run(request: gr.Request = None):

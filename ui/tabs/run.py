@@ -121,12 +121,16 @@ def build_tab() -> RunTab:
                                        elem_id="max-tokens", min_width=90)
             with gr.Row():
                 preset = gr.Dropdown(["none", *PRESETS], value="none", label="Preset", elem_id="preset",
-                                     info="reference: the paper's code (conv score, compact "
-                                          "positions, 4 sinks)", min_width=140)
+                                     info="reference: the paper's code exactly (conv score, compact "
+                                          "positions, 4 sinks, every box below)", min_width=140)
                 scorer = gr.Dropdown(list(SCORERS), value="chunk-attention", label="Scorer",
                                      elem_id="scorer", min_width=140)
             rope = gr.Radio(ROPE_CHOICES, value="compact", label="RoPE positions", info=ROPE_INFO,
                             elem_id="rope")
+            with gr.Accordion("As the reference code", open=False, elem_id="reference-ways"):
+                ways = gr.CheckboxGroup(handlers.WAY_CHOICES, value=handlers.WAY_DEFAULTS, show_label=False,
+                                        info="Ticked: the reference code's way; unticked: memstep's. The "
+                                             "reference preset ticks them all.", elem_id="ways")
             model = gr.Dropdown(_model_choices(), value=default_model(),
                                 allow_custom_value=allowed_models() is None,
                                 label="Model", info="'embedded': SmolLM2-135M-Instruct shipped with "
@@ -184,12 +188,12 @@ def build_tab() -> RunTab:
                   [doc_state, question, doc_info, upload, example],
                   concurrency_limit=None, api_visibility="private")
 
-    preset.input(handlers.choose_preset, [preset], [scorer, rope, sinks], concurrency_limit=None,
+    preset.input(handlers.choose_preset, [preset], [scorer, rope, sinks, ways], concurrency_limit=None,
                  api_visibility="private")
     run_outputs = [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, answer, replay_step,
                    view_state, run_views, run_hint, layers_plot, try_aware, run_json, steps_csv]
     run_inputs = [doc_state, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens, question,
-                  full_reference, rope, question_aware]
+                  full_reference, rope, question_aware, ways]
     searching = dict(trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
                      api_visibility="private")
     running = dict(concurrency_id="prefill", concurrency_limit=1, show_progress="minimal", show_progress_on=[stats],
