@@ -48,6 +48,7 @@ from memstep.attention import StepContext, switchable, use_memstep_attention
 from memstep.errors import MemstepError
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
 from memstep.presets import ROPE_MODES, Fidelity
+from memstep.question_pool import QUESTION_POOL, parse_question_pool
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
@@ -74,9 +75,6 @@ def model_shape(model) -> ModelShape:
 
 ENGINE_ATTENTIONS = ("sdpa", "padded")
 QUESTION_WEIGHT = 0.75  # share of the question's attention in a question-aware score (see question_mix)
-QUESTION_POOL = 15  # keys around each key whose question attention it takes (max-pooled)
-
-
 def check_question_aware(scorer: Scorer, question_tokens: int, weight: float) -> None:
     if question_tokens < 1:
         raise MemstepError("question-aware compression needs a question: type one, or untick question-aware")
@@ -88,7 +86,7 @@ def check_question_aware(scorer: Scorer, question_tokens: int, weight: float) ->
 
 
 def question_mix(base: torch.Tensor, question: torch.Tensor, positions: torch.Tensor, sinks: int,
-                 weight: float) -> torch.Tensor:
+                 weight: float, pool: str = QUESTION_POOL) -> torch.Tensor:
     """A question-aware score: (1 - weight) x the scorer's score + weight x the attention the
     question's queries pay each key (max-pooled over its neighbours), each term divided by
     its sum over the non-sink keys of the KV head, so that both are shares of one (the sinks
@@ -100,10 +98,15 @@ def question_mix(base: torch.Tensor, question: torch.Tensor, positions: torch.Te
         return scores / scores.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
 
     # a key the question looks at carries its neighbours (the number after "the lighthouse is"), as
-    # SnapKV pools its window's scores: max over QUESTION_POOL keys around each key
+    # SnapKV pools its window's scores: by default max over 15 keys around each key
     # (the sinks' share is taken out first: it would spill onto the keys next to them)
     question = question.float() * free
-    question = F.max_pool1d(question[:, None], QUESTION_POOL, stride=1, padding=QUESTION_POOL // 2)[:, 0]
+    kind, width = parse_question_pool(pool)
+    if kind == "max":
+        question = F.max_pool1d(question[:, None], width, stride=1, padding=width // 2)[:, 0]
+    elif kind == "mean":
+        question = F.avg_pool1d(question[:, None], width, stride=1, padding=width // 2,
+                                count_include_pad=False)[:, 0]
     return (1 - weight) * share(base) + weight * share(question)
 
 
@@ -146,7 +149,8 @@ def cache_keyword(decoder) -> str:
 class ChunkedPrefill(StepContext):
     def __init__(self, model, scorer: Scorer | None = None, sinks: int = 4, attention: str = "sdpa",
                  collect_hidden: bool = False, rope: str = "compact", question_ids: Sequence[int] | None = None,
-                 question_weight: float = QUESTION_WEIGHT, fidelity: Fidelity | None = None):
+                 question_weight: float = QUESTION_WEIGHT, fidelity: Fidelity | None = None,
+                 question_pool: str = QUESTION_POOL):
         if sinks < 0:
             raise MemstepError(f"sinks must be 0 or more (got {sinks})")
         if attention not in ENGINE_ATTENTIONS:
@@ -161,6 +165,8 @@ class ChunkedPrefill(StepContext):
         self.rope = check_rope(rope)
         self.question_ids = torch.as_tensor(list(question_ids or []), dtype=torch.long)
         self.question_weight = float(question_weight)
+        self.question_pool = question_pool
+        parse_question_pool(question_pool)
         if question_ids is not None:
             check_question_aware(self.scorer, self.question_ids.numel(), self.question_weight)
             if not switchable(model):
@@ -214,7 +220,8 @@ class ChunkedPrefill(StepContext):
             scores = self._score(state, positions, keep, frozen)
             if self._question_rows:
                 question = state.group(self._attended[2][self._question_rows][..., :entries])
-                scores = question_mix(scores, question, positions, self.sinks, self.question_weight)
+                scores = question_mix(scores, question, positions, self.sinks, self.question_weight,
+                                      self.question_pool)
             kept = select_kept(scores, positions, keep, self.sinks, frozen)
             index = kept[None, :, :, None].expand(1, -1, -1, keys.shape[-1])
             layer.keys = keys.gather(2, index)

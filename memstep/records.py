@@ -104,6 +104,7 @@ class RunResult:
     attention: str = "sdpa"  # sdpa (memstep's) or padded (the reference code's (m + c)^2 maps)
     question_aware: bool = False  # the question's attention also scored every step
     question_weight: float | None = None
+    question_pool: str | None = None
     fidelity: dict = field(default_factory=dict)  # the reference switches (memstep.presets.SWITCHES)
     prompt_question_tokens: int = 0  # question place "prompt": the question's tokens at the prompt's end
 
@@ -130,6 +131,7 @@ class RunResult:
             "attention": self.attention,
             "question_aware": self.question_aware,
             "question_weight": self.question_weight,
+            "question_pool": self.question_pool,
             "fidelity": dict(self.fidelity),
             "prompt_question_tokens": self.prompt_question_tokens,
             "sinks": self.sinks,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from memstep.engine import QUESTION_WEIGHT, ChunkedPrefill
+from memstep.engine import QUESTION_POOL, QUESTION_WEIGHT, ChunkedPrefill
 from memstep.errors import MemstepError
 from memstep.generate import answer, answer_from_prefill, continuation_nll, crop_memory, memory_mark, prompt_parts
 from memstep.models import LoadedModel
@@ -32,7 +32,8 @@ class DocumentRun:
                  question: str | None = None, max_new_tokens: int = 32, continuation_tokens: int = 0,
                  notices: list[str] | None = None, attention: str = "sdpa", rope: str = "compact",
                  kernel: int = 5, question_aware: bool = False, question_weight: float = QUESTION_WEIGHT,
-                 fidelity: Fidelity | None = None, review: tuple[str, int, int] | None = None):
+                 fidelity: Fidelity | None = None, review: tuple[str, int, int] | None = None,
+                 question_pool: str = QUESTION_POOL):
         if sinks < 0:
             raise MemstepError(f"sinks must be 0 or more (got {sinks})")
         if max_new_tokens < 1:
@@ -65,7 +66,8 @@ class DocumentRun:
                                       rounding=self.fidelity.growth_rounding, review=review)
         self.engine = ChunkedPrefill(lm.model, make_scorer(scorer, seed, window, kernel), sinks, attention,
                                      rope=rope, question_ids=self._question_ids(question_aware),
-                                     question_weight=question_weight, fidelity=self.fidelity)
+                                     question_weight=question_weight, fidelity=self.fidelity,
+                                     question_pool=question_pool)
         notices = list(notices or []) + self._positions_notice(lm.model.config, rope)
         self.result = RunResult(
             model=lm.name, tokens=tokens, prefix_tokens=len(self.head), schedule=self.schedule.to_dict(),
@@ -73,6 +75,7 @@ class DocumentRun:
             continuation_tokens=continuation_tokens, notices=notices, rope=rope,
             attention=attention, question_aware=bool(question_aware),
             question_weight=question_weight if question_aware else None,
+            question_pool=question_pool if question_aware else None,
             fidelity=dict(self.fidelity.__dict__), prompt_question_tokens=len(tail))
 
     def _question_ids(self, question_aware: bool) -> list[int] | None:

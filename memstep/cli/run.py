@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -9,6 +10,15 @@ from memstep.cli.common import at_least, check_output_path, write_output
 from memstep.cli.schedule import add_schedule_options, review_of
 from memstep.errors import MemstepError
 from memstep.presets import ATTENTIONS, PRESETS, ROPE_MODES, SWITCHES, Fidelity, apply_preset
+from memstep.question_pool import QUESTION_POOL, parse_question_pool
+
+
+def _question_pool(text: str) -> str:
+    try:  # checked before the model loads
+        parse_question_pool(text)
+    except MemstepError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def register(sub) -> None:
@@ -45,6 +55,9 @@ def register(sub) -> None:
                         "chunk, then dropped): keeps what the question needs")
     p.add_argument("--question-weight", type=float, default=0.75,
                    help="question-aware: the question's share of the score, in (0, 1] (default 0.75)")
+    p.add_argument("--question-pool", type=_question_pool, default=QUESTION_POOL,
+                   help="question-aware: how a key takes its neighbours' question attention: max:N, mean:N "
+                        f"(N odd) or none (default {QUESTION_POOL})")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--continuation-tokens", type=int, default=0)
     p.add_argument("--device", default="auto")
@@ -89,7 +102,7 @@ def cmd_run(args) -> int:
                       question=args.question, max_new_tokens=args.max_new_tokens,
                       continuation_tokens=args.continuation_tokens, notices=notices, rope=args.rope,
                       kernel=args.kernel, attention=args.attention, question_aware=args.question_aware,
-                      question_weight=args.question_weight, fidelity=Fidelity.from_settings(vars(args)),
+                      question_weight=args.question_weight, question_pool=args.question_pool, fidelity=Fidelity.from_settings(vars(args)),
                       review=review_of(args))
     for line in run.result.notices[len(notices):]:  # what the run adds (positions beyond training)
         print(line, file=sys.stderr)
