@@ -72,6 +72,10 @@ class StepContext:
     def keep(self, module, query, key, sums: dict[tuple[int, int], torch.Tensor]) -> None:
         """Receives the rotated queries and keys, and the column sums by row range."""
 
+    def window(self, module) -> int | None:
+        """A sliding-window layer's window (keys a query sees, its own included); None: global."""
+        return None
+
 
 def lower_right_mask(rows: int, keys: int, device, prefer_bias: bool = True):
     """Row i sees keys 0 .. keys - rows + i: a CausalBias where torch has one, else a boolean mask."""
@@ -127,6 +131,23 @@ def sdpa_lower_right(query, key, value, scaling, prefer_bias: bool = True):
             groups = query.shape[1] // key.shape[1]
             key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
+
+
+def windowed_attention(query, key, value, scaling: float, window: int):
+    """A sliding-window layer's attention: the cache's last rows are the queries' own keys, in
+    reading order, and query row i (of q) sees the ``window`` keys ending at its own, key
+    indices (k - q + i - window, k - q + i], as the model's sliding mask does by position."""
+    rows, keys = query.shape[2], key.shape[2]
+    own = torch.arange(keys - rows, keys, device=query.device)[:, None]  # each row's own key index
+    index = torch.arange(keys, device=query.device)[None]
+    mask = (index <= own) & (index > own - window)
+    gqa = query.shape[1] != key.shape[1]
+    try:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+    except (RuntimeError, TypeError):  # a backend without native GQA
+        groups = query.shape[1] // key.shape[1]
+        return F.scaled_dot_product_attention(query, key.repeat_interleave(groups, 1),
+                                              value.repeat_interleave(groups, 1), attn_mask=mask, scale=scaling)
 
 
 def one_pass_attention(query, key, value, scaling: float, ranges=((0, None),), block: int | None = None,
@@ -213,6 +234,11 @@ def memstep_attention(module, query, key, value, attention_mask=None, dropout: f
     context = getattr(module, "memstep", None) or DEFAULT_CONTEXT
     query, key = context.rotate(module, query, key)
     rows, keys = query.shape[2], key.shape[2]
+    window = context.window(module)
+    if window is not None:  # a sliding layer is never scored: it keeps the model's window
+        out = windowed_attention(query, key, value, scaling, window) if keys > window \
+            else sdpa_lower_right(query, key, value, scaling)
+        return out.transpose(1, 2).contiguous(), None
     ranges = context.score_rows(module, rows, keys)
     grouping = context.score_grouping(module) if ranges else "model"
     if context.padded and rows > 1:

@@ -24,6 +24,13 @@ block counted (``score_rows``), dynamic NTK RoPE once a step's positions pass th
 trained length (``ntk``). A fixed-incremental schedule (``fim``) never scores the memory
 kept from earlier steps again: only the chunk competes for the step's share.
 
+Hybrid attention (Gemma 3, gpt-oss, ...; ``memstep.layers``): a sliding-window layer is never
+scored: it keeps the last window - 1 entries it read, and its attention shows each query the
+``window`` keys ending at its own, across chunk boundaries. Only the global layers follow the
+schedule and the scorer. Each layer type rotates with its own RoPE base. Under compact
+positions a sliding layer's cache is contiguous (nothing evicted inside the window), so
+positions 0..n-1 give each query-key pair the same distance as the document's positions.
+
 ``ChunkedPrefill.run`` is a generator of StepRecord; after it finishes, ``cache``,
 ``positions`` (per layer, (kv_heads, entries) document positions), ``tokens_seen``,
 ``position`` (the RoPE position of the next token) and ``last_hidden`` hold the compressed
@@ -46,6 +53,7 @@ from transformers import DynamicCache
 
 from memstep.attention import StepContext, switchable, use_memstep_attention
 from memstep.errors import MemstepError
+from memstep.layers import GLOBAL, TYPE_LABELS
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
 from memstep.presets import ROPE_MODES, Fidelity
 from memstep.question_pool import QUESTION_POOL, parse_question_pool
@@ -173,6 +181,12 @@ class ChunkedPrefill(StepContext):
                 raise MemstepError("question-aware compression needs the model loaded with SDPA attention")
         self.fidelity = fidelity or Fidelity()
         self.shape = model_shape(model)
+        self.kinds = self.shape.kinds
+        if self.kinds.hybrid and not switchable(model):
+            raise MemstepError("sliding-window layers need the model loaded with SDPA attention "
+                               f"(it runs '{model.config._attn_implementation}')")
+        if self.kinds.hybrid and self.fidelity.ntk == "dynamic":
+            raise MemstepError("dynamic NTK rescales one RoPE base; this model has one per layer type: use ntk none")
         self.device = self.decoder.embed_tokens.weight.device
         self._cache_kw = cache_keyword(self.decoder)
         self._rope = sys.modules[type(self.decoder.layers[0].self_attn).__module__].apply_rotary_pos_emb
@@ -187,7 +201,7 @@ class ChunkedPrefill(StepContext):
         self.position = 0  # RoPE position of the next token
         self.last_hidden: torch.Tensor | None = None
         self.hidden_chunks: list[torch.Tensor] = []
-        self._rope_table = None
+        self._rope_tables: dict[str, tuple] = {}
         self._ntk_tables: dict[int, tuple] = {}
         self._window: int | None = None  # score rows "last-c": the configured chunk c
         self._frozen = False  # fixed-incremental: the memory from earlier steps is never scored again
@@ -214,7 +228,11 @@ class ChunkedPrefill(StepContext):
         if keys.shape[2] > entries:
             keys, values = keys[:, :, :entries], values[:, :, :entries]
             layer.keys, layer.values = keys, values
-        if entries > keep:
+        if self.kinds.sliding(idx):  # the model's window: the last entries read, never scored
+            if entries > keep:
+                layer.keys, layer.values = keys[:, :, entries - keep:], values[:, :, entries - keep:]
+                positions = positions[:, entries - keep:]
+        elif entries > keep:
             state = self._layer_state(module, kwargs, keys, values, positions)
             frozen = self._before[idx] if self._frozen else 0
             scores = self._score(state, positions, keep, frozen)
@@ -285,7 +303,8 @@ class ChunkedPrefill(StepContext):
             return query, key
         rows, n = query.shape[2], key.shape[2]
         factor = ntk_factor(n - 1, self._ntk["limit"]) if self.fidelity.ntk == "dynamic" else 1
-        cos, sin = self._contiguous_rope(n, key.device) if factor == 1 else self._ntk_rope(n, factor, key.device)
+        cos, sin = self._contiguous_rope(n, key.device, getattr(module, "layer_type", None)) if factor == 1 \
+            else self._ntk_rope(n, factor, key.device)
         q, _ = self._rope(query.float(), query[:, :1, :1].float(), cos[:, n - rows:], sin[:, n - rows:])
         k, _ = self._rope(key.float(), key[:, :1, :1].float(), cos, sin)
         return q.to(query.dtype), k.to(key.dtype)
@@ -296,7 +315,8 @@ class ChunkedPrefill(StepContext):
         step carries the question (question-aware)."""
         question = len(self._question_step)
         chunk = rows - question
-        if not self._prefilling or keys - question <= self._keep[module.layer_idx]:
+        if not self._prefilling or keys - question <= self._keep[module.layer_idx] \
+                or self.kinds.sliding(module.layer_idx):
             return ()
         ranges = tuple(self._scored_rows(chunk).values())
         return ranges + (((chunk, rows),) if question else ())
@@ -308,17 +328,25 @@ class ChunkedPrefill(StepContext):
         if self._prefilling and key.shape[2] - len(self._question_step) > self._keep[module.layer_idx]:
             self._attended = (query, key, sums)
 
-    def _contiguous_rope(self, n: int, device):
-        """cos, sin (1, n, dim) in float32 for positions 0..n-1 (one table, grown on demand)."""
-        if self._rope_table is None or self._rope_table[0].shape[1] < n:
-            have = self._rope_table[0].shape[1] if self._rope_table is not None else 0
-            rotary = self.decoder.rotary_emb
+    def window(self, module) -> int | None:
+        return self.kinds.window if self.kinds.sliding(module.layer_idx) else None
+
+    def _contiguous_rope(self, n: int, device, layer_type: str | None = None):
+        """cos, sin (1, n, dim) in float32 for positions 0..n-1 (one table per layer type, grown on
+        demand): models with per-type RoPE (Gemma 3: a local base for sliding layers, a global one
+        for full attention) take the layer's type."""
+        rotary = self.decoder.rotary_emb
+        per_type = hasattr(rotary, "layer_types") and layer_type is not None
+        table = self._rope_tables.get(layer_type if per_type else None)
+        if table is None or table[0].shape[1] < n:
+            have = table[0].shape[1] if table is not None else 0
             x = torch.zeros(1, dtype=torch.float32, device=device)
-            cos, sin = rotary(x, torch.arange(max(n, 2 * have), device=device)[None])
-            scale = getattr(rotary, "attention_scaling", 1.0) or 1.0
+            positions = torch.arange(max(n, 2 * have), device=device)[None]
+            cos, sin = rotary(x, positions, layer_type) if per_type else rotary(x, positions)
+            scale = getattr(rotary, f"{layer_type}_attention_scaling" if per_type else "attention_scaling", 1.0) or 1.0
             # the decoder's identity rotation at position 0 already scaled q and k once
-            self._rope_table = (cos.float() / scale, sin.float() / scale)
-        cos, sin = self._rope_table
+            table = self._rope_tables[layer_type if per_type else None] = (cos.float() / scale, sin.float() / scale)
+        cos, sin = table
         return cos[:, :n], sin[:, :n]
 
     def _ntk_rope(self, n: int, factor: int, device):
@@ -416,6 +444,7 @@ class ChunkedPrefill(StepContext):
                                    "schedule has none (use score rows 'chunk')")
             self._window = int(schedule.settings["chunk"])
         lengths = self._layer_lengths(schedule, layers)
+        per_layer = schedule.layerwise or self.kinds.hybrid  # records carry each layer's budget and entries
         handles = self._install_hooks()
         try:
             for step, ((before, after), start, size, budget) in enumerate(
@@ -454,9 +483,10 @@ class ChunkedPrefill(StepContext):
                     bytes_measured=self._memory.peak(), bytes_modeled=parts.pop("total"),
                     bytes_modeled_parts=parts, kv_bytes_actual=self._kv_peak,
                     kept_positions=_stack_padded([p.cpu().numpy() for p in self.positions]),
-                    evicted=any(b + size > a for b, a in zip(before, after)),
-                    layer_memory_after=list(after) if schedule.layerwise else None,
-                    layer_budgets=schedule.layer_budgets(step, layers) if schedule.layerwise else None,
+                    evicted=any(b + size > a for b, a, s in zip(before, after, self.kinds.types) if s == GLOBAL),
+                    layer_memory_after=list(after) if per_layer else None,
+                    layer_budgets=self.kinds.budgets(schedule.layer_budgets(step, layers)) if per_layer else None,
+                    kv_bytes_by_type=self.cache_bytes_by_type() if self.kinds.hybrid else None,
                     first_position=self._start_position, question_tokens=question.numel(),
                     tokens_read=self.tokens_seen if schedule.starts is not None else None,
                 )
@@ -473,12 +503,21 @@ class ChunkedPrefill(StepContext):
             if not switchable(self.model):
                 raise MemstepError("layer-wise budgets need the model loaded with SDPA attention "
                                    f"(it runs '{self.model.config._attn_implementation}')")
-            return schedule.layer_cache_lengths(self.sinks)
-        return [([b] * layers, [a] * layers) for b, a in schedule.cache_lengths(self.sinks)]
+            return self.kinds.apply(schedule.layer_cache_lengths(self.sinks), schedule.chunk_sizes)
+        return self.kinds.apply([([b] * layers, [a] * layers) for b, a in schedule.cache_lengths(self.sinks)],
+                                schedule.chunk_sizes)
 
     def cache_bytes(self) -> int:
         """Bytes of the real cache tensors now."""
         return sum(l.keys.nbytes + l.values.nbytes for l in self.cache.layers if l.keys is not None)
+
+    def cache_bytes_by_type(self) -> dict[str, int]:
+        """Bytes of the real cache tensors now, by layer type ("global", "sliding")."""
+        out = {TYPE_LABELS[t]: 0 for t in self.kinds.counts()}
+        for layer, kind in zip(self.cache.layers, self.kinds.types):
+            if layer.keys is not None:
+                out[TYPE_LABELS[kind]] += layer.keys.nbytes + layer.values.nbytes
+        return out
 
 
 def _stack_padded(arrays: list[np.ndarray]) -> np.ndarray:

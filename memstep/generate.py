@@ -1,6 +1,11 @@
 """After the prefill: answer a question from the compressed memory, or score a held-out
 continuation given it.
 
+Two prompt forms, chosen from the model (``prompt_form``): "chat" for an instruction-tuned
+model with a chat template, "completion" for a base model (Gemma 3 270M) or a tokenizer
+without a template: the document, then "Question: ... Answer:", a prompt that ends where
+the answer starts (after the tokenizer's BOS, where it adds one).
+
 The prompt is split around the document by the model's chat template: the template's
 head (system + user turn opening) is prefilled with the document under the schedule; the
 question and the assistant opening are appended after the compressed memory, never
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from memstep.engine import ChunkedPrefill
+from memstep.models import FORM_ATTRIBUTE  # load_model marks a base model's tokenizer
 
 _MARK = "\u2063DOCUMENT\u2063"  # an invisible separator no real document contains
 
@@ -28,18 +34,39 @@ class PromptParts:
     tail: list[int]  # tokens after the document up to the question
 
 
+PROMPT_FORMS = ("chat", "completion")
+
+
+def prompt_form(tokenizer) -> str:
+    """"completion" for a model loaded as a base model (its tokenizer marked so) or a tokenizer
+    without a chat template; "chat" otherwise."""
+    form = getattr(tokenizer, FORM_ATTRIBUTE, None)
+    if form in PROMPT_FORMS:
+        return form
+    return "chat" if getattr(tokenizer, "chat_template", None) else "completion"
+
+
 def prompt_parts(tokenizer, question: str | None = None) -> PromptParts:
-    """Token ids around the document: chat template where the model has one, else a plain
-    "Document ... Question: ... Answer:" frame."""
+    """Token ids around the document: the chat template (prompt form "chat"), else a plain
+    "Document ... Question: ... Answer:" completion frame, after the BOS the tokenizer adds."""
     body = f"{_MARK}\n\nQuestion: {question}" if question else _MARK
-    if getattr(tokenizer, "chat_template", None):
+    encode = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"] if s else []  # noqa: E731
+    if prompt_form(tokenizer) == "chat":
         text = tokenizer.apply_chat_template([{"role": "user", "content": body}], tokenize=False,
                                              add_generation_prompt=True)
-    else:
-        text = f"{body}\nAnswer:" if question else body
-    head, tail = text.split(_MARK)
-    encode = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"] if s else []  # noqa: E731
-    return PromptParts(encode(head), encode(tail))
+        head, tail = text.split(_MARK)
+        return PromptParts(encode(head), encode(tail))
+    head, tail = (f"{body}\nAnswer:" if question else body).split(_MARK)
+    return PromptParts(_bos(tokenizer) + encode(head), encode(tail))
+
+
+def _bos(tokenizer) -> list[int]:
+    """[BOS] where the tokenizer starts every text with it (Gemma's models need it), else []."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return []
+    first = tokenizer("a")["input_ids"][:1]
+    return [bos] if first == [bos] else []
 
 
 def _extend(engine: ChunkedPrefill, ids: list[int], logits_to_keep: int | None = None) -> torch.Tensor:

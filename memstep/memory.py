@@ -30,11 +30,18 @@ of c tokens and a entries kept after it (sinks included), k = b + c keys:
   recomputing scorer of an eager model: 256), logits and probabilities 2*heads*q*k float32,
   plus per-head column sums kv_heads*k float32.
 - activations: MLP gate, up and product 3*c*intermediate + hidden-state copies 4*c*hidden.
+
+Hybrid attention (``memstep.layers``): a sliding-window layer holds at most window - 1
+entries between steps whatever the budget, so its KV is bounded by its window; the per-layer
+formulas above take each layer's own before/after (``LayerKinds.apply``), and only the
+global layers' cuts count as evictions (a sliding layer drops its oldest entries unscored).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from memstep.layers import GLOBAL, TYPE_LABELS, LayerKinds
 
 ATTENTIONS = ("sdpa", "eager", "padded")
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
@@ -63,6 +70,11 @@ class ModelShape:
     dtype_bytes: int = 4
     max_positions: int | None = None
     name: str = "model"
+    kinds: LayerKinds = field(default=None, compare=False)  # each layer's attention type (all global if None)
+
+    def __post_init__(self):
+        if self.kinds is None:
+            object.__setattr__(self, "kinds", LayerKinds.uniform(self.layers))
 
     @classmethod
     def from_config(cls, config, dtype_bytes: int = 4, params: int | None = None, name: str | None = None):
@@ -79,11 +91,16 @@ class ModelShape:
         kv_heads = get("num_key_value_heads") or heads
         intermediate = get("intermediate_size") or 4 * hidden
         vocab = get("vocab_size") or 32000
-        if params is None:
-            params = estimate_params(layers, hidden, heads, kv_heads, head_dim, intermediate, vocab,
-                                     bool(get("tie_word_embeddings", False)))
-        return cls(layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, params, dtype_bytes,
-                   get("max_position_embeddings"), name or get("_name_or_path") or get("model_type") or "model")
+        experts, active = get("num_local_experts") or 1, get("num_experts_per_tok") or get("experts_per_token") or 1
+        if params is None:  # a mixture of experts holds every expert's MLP and a router
+            router = layers * hidden * experts if experts > 1 else 0
+            params = estimate_params(layers, hidden, heads, kv_heads, head_dim, intermediate * experts, vocab,
+                                     bool(get("tie_word_embeddings", False))) + router
+        kinds = LayerKinds.from_config(get, layers)
+        # FLOPs and activations follow the experts a token runs through (the active MLP width)
+        return cls(layers, hidden, heads, kv_heads, head_dim, intermediate * min(active, experts), vocab, params,
+                   dtype_bytes, get("max_position_embeddings"),
+                   name or get("_name_or_path") or get("model_type") or "model", kinds)
 
     @property
     def kv_bytes_per_entry(self) -> int:
@@ -98,6 +115,13 @@ class ModelShape:
     @property
     def weight_bytes(self) -> int:
         return self.params * self.dtype_bytes
+
+    def kv_bytes_by_type(self, entries) -> dict[str, int]:
+        """KV bytes by layer type ("global", "sliding") of ``entries`` per layer (a number or a list)."""
+        out = {TYPE_LABELS[t]: 0 for t in self.kinds.counts()}
+        for kind, n in zip(self.kinds.types, _per_layer(entries, self.layers)):
+            out[TYPE_LABELS[kind]] += n * self.kv_bytes_per_entry
+        return out
 
 
 def estimate_params(layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied) -> int:
@@ -185,8 +209,9 @@ def step_bytes(shape: ModelShape, before: int, chunk: int, after: int, *, attent
                evict_per_layer: bool = True, scoring: bool = True, device: str = PLANNED_DEVICE) -> dict[str, int]:
     """Modeled peak bytes of one step by component; ``total`` is their sum. ``device``: the
     device type the step runs on (its one-pass block)."""
-    evicts = scoring and any(b + chunk > a for b, a in zip(_per_layer(before, shape.layers),
-                                                         _per_layer(after, shape.layers)))
+    evicts = scoring and any(b + chunk > a for b, a, kind in zip(_per_layer(before, shape.layers),
+                                                               _per_layer(after, shape.layers), shape.kinds.types)
+                             if kind == GLOBAL)
     kv_entries = kv_peak_entries(shape, before, chunk, after, evict_per_layer)
     kv_chunk = chunk * shape.kv_bytes_per_entry * (1 if evict_per_layer else shape.layers)
     parts = {

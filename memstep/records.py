@@ -30,8 +30,11 @@ class StepRecord:
     kv_bytes_actual: int  # largest total size of the real cache tensors during the step
     kept_positions: np.ndarray  # (layers, kv_heads, memory_after) document positions, sorted; -1 pads
     evicted: bool  # whether any entry was dropped in this step
-    layer_memory_after: list[int] | None = None  # layer-wise budgets: each layer's entries after the step
-    layer_budgets: list[int] | None = None  # layer-wise budgets: each layer's budget after the step
+    # layer-wise budgets or hybrid attention: each layer's entries after the step, and its budget
+    # (a sliding-window layer's is its window: its queries see window keys, window - 1 of them kept)
+    layer_memory_after: list[int] | None = None
+    layer_budgets: list[int] | None = None
+    kv_bytes_by_type: dict[str, int] | None = None  # hybrid attention: real cache bytes after the step by layer type
     first_position: int | None = None  # RoPE position of the chunk's first token
     question_tokens: int = 0  # question-aware: the question's tokens read after the chunk (then dropped)
     tokens_read: int | None = None  # a review (a chunk read again): the furthest position read so far
@@ -76,6 +79,8 @@ class StepRecord:
         if self.layer_memory_after is not None:
             out["layer_budgets"] = list(self.layer_budgets or [])
             out["layer_memory_after"] = list(self.layer_memory_after)
+        if self.kv_bytes_by_type is not None:
+            out["kv_bytes_by_type"] = dict(self.kv_bytes_by_type)
         if with_positions:
             out["kept_positions"] = [layer[:, :n].tolist() for layer, n in zip(self.kept_positions, self.layer_entries)]
         return out
@@ -107,6 +112,8 @@ class RunResult:
     question_pool: str | None = None
     fidelity: dict = field(default_factory=dict)  # the reference switches (memstep.presets.SWITCHES)
     prompt_question_tokens: int = 0  # question place "prompt": the question's tokens at the prompt's end
+    prompt_form: str = "chat"  # how the document and question were framed: "chat" (template) or "completion"
+    layers: dict = field(default_factory=dict)  # layer types and window (memstep.layers.LayerKinds.to_dict)
 
     @property
     def peak_bytes_measured(self) -> int | None:
@@ -134,6 +141,8 @@ class RunResult:
             "question_pool": self.question_pool,
             "fidelity": dict(self.fidelity),
             "prompt_question_tokens": self.prompt_question_tokens,
+            "prompt_form": self.prompt_form,
+            "layers": dict(self.layers),
             "sinks": self.sinks,
             "device": self.device,
             "dtype": self.dtype,

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 from memstep.engine import QUESTION_POOL, QUESTION_WEIGHT, ChunkedPrefill
 from memstep.errors import MemstepError
-from memstep.generate import answer, answer_from_prefill, continuation_nll, crop_memory, memory_mark, prompt_parts
+from memstep.generate import (answer, answer_from_prefill, continuation_nll, crop_memory, memory_mark, prompt_form,
+                              prompt_parts)
 from memstep.models import LoadedModel
 from memstep.presets import Fidelity
 from memstep.records import RunResult, StepRecord
@@ -76,7 +77,8 @@ class DocumentRun:
             attention=attention, question_aware=bool(question_aware),
             question_weight=question_weight if question_aware else None,
             question_pool=question_pool if question_aware else None,
-            fidelity=dict(self.fidelity.__dict__), prompt_question_tokens=len(tail))
+            fidelity=dict(self.fidelity.__dict__), prompt_question_tokens=len(tail),
+            prompt_form=prompt_form(lm.tokenizer), layers=self.engine.kinds.to_dict())
 
     def _question_ids(self, question_aware: bool) -> list[int] | None:
         """The tokens that follow the document when the question is asked (the chat template's

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from memstep.errors import MemstepError
 from memstep.models import (EMBEDDED, LoadedModel, looks_like_path, check_allowed, check_hub_reachable, default_model,
-                            embedded_model_folder, load_model, scrub_paths)
+                            load_model, mark_prompt_form, packaged_model_folder, packaged_spec, scrub_paths)
 
 CAPACITY = max(1, int(os.environ.get("MEMSTEP_APP_MODELS", "2")))
 FALLBACK_CONTEXT = 8192  # the embedded model's context, when a config does not say
@@ -71,8 +71,9 @@ def tokenizer_only(spec: str):
     """A model's tokenizer without its weights (the embedded one, a folder, a hub id or a GGUF)."""
     from transformers import AutoTokenizer
 
-    if spec == EMBEDDED:
-        return AutoTokenizer.from_pretrained(embedded_model_folder())
+    packaged = packaged_spec(spec)
+    if packaged is not None:
+        return mark_prompt_form(AutoTokenizer.from_pretrained(packaged_model_folder(packaged.spec)), spec)
     if spec.endswith(".gguf"):
         path = Path(spec)
         return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

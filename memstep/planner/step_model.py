@@ -166,7 +166,7 @@ def layer_step_work(shape: ModelShape, before, chunk: int, after, attention: str
     groups = Counter(_pairs(before, after))
     total: dict[str, tuple[int, int]] = {}
     for (b, a), count in groups.items():
-        for part, (flops, moved) in step_work(replace(shape, layers=count), b, chunk, a, attention, scoring).items():
+        for part, (flops, moved) in step_work(replace(shape, layers=count, kinds=None), b, chunk, a, attention, scoring).items():
             f0, m0 = total.get(part, (0, 0))
             total[part] = (f0 + flops, m0 + moved)
     return total
