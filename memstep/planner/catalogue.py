@@ -51,10 +51,48 @@ MODEL_PRESETS: dict[str, dict] = {
         hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
         num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
         tie_word_embeddings=True),
+    # Hybrid attention: sliding-window layers (KV bounded by the window) between global ones.
+    # Gemma 3 (google/gemma-3-*; 4B and up: the text_config): every 6th layer global
+    # (sliding_window_pattern 6), the others see the last sliding_window tokens.
+    "gemma-3-270m": dict(  # google/gemma-3-270m, the packaged model
+        hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=256, vocab_size=262144, max_position_embeddings=32768,
+        sliding_window=512, sliding_window_pattern=6, tie_word_embeddings=True),
+    "gemma-3-1b": dict(  # google/gemma-3-1b-pt
+        hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=256, vocab_size=262144, max_position_embeddings=32768,
+        sliding_window=512, sliding_window_pattern=6, tie_word_embeddings=True),
+    "gemma-3-4b": dict(  # google/gemma-3-4b-pt text_config
+        hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=256, vocab_size=262208, max_position_embeddings=131072,
+        sliding_window=1024, sliding_window_pattern=6, tie_word_embeddings=True),
+    "gemma-3-12b": dict(  # google/gemma-3-12b-pt text_config
+        hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=256, vocab_size=262208, max_position_embeddings=131072,
+        sliding_window=1024, sliding_window_pattern=6, tie_word_embeddings=True),
+    "gemma-3-27b": dict(  # google/gemma-3-27b-pt text_config
+        hidden_size=5376, intermediate_size=21504, num_hidden_layers=62, num_attention_heads=32,
+        num_key_value_heads=16, head_dim=128, vocab_size=262208, max_position_embeddings=131072,
+        sliding_window=1024, sliding_window_pattern=6, tie_word_embeddings=True),
+    # gpt-oss (openai/gpt-oss-*): layers alternate sliding (128 tokens) and global; a mixture of
+    # experts (4 of num_local_experts per token); attention biases and sinks left out (0.01%).
+    "gpt-oss-20b": dict(
+        hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64,
+        num_key_value_heads=8, head_dim=64, vocab_size=201088, max_position_embeddings=131072,
+        sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 12,
+        num_local_experts=32, num_experts_per_tok=4, tie_word_embeddings=False),
+    "gpt-oss-120b": dict(
+        hidden_size=2880, intermediate_size=2880, num_hidden_layers=36, num_attention_heads=64,
+        num_key_value_heads=8, head_dim=64, vocab_size=201088, max_position_embeddings=131072,
+        sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 18,
+        num_local_experts=128, num_experts_per_tok=4, tie_word_embeddings=False),
 }
 MODEL_NAMES = {
     "llama-2-7b": "Llama-2-7B", "llama-3.1-8b": "Llama-3.1-8B", "llama-3.1-70b": "Llama-3.1-70B",
     "mistral-7b": "Mistral-7B", "qwen2.5-7b": "Qwen2.5-7B", "smollm2-135m": "SmolLM2-135M",
+    "gemma-3-270m": "Gemma-3-270M", "gemma-3-1b": "Gemma-3-1B", "gemma-3-4b": "Gemma-3-4B",
+    "gemma-3-12b": "Gemma-3-12B", "gemma-3-27b": "Gemma-3-27B", "gpt-oss-20b": "gpt-oss-20B",
+    "gpt-oss-120b": "gpt-oss-120B",
 }
 
 GIB = 1 << 30

@@ -29,7 +29,8 @@ class StepPlan:
     peak_bytes: int
     flops: int
     seconds_parts: dict[str, float]
-    layer_memory_after: list[int] | None = None  # layer-wise budgets: each layer's entries after the step
+    layer_memory_after: list[int] | None = None  # layer-wise budgets or hybrid: each layer's entries after the step
+    kv_bytes_by_type: dict[str, int] | None = None  # hybrid attention: KV bytes after the step by layer type
 
     @property
     def kv_bytes(self) -> int:
@@ -48,6 +49,7 @@ class StepPlan:
             "flops": self.flops, "seconds": self.seconds,
             "seconds_parts": {k: v for k, v in self.seconds_parts.items()},
             **({"layer_memory_after": self.layer_memory_after} if self.layer_memory_after else {}),
+            **({"kv_bytes_by_type": self.kv_bytes_by_type} if self.kv_bytes_by_type else {}),
         }
 
 
@@ -119,7 +121,10 @@ class Plan:
                       "head_dim": self.model.head_dim, "intermediate": self.model.intermediate,
                       "vocab": self.model.vocab, "params": self.model.params,
                       "max_positions": self.model.max_positions,
-                      "kv_bytes_per_token": self.model.kv_bytes_per_token},
+                      "kv_bytes_per_token": self.model.kv_bytes_per_token,
+                      **({"window": self.model.kinds.window,
+                          "layers_by_type": self.model.kinds.to_dict()["layers_by_type"]}
+                         if self.model.kinds.hybrid else {})},
             "dtype": self.dtype,
             "gpu": self.gpu.to_dict(),
             "schedule": {"name": s.name, "growth": s.growth, "tokens": s.tokens, "steps": s.steps,
@@ -182,7 +187,8 @@ def plan_schedule(shape: ModelShape, gpu: Gpu, schedule: Schedule, *, dtype: str
     steps = []
     extra = question_tokens if scoring else 0
     for i, ((before, after), start, read) in enumerate(
-            zip(_lengths(schedule, sinks), schedule.chunk_starts, schedule.chunk_sizes)):
+            zip(_hybrid_lengths(shape, _lengths(schedule, sinks), schedule), schedule.chunk_starts,
+                schedule.chunk_sizes)):
         chunk = read + extra  # the tokens the step runs: the chunk, and the question when question-aware
         key = (before, chunk, after)
         if key not in memo:
@@ -197,11 +203,22 @@ def plan_schedule(shape: ModelShape, gpu: Gpu, schedule: Schedule, *, dtype: str
             memo[key] = ({p: parts[p] for p in PARTS}, total, sum(f for f, _ in work.values()), seconds)
         parts, total, flops, seconds = memo[key]
         steps.append(StepPlan(i, start, read, _widest(before), _widest(after), dict(parts), total, flops,
-                              dict(seconds), list(after) if isinstance(after, tuple) else None))
+                              dict(seconds), list(after) if isinstance(after, tuple) else None,
+                              shape.kv_bytes_by_type(after) if shape.kinds.hybrid else None))
     plan = Plan(shape, gpu, dtype, schedule, attention, sinks, evict_per_layer, keep_maps, efficiency,
                 bandwidth_efficiency, steps, rope=rope, question_tokens=extra)
     plan.notices.extend(_notices(plan))
     return plan
+
+
+def _hybrid_lengths(shape: ModelShape, lengths: list, schedule: Schedule) -> list:
+    """Each layer's entries per step under hybrid attention: the schedule's for the global
+    layers, the window's for the sliding ones (memstep.layers.LayerKinds.apply, as the engine)."""
+    if not shape.kinds.hybrid:
+        return lengths
+    per_layer = [([b] * shape.layers, [a] * shape.layers) if isinstance(b, int) else (list(b), list(a))
+                 for b, a in lengths]
+    return [(tuple(b), tuple(a)) for b, a in shape.kinds.apply(per_layer, schedule.chunk_sizes)]
 
 
 def _notices(plan: Plan) -> list[str]:
