@@ -202,6 +202,8 @@ def resolve_model(model, dtype: str = "bf16") -> ModelShape:
         _check_config(model)
     try:
         shape = ModelShape.from_config(model, dtype_bytes=dtype_bytes, name=name)
+    except MemstepError:  # a layer type memstep does not run: its own line
+        raise
     except (ValueError, TypeError) as err:
         raise MemstepError(f"model config is missing sizes: {err}") from err
     except RecursionError:
