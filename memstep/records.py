@@ -35,6 +35,7 @@ class StepRecord:
     layer_memory_after: list[int] | None = None
     layer_budgets: list[int] | None = None
     kv_bytes_by_type: dict[str, int] | None = None  # hybrid attention: real cache bytes after the step by layer type
+    layer_types: tuple[str, ...] | None = None  # hybrid attention: "global" or "sliding" for each layer
     first_position: int | None = None  # RoPE position of the chunk's first token
     question_tokens: int = 0  # question-aware: the question's tokens read after the chunk (then dropped)
     tokens_read: int | None = None  # a review (a chunk read again): the furthest position read so far
@@ -48,10 +49,24 @@ class StepRecord:
     def tokens_seen(self) -> int:
         return self.tokens_read if self.tokens_read is not None else self.chunk_start + self.chunk_size
 
-    def kept_fraction(self) -> np.ndarray:
-        """Per position seen so far: the fraction of (layer, KV head) slots that keep it."""
-        layers, heads, width = self.kept_positions.shape
-        flat = self.kept_positions.reshape(-1)
+    @property
+    def global_layers(self) -> list[int]:
+        """The layers that follow the schedule (all of them unless the model mixes in sliding ones)."""
+        if not self.layer_types:
+            return list(range(self.kept_positions.shape[0]))
+        return [i for i, kind in enumerate(self.layer_types) if kind == "global"]
+
+    def global_kept_fraction(self) -> np.ndarray:
+        """kept_fraction over the global layers only: a sliding layer keeps its window whatever
+        the schedule, so what the schedule and scorer kept shows in the global layers."""
+        return self.kept_fraction(self.global_layers if self.layer_types else None)
+
+    def kept_fraction(self, layers_subset: list[int] | None = None) -> np.ndarray:
+        """Per position seen so far: the fraction of (layer, KV head) slots that keep it (of the
+        layers in ``layers_subset``, all when None)."""
+        positions = self.kept_positions if layers_subset is None else self.kept_positions[layers_subset]
+        layers, heads, width = positions.shape
+        flat = positions.reshape(-1)
         if self.tokens_read is not None:  # a re-read chunk may sit twice in one slot: count it once
             slots = np.repeat(np.arange(layers * heads), width)
             keep = flat >= 0
@@ -148,6 +163,8 @@ class RunResult:
             "dtype": self.dtype,
             "steps": [s.to_dict(with_positions) for s in self.steps],
             "kept_fraction": [round(float(x), 4) for x in self.kept_fraction()],
+            **({"global_kept_fraction": [round(float(x), 4) for x in self.steps[-1].global_kept_fraction()]}
+               if self.steps and self.steps[-1].layer_types else {}),
             "question": self.question,
             "answer": self.answer,
             "continuation_tokens": self.continuation_tokens,

@@ -211,3 +211,31 @@ def test_hybrid_model_refuses_dynamic_ntk(gemma3):
 
     with pytest.raises(MemstepError, match="one per layer type"):
         ChunkedPrefill(gemma3, fidelity=Fidelity(ntk="dynamic"))
+
+
+# ---- what the app shows ----------------------------------------------------------------------
+def test_app_views_count_global_layers_apart(gemma3):
+    from ui.figures import layer_memory_figure, retained_map_figure
+    from ui.views import _memory_kept
+
+    sinks = 2
+    _, records = run_engine(gemma3, random_ids(60, seed=6), make_schedule("fm", 60, 10, 12), sinks=sinks)
+    last = records[-1]
+    assert last.layer_types == ("sliding", "sliding", "global") * 2 and last.global_layers == GLOBAL_LAYERS
+    fig = layer_memory_figure(last, sinks)
+    traces = {t.name: t for t in fig.data}
+    assert list(traces["global layers: kept after the step"].x) == [3, 6]
+    assert list(traces["global layers: kept after the step"].y) == [12 + sinks] * 2
+    assert list(traces["budget + sinks"].y) == [12 + sinks] * 2
+    assert list(traces["sliding layers: the window's earlier tokens"].x) == [1, 2, 4, 5]
+    assert list(traces["sliding layers: the window's earlier tokens"].y) == [WINDOW - 1] * 4
+    assert list(traces[f"window ({WINDOW} tokens)"].y) == [WINDOW] * 4
+    assert _memory_kept(last) == f"{12 + sinks} per global layer · {WINDOW - 1} per sliding layer (window)"
+    # the map counts global layers: the window's tokens are not "kept" by the schedule
+    fraction = last.global_kept_fraction()
+    assert fraction[:sinks].tolist() == [1.0] * sinks
+    assert last.kept_fraction()[53:].min() >= 4 / 6  # all layers: the 4 sliding layers keep the window's tokens
+    assert len(fraction) == 60 and abs(fraction.sum() * 2 * 2 - 2 * 2 * (12 + sinks)) < 1e-6
+    retained = retained_map_figure(records, 60, len(records), sinks=sinks)
+    assert "(global layers)" in retained.layout.title.text
+    assert "global layer-heads" in retained.data[0].hovertemplate

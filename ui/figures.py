@@ -37,6 +37,8 @@ COLORS = {
     "answer": legend.ANSWER_MARK,
     "measured": "#111827",
     "seconds": "#0d9488",
+    "window": "#94a3b8",  # hybrid models: sliding layers (their window, not the schedule)
+    "window_line": "#0f766e",
 }
 PART_COLORS = {
     "weights": "#cbd5e1",
@@ -191,7 +193,7 @@ def retained_matrix(records: Sequence[StepRecord], tokens: int, steps: int,
     z = np.full((steps, columns), np.nan, dtype=np.float32)
     for record in records:
         row = np.full(columns * width, np.nan, dtype=np.float32)
-        kept = record.kept_fraction()
+        kept = record.global_kept_fraction()  # hybrid models: what the schedule kept (global layers)
         row[: len(kept)] = kept
         with warnings.catch_warnings():  # columns not read yet average to NaN on purpose
             warnings.simplefilter("ignore", category=RuntimeWarning)
@@ -240,6 +242,8 @@ def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, 
     that keep the position. ``needle`` is the passkey's [start, end) in the same positions,
     ``answers`` where the full cache's answer appears. Colours and words: ui/legend.py."""
     z, width = retained_matrix(records, tokens, steps, max_columns)
+    hybrid = bool(records and records[-1].layer_types)
+    heads = "global layer-heads (sliding layers keep their window)" if hybrid else "layer-heads"
     x = np.arange(z.shape[1]) * width + (width - 1) / 2
     y = np.arange(1, steps + 1)
     ticks, labels = zip(*legend.COLORBAR_TICKS)
@@ -248,11 +252,12 @@ def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, 
         colorbar=dict(title=dict(text=legend.COLORBAR_TITLE, side="top", font=dict(size=11)),
                       tickvals=list(ticks), ticktext=list(labels), thickness=12, len=0.9, x=1.0, xpad=6,
                       y=0.5, yref="paper"),
-        hovertemplate=("position %{x:,.0f}<br>after step %{y}<br>kept by %{z:.0%} of layer-heads"
+        hovertemplate=("position %{x:,.0f}<br>after step %{y}<br>kept by %{z:.0%} of " + heads +
                        "<extra></extra>"),
     ))
     column = f" (one column = {width} tokens)" if width > 1 else ""
-    _style(fig, "Retained tokens: what memory holds after each step", height,
+    _style(fig, "Retained tokens: what memory holds after each step" + (" (global layers)" if hybrid else ""),
+           height,
            f"token position (prompt head + document){column}", "after step")
     _hatch_unread(fig, records, tokens, steps)
     # the two states the colour bar cannot show, in the legend at the foot
@@ -430,7 +435,8 @@ def compare_memory_figure(runs: Sequence[tuple[str, Sequence[StepRecord]]],
 
 def layer_memory_figure(record: StepRecord | None, sinks: int, height: int = 260) -> go.Figure:
     """Entries each layer holds after ``record``'s step, against its budget (layer-wise
-    growths keep a different number of entries per layer)."""
+    growths keep a different number of entries per layer). Hybrid models: global layers
+    against budget + sinks, sliding layers apart against their window."""
     title = "Memory per layer" + (f" after step {record.step + 1}" if record is not None else "")
     if record is None:
         return placeholder_figure("Memory per layer appears after the first step", title, height)
@@ -438,10 +444,23 @@ def layer_memory_figure(record: StepRecord | None, sinks: int, height: int = 260
     layers = np.arange(1, len(entries) + 1)
     budgets = np.array(record.layer_budgets or [record.memory_budget] * len(entries)) + sinks
     fig = _style(go.Figure(), title, height, "layer", "cache entries (sinks included)")
-    fig.add_bar(x=layers, y=entries, name="kept after the step", marker=dict(color=COLORS["memory"]),
-                hovertemplate="layer %{x}: %{y:,} entries<extra></extra>")
-    fig.add_scatter(x=layers, y=budgets, name="budget + sinks", mode="markers",
+    kinds = np.array(record.layer_types or ["global"] * len(entries))
+    glob, slide = kinds == "global", kinds == "sliding"
+    fig.add_bar(x=layers[glob], y=entries[glob], name="global layers: kept after the step" if slide.any()
+                else "kept after the step", marker=dict(color=COLORS["memory"]),
+                hovertemplate="layer %{x} (global): %{y:,} entries<extra></extra>" if slide.any()
+                else "layer %{x}: %{y:,} entries<extra></extra>")
+    fig.add_scatter(x=layers[glob], y=budgets[glob], name="budget + sinks", mode="markers",
                     marker=dict(symbol="line-ew-open", size=14, color=COLORS["budget"], line=dict(width=2)),
                     hovertemplate="layer %{x}: budget %{y:,}<extra></extra>")
+    if slide.any():  # a sliding layer's budget is its window: it keeps window - 1 earlier tokens
+        window = int(budgets[slide][0] - sinks)
+        fig.add_bar(x=layers[slide], y=entries[slide], name="sliding layers: the window's earlier tokens",
+                    marker=dict(color=COLORS["window"]),
+                    hovertemplate="layer %{x} (sliding): %{y:,} entries<extra></extra>")
+        fig.add_scatter(x=layers[slide], y=[window] * int(slide.sum()), name=f"window ({window:,} tokens)",
+                        mode="markers", marker=dict(symbol="line-ew-open", size=14, color=COLORS["window_line"],
+                                                    line=dict(width=2)),
+                        hovertemplate="layer %{x}: window %{y:,} tokens<extra></extra>")
     fig.update_xaxes(tickmode="linear", tick0=1, dtick=max(1, math.ceil(len(entries) / 15)))
     return fig

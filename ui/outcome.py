@@ -42,7 +42,7 @@ def history(records: Sequence[StepRecord], start: int, end: int) -> History:
     for record in records:
         if record.tokens_seen < end:
             continue
-        kept = float(np.mean(record.kept_fraction()[start:end]))
+        kept = float(np.mean(record.global_kept_fraction()[start:end]))
         if read is None:
             read = record.step + 1
         if left is None and kept == 0:

@@ -18,7 +18,7 @@ def needle_kept(record: StepRecord, needle: tuple[int, int] | None) -> float | N
     (``needle`` in input positions); None without a needle or before it was read."""
     if needle is None or record.tokens_seen < needle[1]:
         return None
-    return float(np.mean(record.kept_fraction()[needle[0]:needle[1]]))
+    return float(np.mean(record.global_kept_fraction()[needle[0]:needle[1]]))
 
 
 def passkey_verdict(answer: str | None, passkey: str | None) -> str:

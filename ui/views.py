@@ -127,8 +127,9 @@ def render(view: RunView, step: int | None = None, query: str = "") -> Rendered:
     else:
         retained = placeholder_figure("The retained-token map fills in as the steps run",
                                       "Retained tokens: what memory holds after each step", 340)
+    hybrid = bool(records and records[-1].layer_types)
     layers = layer_memory_figure(records[-1] if records else None, view.settings.sinks) \
-        if view.schedule.layerwise else None
+        if view.schedule.layerwise or hybrid else None
     cpu = view.cpu_seconds[: len(records)] if view.cpu_measured else None
     return Rendered(sizes, retained, memory_figure(records, view.steps),
                     seconds_figure(records, view.steps, cpu=cpu, note=view.load_note),
@@ -143,7 +144,7 @@ def text_view(view: RunView, record: StepRecord | None, query: str = "",
     count = len(doc.ids)
     fractions = np.full(count, np.nan)
     if record is not None:
-        kept = record.kept_fraction()[doc.prefix_tokens:]
+        kept = record.global_kept_fraction()[doc.prefix_tokens:]
         fractions[: len(kept)] = kept[:count]
         caption = (f"Memory after step {record.step + 1} of {view.steps}: shade = fraction of the "
                    f"{record.kept_positions.shape[0]} layers × {record.kept_positions.shape[1]} KV heads that keep "
@@ -240,9 +241,10 @@ def charts_text(view: RunView, records: list[StepRecord]) -> str:
         return f"{view.settings.label()}: {view.steps} steps planned over {view.schedule.tokens:,} tokens."
     last = records[-1]
     chunks = ", ".join(f"{r.chunk_size:,}" for r in records[:24])
-    kept = ", ".join(f"{r.memory_after:,}" for r in records[:24])
+    kept = ", ".join(f"{max(r.layer_entries[i] for i in r.global_layers):,}" for r in records[:24])
+    which = "global layer" if last.layer_types else "layer"
     text = (f"{view.settings.label()}, after step {last.step + 1} of {view.steps}: chunks read {chunks}; memory kept "
-            f"per layer after each step {kept}; peak modeled {format_bytes(max(r.bytes_modeled for r in records))}.")
+            f"per {which} after each step {kept}; peak modeled {format_bytes(max(r.bytes_modeled for r in records))}.")
     story = passkey_story(view, records)
     return text + (" " + story.replace("**", "") if story else "")
 
@@ -251,6 +253,11 @@ def _memory_kept(record: StepRecord | None) -> str:
     if record is None:
         return "—"
     entries = record.layer_entries
+    if record.layer_types:  # hybrid: the schedule binds the global layers; sliding ones keep their window
+        kept = [entries[i] for i in record.global_layers]
+        window = max((n for n, kind in zip(entries, record.layer_types) if kind == "sliding"), default=0)
+        spread = f"{kept[0]:,}" if min(kept) == max(kept) else f"{min(kept):,}–{max(kept):,}"
+        return f"{spread} per global layer · {window:,} per sliding layer (window)"
     if min(entries) == max(entries):
         return f"{entries[0]:,} per layer"
     return f"{min(entries):,}–{max(entries):,} per layer"
