@@ -134,7 +134,9 @@ def build_tab() -> RunTab:
             model = gr.Dropdown(_model_choices(), value=default_model(),
                                 allow_custom_value=allowed_models() is None,
                                 label="Model", info="'embedded': SmolLM2-135M-Instruct shipped with "
-                                "memstep. Or a hub id, a local folder or a .gguf file.",
+                                "memstep. 'gemma3-270m': Gemma 3 270M, a base model with sliding-window and "
+                                "global layers, under Google's Gemma terms of use (ai.google.dev/gemma/terms). "
+                                "Or a hub id, a local folder or a .gguf file.",
                                 elem_id="model")
             question_aware = gr.Checkbox(False, label="Question-aware", elem_id="question-aware",
                                          info="Also score every step by the question's attention: its "
