@@ -24,7 +24,8 @@ def _question_pool(text: str) -> str:
 def register(sub) -> None:
     p = sub.add_parser("run", help="prefill a document under a schedule")
     p.add_argument("document", help=".txt, .md, .pdf or .html file, or - for stdin")
-    p.add_argument("--model", default=None, help="'embedded' (default), a hub id, a folder or a .gguf file")
+    p.add_argument("--model", default=None, help="'embedded' (default), 'gemma3-270m' (Gemma 3 270M, base model, "
+                   "Gemma terms of use), a hub id, a folder or a .gguf file")
     add_schedule_options(p)
     # names spelled out so `memstep plan/schedule` start without importing torch (scorers.py)
     p.add_argument("--scorer", default=None,
@@ -120,6 +121,10 @@ def cmd_run(args) -> int:
         return 0
     print(f"{result.model}: {result.tokens} tokens, schedule {args.schedule}, scorer {args.scorer}, "
           f"{args.rope} RoPE positions, {result.device}/{result.dtype}")
+    by_type = result.layers.get("layers_by_type", {})
+    if result.layers.get("window"):
+        print(f"layers: {by_type.get('global', 0)} global (the schedule's budget), {by_type.get('sliding', 0)} sliding "
+              f"(their {result.layers['window']}-token window); prompt form {result.prompt_form}")
     changed = Fidelity.from_settings(result.fidelity).changed()
     if changed:
         print("as the reference code: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in changed.items()))

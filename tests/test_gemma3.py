@@ -1,0 +1,93 @@
+"""The real Gemma 3 270M (packaged, base model, 15 sliding layers with a 512-token window and
+3 global ones): chunked prefill with nothing evicted equals one full forward at chunks
+smaller than, equal to and larger than the window; the planner's KV bytes equal the
+engine's real cache bytes; questions are asked as completions. Slow: a few forwards of
+~800 tokens through the 270M model in fp32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ASSETS
+from test_engine import TOL, full_prefill, run_engine
+
+from memstep.schedules import make_schedule
+
+pytestmark = pytest.mark.slow
+TOKENS = 800
+
+
+@pytest.fixture(scope="module")
+def gemma3_270m():
+    from memstep.models import load_model
+
+    return load_model("gemma3-270m", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def document_ids(gemma3_270m):
+    text = (ASSETS / "pride_and_prejudice_ch1-12.txt").read_text()[:8000]
+    ids = gemma3_270m.tokenizer(text)["input_ids"][:TOKENS]  # <bos> first, as the model expects
+    assert ids[0] == gemma3_270m.tokenizer.bos_token_id and len(ids) == TOKENS
+    return torch.tensor(ids)
+
+
+def test_the_packaged_model_is_hybrid(gemma3_270m):
+    config = gemma3_270m.model.config
+    assert config.model_type == "gemma3_text" and config.sliding_window == 512
+    assert config.layer_types == (["sliding_attention"] * 5 + ["full_attention"]) * 3
+    assert gemma3_270m.name.startswith("Gemma 3 270M") and "Gemma terms" in gemma3_270m.name
+
+
+def test_chunked_prefill_without_eviction_equals_one_pass(gemma3_270m, document_ids):
+    model = gemma3_270m.model
+    reference = full_prefill(model, document_ids)
+    with torch.inference_mode():
+        logits = model.get_output_embeddings()(reference[-1:])[0]
+    for chunk in (300, 512, 700):  # smaller than, equal to, larger than the window
+        engine, records = run_engine(model, document_ids, make_schedule("fm", TOKENS, chunk, 1024),
+                                     collect_hidden=True)
+        assert not any(r.evicted for r in records)
+        torch.testing.assert_close(torch.cat(engine.hidden_chunks), reference, **TOL)
+        with torch.inference_mode():
+            next_logits = model.get_output_embeddings()(engine.last_hidden)[0]
+        assert int(next_logits.argmax()) == int(logits.argmax())
+        assert records[-1].layer_memory_after == ([511] * 5 + [TOKENS]) * 3
+
+
+def test_planner_kv_bytes_equal_the_engine_cache_bytes(gemma3_270m, document_ids):
+    from memstep.planner.catalogue import resolve_gpu, resolve_model
+    from memstep.planner.plans import plan_schedule
+
+    schedule = make_schedule("imdc", TOKENS, 256, 256)
+    _, records = run_engine(gemma3_270m.model, document_ids, schedule, rope="compact")
+    for shape in (resolve_model(gemma3_270m.model.config.to_dict(), "fp32"), resolve_model("gemma-3-270m", "fp32")):
+        planned = plan_schedule(shape, resolve_gpu("h100"), schedule, dtype="fp32", sinks=4, device="cpu")
+        assert [s.kv_bytes for s in planned.steps] == [r.kv_bytes_actual for r in records]
+        assert [s.kv_bytes_by_type for s in planned.steps] == [r.kv_bytes_by_type for r in records]
+    last = records[-1].to_dict()
+    assert last["layer_budgets"] == ([512] * 5 + [256]) * 3
+    assert last["layer_memory_after"] == ([511] * 5 + [260]) * 3
+
+
+def test_questions_are_asked_as_completions(gemma3_270m):
+    from memstep.runner import DocumentRun
+
+    tokenizer = gemma3_270m.tokenizer
+    text = ("The secret code of the lighthouse is 48213. " + (ASSETS / "persuasion_excerpt.txt").read_text()[:1500])
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    run = DocumentRun(gemma3_270m, ids, schedule="imdc", chunk=128, memory=128,
+                      question="What is the secret code of the lighthouse?", max_new_tokens=8)
+    result = run.run()
+    payload = result.to_dict()
+    assert payload["prompt_form"] == "completion" and run.head == [tokenizer.bos_token_id]
+    assert payload["layers"]["window"] == 512 and payload["layers"]["layers_by_type"] == {"global": 3, "sliding": 15}
+    assert tokenizer.decode(prompt_tail(tokenizer)).endswith("Question: What is the secret code of the lighthouse?"
+                                                            "\nAnswer:")
+    assert result.answer is not None
+
+
+def prompt_tail(tokenizer):
+    from memstep.generate import prompt_parts
+
+    return prompt_parts(tokenizer, "What is the secret code of the lighthouse?").tail
