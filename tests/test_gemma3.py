@@ -2,7 +2,7 @@
 3 global ones): chunked prefill with nothing evicted equals one full forward at chunks
 smaller than, equal to and larger than the window; the planner's KV bytes equal the
 engine's real cache bytes; questions are asked as completions. Slow: a few forwards of
-~800 tokens through the 270M model in fp32."""
+~560 tokens through the 270M model in fp32."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from test_engine import TOL, full_prefill, run_engine
 from memstep.schedules import make_schedule
 
 pytestmark = pytest.mark.slow
-TOKENS = 800
+TOKENS = 560
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +40,16 @@ def test_the_packaged_model_is_hybrid(gemma3_270m):
 
 
 def test_chunked_prefill_without_eviction_equals_one_pass(gemma3_270m, document_ids):
+    """fp32 at chunks equal to and larger than the window. A chunk smaller than the window is
+    checked in float64: in fp32 this model's hidden states (up to ~100) differ by ~4e-4 between
+    two plain transformers forwards, a 200-token one and the first 200 rows of a 560-token one,
+    so fp32 cannot separate memstep from the kernels' rounding there; in float64 memstep's
+    chunked prefill must reproduce the one pass to rounding (1e-9)."""
     model = gemma3_270m.model
     reference = full_prefill(model, document_ids)
     with torch.inference_mode():
         logits = model.get_output_embeddings()(reference[-1:])[0]
-    for chunk in (300, 512, 700):  # smaller than, equal to, larger than the window
+    for chunk in (512, 540):  # equal to, larger than the window
         engine, records = run_engine(model, document_ids, make_schedule("fm", TOKENS, chunk, 1024),
                                      collect_hidden=True)
         assert not any(r.evicted for r in records)
@@ -53,6 +58,14 @@ def test_chunked_prefill_without_eviction_equals_one_pass(gemma3_270m, document_
             next_logits = model.get_output_embeddings()(engine.last_hidden)[0]
         assert int(next_logits.argmax()) == int(logits.argmax())
         assert records[-1].layer_memory_after == ([511] * 5 + [TOKENS]) * 3
+    try:
+        model.to(torch.float64)  # fp32 -> fp64 -> fp32 is exact: the module's model is unchanged after
+        reference = full_prefill(model, document_ids)
+        engine, records = run_engine(model, document_ids, make_schedule("fm", TOKENS, 200, 1024), collect_hidden=True)
+        assert len(records) == 3 and records[-1].layer_memory_after == ([511] * 5 + [TOKENS]) * 3
+        torch.testing.assert_close(torch.cat(engine.hidden_chunks), reference, rtol=0, atol=1e-9)
+    finally:
+        model.to(torch.float32)
 
 
 def test_planner_kv_bytes_equal_the_engine_cache_bytes(gemma3_270m, document_ids):
@@ -71,20 +84,22 @@ def test_planner_kv_bytes_equal_the_engine_cache_bytes(gemma3_270m, document_ids
 
 
 def test_questions_are_asked_as_completions(gemma3_270m):
+    """A base model: the document, then "Question: ...", then "Answer:", after <bos>; with the
+    full cache the 270M model answers the needle (it restates the question, then the code)."""
     from memstep.runner import DocumentRun
 
     tokenizer = gemma3_270m.tokenizer
-    text = ("The secret code of the lighthouse is 48213. " + (ASSETS / "persuasion_excerpt.txt").read_text()[:1500])
+    text = "The secret code of the lighthouse is 48213. " + (ASSETS / "persuasion_excerpt.txt").read_text()[:300]
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    run = DocumentRun(gemma3_270m, ids, schedule="imdc", chunk=128, memory=128,
-                      question="What is the secret code of the lighthouse?", max_new_tokens=8)
+    run = DocumentRun(gemma3_270m, ids, schedule="full", question="What is the secret code of the lighthouse?",
+                      max_new_tokens=14)
     result = run.run()
     payload = result.to_dict()
     assert payload["prompt_form"] == "completion" and run.head == [tokenizer.bos_token_id]
     assert payload["layers"]["window"] == 512 and payload["layers"]["layers_by_type"] == {"global": 3, "sliding": 15}
     assert tokenizer.decode(prompt_tail(tokenizer)).endswith("Question: What is the secret code of the lighthouse?"
                                                             "\nAnswer:")
-    assert result.answer is not None
+    assert "48213" in result.answer
 
 
 def prompt_tail(tokenizer):
