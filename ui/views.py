@@ -229,7 +229,8 @@ def stats_html(view: RunView, step: int | None = None) -> str:
     ]
     kept = needle_kept(last, view.needle) if last is not None else None
     if view.needle is not None:
-        items.append(("passkey", "passkey in memory", f"{kept:.0%} of slots" if kept is not None else "not read yet"))
+        slots = "global-layer slots" if last is not None and last.layer_types else "slots"
+        items.append(("passkey", "passkey in memory", f"{kept:.0%} of {slots}" if kept is not None else "not read yet"))
     now = "" if state in ("replay", "done") else view.now
     return stat_cards(items, None if state == "replay" else len(records) / max(view.steps, 1),
                       summary=charts_text(view, records), now=now)
