@@ -102,12 +102,16 @@ def _greedy(engine: ChunkedPrefill, tokenizer, logits: torch.Tensor, max_new_tok
     """Greedy decoding from ``logits`` (the last row predicts the first token) over the memory."""
     eos = set(_as_list(getattr(engine.model.generation_config, "eos_token_id", None)))
     eos |= set(_as_list(tokenizer.eos_token_id))
+    one_line = prompt_form(tokenizer) == "completion"  # a base model runs on past its answer line
     out: list[int] = []
     for _ in range(max_new_tokens):
         token = int(logits[-1].argmax())
         if token in eos:
             break
         out.append(token)
+        text = tokenizer.decode(out, skip_special_tokens=True).strip()
+        if one_line and "\n" in text:
+            return text.split("\n")[0].strip()
         logits = _extend(engine, [token], logits_to_keep=1)
     return tokenizer.decode(out, skip_special_tokens=True).strip()
 

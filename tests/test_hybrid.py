@@ -230,7 +230,7 @@ def test_app_views_count_global_layers_apart(gemma3):
     assert list(traces["sliding layers: the window's earlier tokens"].x) == [1, 2, 4, 5]
     assert list(traces["sliding layers: the window's earlier tokens"].y) == [WINDOW - 1] * 4
     assert list(traces[f"window ({WINDOW} tokens)"].y) == [WINDOW] * 4
-    assert _memory_kept(last) == f"{12 + sinks} per global layer · {WINDOW - 1} per sliding layer (window)"
+    assert _memory_kept(last) == f"{12 + sinks} global · {WINDOW - 1} sliding (window)"
     # the map counts global layers: the window's tokens are not "kept" by the schedule
     fraction = last.global_kept_fraction()
     assert fraction[:sinks].tolist() == [1.0] * sinks
@@ -239,3 +239,30 @@ def test_app_views_count_global_layers_apart(gemma3):
     retained = retained_map_figure(records, 60, len(records), sinks=sinks)
     assert "(global layers)" in retained.layout.title.text
     assert "global layer-heads" in retained.data[0].hovertemplate
+
+
+def test_completion_answers_end_at_their_line(monkeypatch):
+    """A base model runs on past its answer (into another "Question:"): in completion form the
+    answer is its first line; in chat form the model's end-of-turn token ends it."""
+    from types import SimpleNamespace
+
+    from memstep import generate
+
+    words = {1: "4821", 2: "3.", 3: "\n", 4: "Question", 5: "?"}
+
+    class Tokenizer:
+        eos_token_id = 0
+        chat_template = None
+
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(words[i] for i in ids)
+
+    script = iter([2, 3, 4, 5, 5, 5])
+    monkeypatch.setattr(generate, "_extend", lambda engine, ids, logits_to_keep=None:
+                        torch.nn.functional.one_hot(torch.tensor([next(script)]), 6).float())
+    engine = SimpleNamespace(model=SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=0)))
+    first = torch.nn.functional.one_hot(torch.tensor([1]), 6).float()
+    tokenizer = Tokenizer()
+    assert generate._greedy(engine, tokenizer, first, 8) == "48213."
+    tokenizer.chat_template, script = "{{ messages }}", iter([2, 3, 4, 5, 5, 5, 5])
+    assert generate._greedy(engine, tokenizer, first, 5) == "48213.\nQuestion?"

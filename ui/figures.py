@@ -443,8 +443,11 @@ def layer_memory_figure(record: StepRecord | None, sinks: int, height: int = 260
     entries = np.array(record.layer_entries)
     layers = np.arange(1, len(entries) + 1)
     budgets = np.array(record.layer_budgets or [record.memory_budget] * len(entries)) + sinks
-    fig = _style(go.Figure(), title, height, "layer", "cache entries (sinks included)")
     kinds = np.array(record.layer_types or ["global"] * len(entries))
+    if record.layer_types:  # two more legend rows
+        height += 40
+    fig = _style(go.Figure(), title, height, "layer", "cache entries" if record.layer_types
+                 else "cache entries (sinks included)")
     glob, slide = kinds == "global", kinds == "sliding"
     fig.add_bar(x=layers[glob], y=entries[glob], name="global layers: kept after the step" if slide.any()
                 else "kept after the step", marker=dict(color=COLORS["memory"]),

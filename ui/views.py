@@ -146,9 +146,12 @@ def text_view(view: RunView, record: StepRecord | None, query: str = "",
     if record is not None:
         kept = record.global_kept_fraction()[doc.prefix_tokens:]
         fractions[: len(kept)] = kept[:count]
+        which = f"{len(record.global_layers)} global layers" if record.layer_types \
+            else f"{record.kept_positions.shape[0]} layers"
         caption = (f"Memory after step {record.step + 1} of {view.steps}: shade = fraction of the "
-                   f"{record.kept_positions.shape[0]} layers × {record.kept_positions.shape[1]} KV heads that keep "
-                   "the token; grey text is not read yet.")
+                   f"{which} × {record.kept_positions.shape[1]} KV heads that keep the token"
+                   + (" (sliding layers keep their window)" if record.layer_types else "")
+                   + "; grey text is not read yet.")
     else:
         caption = "Not run yet."
     if doc.notices:
@@ -258,7 +261,7 @@ def _memory_kept(record: StepRecord | None) -> str:
         kept = [entries[i] for i in record.global_layers]
         window = max((n for n, kind in zip(entries, record.layer_types) if kind == "sliding"), default=0)
         spread = f"{kept[0]:,}" if min(kept) == max(kept) else f"{min(kept):,}–{max(kept):,}"
-        return f"{spread} per global layer · {window:,} per sliding layer (window)"
+        return f"{spread} global · {window:,} sliding (window)"
     if min(entries) == max(entries):
         return f"{entries[0]:,} per layer"
     return f"{min(entries):,}–{max(entries):,} per layer"
