@@ -193,7 +193,8 @@ def search_summary(view: RunView, query: str, matches: list[tuple[int, int]], re
     after = f"after step {records[-1].step + 1} of {view.steps}" if records else "before the first step"
     parts = []
     if kept:
-        parts.append(f"{len(kept)} still in memory (kept by {min(kept):.0%}-{max(kept):.0%} of the layer-head slots)")
+        slots = "global layer-head" if records and records[-1].layer_types else "layer-head"
+        parts.append(f"{len(kept)} still in memory (kept by {min(kept):.0%}-{max(kept):.0%} of the {slots} slots)")
     if gone:
         parts.append(f"{len(gone)} evicted from every slot (the first in step {min(gone)})")
     if unread:
@@ -349,7 +350,8 @@ def passkey_story(view: RunView, records: list[StepRecord] | None = None) -> str
         return (f"**What happened to the passkey.** {where} and **left the memory in step {gone}**: after it, no "
                 "layer or KV head kept any of its tokens, so the compressed memory cannot know the number.")
     last = shares[-1][1]
+    slots = "global layer-head" if records[-1].layer_types else "layer-head"  # hybrid: sliding layers keep a window
     if view.schedule.name == "full" or last >= 0.999:
-        return f"**What happened to the passkey.** {where} and stayed: every layer-head slot still holds it."
-    return (f"**What happened to the passkey.** {where} and stayed, faintly: {last:.0%} of the layer-head slots "
+        return f"**What happened to the passkey.** {where} and stayed: every {slots} slot still holds it."
+    return (f"**What happened to the passkey.** {where} and stayed, faintly: {last:.0%} of the {slots} slots "
             "still hold its tokens after the last step.")
