@@ -266,3 +266,16 @@ def test_completion_answers_end_at_their_line(monkeypatch):
     assert generate._greedy(engine, tokenizer, first, 8) == "48213."
     tokenizer.chat_template, script = "{{ messages }}", iter([2, 3, 4, 5, 5, 5, 5])
     assert generate._greedy(engine, tokenizer, first, 5) == "48213.\nQuestion?"
+
+
+def test_plan_command_names_what_the_schedule_binds(capsys):
+    from memstep.cli import main
+
+    assert main(["plan", "--model", "gemma-3-1b", "--gpu", "h100", "--tokens", "8192", "--schedule", "fm"]) == 0
+    out = capsys.readouterr().out
+    assert "4 global layers follow the schedule, 22 sliding layers keep 511 entries (their 512-token window)" in out
+    assert main(["plan", "--model", "gemma-3-1b", "--gpu", "h100", "--tokens", "8192", "--json"]) == 0
+    imdc = json.loads(capsys.readouterr().out)  # one plan: IMDC, the default schedule
+    assert imdc["schedule"]["name"] == "imdc"
+    assert imdc["model"]["layers_by_type"] == {"global": 4, "sliding": 22} and imdc["model"]["window"] == 512
+    assert imdc["steps"][-1]["kv_bytes_by_type"]["sliding"] == 22 * 511 * 2 * 1 * 256 * 2

@@ -55,6 +55,11 @@ def format_report(report: dict, all_steps: bool = False) -> str:
                 if report.get("question_tokens") else ""),
              f"{'step':>5} {'start':>9} {'chunk':>6} {'before':>7} {'after':>6} {'KV':>10} {'peak':>10} "
              f"{'TFLOP':>8} {'ms':>9}"]
+    if m.get("window"):  # hybrid attention: which layers the schedule binds
+        kinds = m["layers_by_type"]
+        lines.insert(1, f"hybrid attention: {kinds.get('global', 0)} global layers follow the schedule, "
+                        f"{kinds.get('sliding', 0)} sliding layers keep {m['window'] - 1:,} entries (their "
+                        f"{m['window']:,}-token window); before/after: the layer holding the most")
     steps = report["steps"]
     if all_steps or len(steps) <= SHOWN_STEPS:
         lines += [_step_row(step) for step in steps]
