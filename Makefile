@@ -29,7 +29,7 @@ install: $(VENV)/.installed $(VENV)/.installed-gemma3
 install-dev: $(VENV)/.installed-dev
 
 # Convert the packaged GGUFs once into $MEMSTEP_CACHE (later loads take seconds; Gemma 3's
-# first conversion takes a few minutes: dequantizing and its 262k-entry tokenizer).
+# first conversion takes a minute or two: dequantizing and its 262k-entry tokenizer).
 model: install
 	$(PY) -c "from memstep.models import PACKAGED, packaged_model_folder as f; [print('model ready:', f(m)) for m in PACKAGED]"
 
