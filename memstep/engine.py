@@ -479,7 +479,8 @@ class ChunkedPrefill(StepContext):
                                    scoring=scoring, device=self.device.type)
                 yield StepRecord(
                     step=step, steps=schedule.steps, chunk_start=start, chunk_size=size,
-                    memory_before=max(before), memory_budget=budget, memory_after=max(after), seconds=seconds,
+                    memory_before=self.kinds.widest_global(before), memory_budget=budget,
+                    memory_after=self.kinds.widest_global(after), seconds=seconds,
                     bytes_measured=self._memory.peak(), bytes_modeled=parts.pop("total"),
                     bytes_modeled_parts=parts, kv_bytes_actual=self._kv_peak,
                     kept_positions=_stack_padded([p.cpu().numpy() for p in self.positions]),

@@ -82,6 +82,14 @@ class LayerKinds:
             held = kept
         return out
 
+    def widest_global(self, entries) -> int:
+        """The most entries a global layer holds (what the schedule sets; sliding layers hold
+        their window). A number passes through; a model without global layers: the widest layer."""
+        if isinstance(entries, int):
+            return entries
+        kept = [n for n, t in zip(entries, self.types) if t == GLOBAL] or list(entries)
+        return max(kept)
+
     def budgets(self, budgets: list[int]) -> list[int]:
         """Each layer's budget: the schedule's for global layers, the window for sliding ones."""
         return [self.window if s else b for s, b in zip(self._flags, budgets)]

@@ -20,7 +20,7 @@ class StepRecord:
     steps: int  # total steps in the schedule
     chunk_start: int  # document position of the chunk's first token
     chunk_size: int
-    memory_before: int  # cache entries per layer before the step (sinks included; the widest layer)
+    memory_before: int  # cache entries per layer before the step (sinks included; the widest global layer)
     memory_budget: int  # the schedule's budget after the step (sinks not included; layer average)
     memory_after: int  # cache entries per layer after the step: min(budget + sinks, before + chunk)
     seconds: float

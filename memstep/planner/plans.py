@@ -76,7 +76,8 @@ class Plan:
     def largest_position(self) -> int:
         """How many RoPE positions the run uses (0..n-1): compact positions stop at the widest step."""
         if self.rope == "compact" and self.schedule.name != "full":
-            return max(s.memory_before + s.chunk_size for s in self.steps)
+            window = self.model.kinds.memory_limit or 0  # a sliding layer's memory: its window's earlier tokens
+            return max(max(s.memory_before, min(window, s.chunk_start)) + s.chunk_size for s in self.steps)
         return self.schedule.tokens
 
     @property
@@ -202,7 +203,8 @@ def plan_schedule(shape: ModelShape, gpu: Gpu, schedule: Schedule, *, dtype: str
             seconds = step_seconds(work, gpu, dtype, shape.layers, evicts, efficiency, bandwidth_efficiency)
             memo[key] = ({p: parts[p] for p in PARTS}, total, sum(f for f, _ in work.values()), seconds)
         parts, total, flops, seconds = memo[key]
-        steps.append(StepPlan(i, start, read, _widest(before), _widest(after), dict(parts), total, flops,
+        steps.append(StepPlan(i, start, read, shape.kinds.widest_global(before), shape.kinds.widest_global(after),
+                              dict(parts), total, flops,
                               dict(seconds), list(after) if isinstance(after, tuple) else None,
                               shape.kv_bytes_by_type(after) if shape.kinds.hybrid else None))
     plan = Plan(shape, gpu, dtype, schedule, attention, sinks, evict_per_layer, keep_maps, efficiency,

@@ -59,7 +59,7 @@ def format_report(report: dict, all_steps: bool = False) -> str:
         kinds = m["layers_by_type"]
         lines.insert(1, f"hybrid attention: {kinds.get('global', 0)} global layers follow the schedule, "
                         f"{kinds.get('sliding', 0)} sliding layers keep {m['window'] - 1:,} entries (their "
-                        f"{m['window']:,}-token window); before/after: the layer holding the most")
+                        f"{m['window']:,}-token window); before/after: the global layers")
     steps = report["steps"]
     if all_steps or len(steps) <= SHOWN_STEPS:
         lines += [_step_row(step) for step in steps]
