@@ -107,6 +107,7 @@ def test_sliding_layers_keep_their_window_global_layers_follow_the_budget(gemma3
         window = min(WINDOW - 1, seen)
         assert [record.layer_memory_after[i] for i in SLIDING_LAYERS] == [window] * len(SLIDING_LAYERS)
         assert [record.layer_memory_after[i] for i in GLOBAL_LAYERS] == [after] * len(GLOBAL_LAYERS)
+        assert record.memory_after == after  # the schedule's memory: the global layers'
         assert [record.layer_budgets[i] for i in SLIDING_LAYERS] == [WINDOW] * len(SLIDING_LAYERS)
         assert [record.layer_budgets[i] for i in GLOBAL_LAYERS] == [record.memory_budget] * len(GLOBAL_LAYERS)
         for i in SLIDING_LAYERS:  # the last window - 1 tokens read, never scored
