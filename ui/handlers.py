@@ -93,8 +93,9 @@ def _count_tokens(text: str, tokenizer) -> tuple[int, int]:
     return head, len(tokenize_prefix(text, tokenizer, COUNT_LIMIT)[0])
 
 
-def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens):
-    """The schedule the run would follow, from the schedule math alone (no model work)."""
+def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens, ways=None):
+    """The schedule the run would follow, from the schedule math alone (no model work), with the
+    growth rounding the ticked reference boxes ask for."""
     try:
         settings = settings_from(schedule, chunk, memory, growth, None, sinks)
         tokenizer, exact = preview_tokenizer(model)
@@ -103,8 +104,9 @@ def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, 
         tokens = prefix + min(document, limit)
         check_settings(settings, tokens)
         layers, exact_layers = layer_count(model)
+        rounding = reference_ways(WAY_DEFAULTS if ways is None else ways)[1]["growth_rounding"]
         plan = make_schedule(settings.schedule, tokens, settings.chunk, settings.memory, settings.growth,
-                             layers=layers)
+                             layers=layers, rounding=rounding)
     except MemstepError as err:
         return (placeholder_figure(f"⚠ {err}", "Chunk and memory per step", 320),
                 f"⚠ **Cannot preview this schedule:** {err}")
@@ -124,10 +126,10 @@ def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, 
         "\n\n".join(lines)
 
 
-def preview_page(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens):
+def preview_page(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens, ways=None):
     """The preview, and the controls that follow it: Run only for a valid setting, the chunk
     slider no longer than the document (the same rule as the run)."""
-    figure, note = preview(doc, model, schedule, growth, chunk, memory, sinks, max_tokens)
+    figure, note = preview(doc, model, schedule, growth, chunk, memory, sinks, max_tokens, ways)
     valid = not note.startswith("⚠")
     try:
         tokens = preview_tokens(doc, model, max_tokens)
