@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,11 +149,16 @@ def embedded_model_folder() -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    partial.rename(target)  # atomic: a half-written copy is never mistaken for a finished one
+    from memstep.outputs import staged_folder
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:  # a temporary sibling, renamed when complete: a half-written copy never carries the name
+        with staged_folder(target, info={"method": "converted"}) as partial:
+            model.save_pretrained(partial)
+            tokenizer.save_pretrained(partial)
+    except MemstepError:
+        if not (target / "config.json").exists():  # another process converted it meanwhile: use that
+            raise
     return target
 
 

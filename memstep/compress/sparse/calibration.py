@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from memstep.cancel import checkpoint, stop_on_cancel
 from memstep.compress.data import calibration_texts, held_out_text, token_windows
 from memstep.compress.sparse.config import SOURCES
 from memstep.errors import MemstepError
@@ -54,10 +55,13 @@ def self_generated_windows(model, tokenizer, samples: int, seq_len: int, seed: i
     try:
         with torch.inference_mode():
             for first in range(0, samples, batch_size):
+                checkpoint()
                 ids = starts[first:first + batch_size].reshape(-1, 1).to(device)
                 out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
                                      temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=seq_len - 1,
-                                     min_new_tokens=seq_len - 1, pad_token_id=pad)
+                                     min_new_tokens=seq_len - 1, pad_token_id=pad,
+                                     stopping_criteria=stop_on_cancel())
+                checkpoint()  # a cancelled generate stops early: its short windows are not kept
                 windows += out[:, :seq_len].tolist()
     finally:
         torch.random.set_rng_state(rng_state)
