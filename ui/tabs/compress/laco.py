@@ -10,13 +10,16 @@ Figures and the table are pure functions of the run's events (tested without a b
 from __future__ import annotations
 
 import re
+import time
 
 import gradio as gr
 import plotly.graph_objects as go
 
+from memstep.cancel import Cancelled
 from memstep.compress.laco import CALIBRATION_SENTENCES, CALIBRATION_TOKENS, DEFAULTS
 from memstep.errors import MemstepError
-from memstep.paths import compressed_root
+
+from ui import compressed, estimates, jobs
 
 FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
 ACCEPT, REJECT, THRESHOLD = "#16a34a", "#94a3b8", "#dc2626"
@@ -155,7 +158,7 @@ def status_html(text: str, progress: float | None = None) -> str:
 
 # ---- the run --------------------------------------------------------------------------------------
 def folder_name(model_name: str, settings: dict) -> str:
-    """A folder name under compressed_root() that says what made the model."""
+    """A folder name in the app's store (ui/compressed.py) that says what made the model."""
     base = re.sub(r"[^a-z0-9]+", "-", model_name.split("/")[-1].lower()).strip("-") or "model"
     s = settings
     return (f"{base}-laco-{s['variant']}-{s['reference']}-C{s['C']}L{s['L']}H{s['H']}I{s['I']}T{s['T']:g}"
@@ -175,15 +178,21 @@ def _int(value, name: str, low: int, high: int | None = None) -> int:
     return number
 
 
-def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, evaluate):  # noqa: E741
-    """Stream (status, similarity plot, layer map, table, load button, saved folder)."""
+def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, evaluate,  # noqa: E741
+             request: gr.Request = None):
+    """Stream (status, similarity plot, layer map, table, load button, saved model). The work runs
+    in a job of its own (ui/jobs.py): Stop, a cancelled request or a visitor gone end it within
+    seconds. A run estimated over a minute starts on the second press."""
     from memstep.compress.collapse_run import LABELS, CollapseRun
     from memstep.compress.data import calibration_texts
     from memstep.compress.quality import make_probe
+    from memstep.engine import model_shape
 
-    from ui.models import get_model
+    from ui.models import forget, get_model
 
+    session, reservation = jobs.session_of(request), None
     try:
+        compressed.check_enabled()
         settings = dict(C=_int(C, "C", 2), L=_int(L, "L", 0), H=_int(H, "H", 0), I=_int(I, "I", 1),
                         sentences=_int(sentences, "calibration sentences", 1, MAX_SENTENCES),
                         tokens=_int(tokens, "tokens per sentence", 2, MAX_TOKENS), variant=variant,
@@ -192,24 +201,41 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
             settings["T"] = float(T)
         except (TypeError, ValueError):
             raise MemstepError(f"T must be a number in (0, 1] (got {T!r})") from None
-        lm = get_model(model_spec)
+        lm = get_model(model_spec, session)
         settings["H"] = settings["H"] or len(lm.model.model.layers)
-        folder = compressed_root() / folder_name(lm.name, settings)
         probe = make_probe(lm.tokenizer, **APP_PROBE) if evaluate else None
-        run = CollapseRun(lm, calibration_texts(settings["sentences"]), variants=(variant,), probe=probe,
-                          output=folder, repeats=APP_REPEATS, C=settings["C"], L=settings["L"], H=settings["H"], I=settings["I"],
+        texts = calibration_texts(settings["sentences"])
+        shape, needed = model_shape(lm.model), compressed.weight_bytes(lm.model)
+        estimate = estimates.seconds(*estimates.laco_work(
+            shape, sentences=settings["sentences"], tokens=settings["tokens"], C=settings["C"], L=settings["L"],
+            H=settings["H"], evaluate=bool(evaluate), probe=APP_PROBE, repeats=APP_REPEATS), shape, needed)
+        if not estimates.confirmed(session, ("laco", lm.name, sorted(settings.items()), bool(evaluate)), estimate):
+            yield (status_html(estimates.confirm_text(estimate, "Collapse"), 0.0), gr.skip(), gr.skip(), gr.skip(),
+                   gr.skip(), gr.skip())
+            return
+        reservation = compressed.Reservation(session, folder_name(lm.name, settings), needed)
+        forget(str(reservation.path))  # an earlier model of that name, loaded, is about to be replaced
+        run = CollapseRun(lm, texts, variants=(variant,), probe=probe,
+                          output=reservation.path, repeats=APP_REPEATS, C=settings["C"], L=settings["L"], H=settings["H"], I=settings["I"],
                           T=settings["T"], reference=reference, max_tokens=settings["tokens"])
     except MemstepError as err:
+        if reservation is not None:
+            reservation.release()
         raise gr.Error(str(err), print_exception=False) from None
     search = run.searches[variant]
     depth, total = len(search.dense_layers), max(1, search.H - search.C - search.L + 1)
     measured_total = 4 if evaluate else 0
     candidates, groups, baselines, models = [], None, {}, {}
     no_button = gr.update(interactive=False)
-    yield (status_html("measuring the dense model's layer inputs…", 0.0), similarity_figure([], settings["T"], depth),
+    state, progress, began = f"measuring the dense model's layer inputs… (estimated {estimates.duration(estimate)})", 0.0, time.monotonic()
+    yield (status_html(state, progress), similarity_figure([], settings["T"], depth),
            layer_map_figure(depth, [[i] for i in range(depth)]), [], no_button, None)
     try:
-        for event in run:
+        for event in jobs.stream(lambda: iter(run), session):
+            if event is jobs.HEARTBEAT:  # nothing new: the clock moves, and a Stop can get in
+                yield (status_html(f"{state} · {time.monotonic() - began:.0f} s", progress), gr.skip(), gr.skip(),
+                       gr.skip(), gr.skip(), gr.skip())
+                continue
             kind = event["event"]
             if kind == "candidate":
                 candidates.append(event)
@@ -224,7 +250,8 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
                          f"({event['pruning_ratio']:.0%} of the layers removed) in {event['seconds']:.1f} s")
                 progress = 0.5 if evaluate else 0.95
             elif kind == "saved":
-                state = f"saved the collapsed model to {event['folder']}" + (" · measuring…" if evaluate else "")
+                state = f"saved the collapsed model as {compressed.shown(event['folder'])}" + (
+                    " · measuring…" if evaluate else "")
             elif kind == "model":
                 models[event["key"]] = event
                 if "removed" in event and event["key"] in ("block-influence", "uniform"):
@@ -235,15 +262,21 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
                 continue
             yield (status_html(state, progress), similarity_figure(candidates, settings["T"], depth),
                    layer_map_figure(depth, groups, baselines), table_rows(models), no_button, None)
+    except Cancelled:
+        yield (status_html(f"stopped: {state}", progress), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+        return
     except MemstepError as err:
         raise gr.Error(str(err), print_exception=False) from None
+    finally:
+        reservation.release()
     result = search.result
     done = (f"done: {result.layers_before} → {result.layers_after} layers, removed "
             f"{', '.join(map(str, result.removed)) or 'none'}" + (" · ready to load into Run" if result.removed else
                                                                    " · lower T or C to collapse more"))
     yield (status_html(done, 1.0), similarity_figure(candidates, settings["T"], depth),
            layer_map_figure(depth, groups, baselines), table_rows(models),
-           gr.update(interactive=bool(run.report["saved"])), run.report["saved"])
+           gr.update(interactive=bool(run.report["saved"])),
+           compressed.token(run.report["saved"], session) if run.report["saved"] else None)
 
 
 def _groups_so_far(depth: int, candidates: list[dict]) -> list[list[int]]:
@@ -262,7 +295,12 @@ def _groups_so_far(depth: int, candidates: list[dict]) -> list[list[int]]:
 def load_into_run(folder):
     if not folder:
         raise gr.Error("run LaCo first: there is no collapsed model to load", print_exception=False)
-    return gr.update(value=folder), gr.Tabs(selected="run")
+    return compressed.model_box_update(folder), gr.Tabs(selected="run")
+
+
+def stop_laco(request: gr.Request = None):
+    jobs.stop(jobs.session_of(request))
+    return status_html("stopped")
 
 
 def build_section(model_box=None, tabs=None) -> dict:
@@ -294,14 +332,16 @@ def build_section(model_box=None, tabs=None) -> dict:
                                         f"{APP_PROBE['prefill_tokens']} tokens (CPU seconds, best of {APP_REPEATS})",
                                    elem_id="laco-evaluate")
             with gr.Row():
-                start = gr.Button("Collapse", variant="primary", elem_id="laco-run")
+                start = gr.Button("Collapse", variant="primary", elem_id="laco-run",
+                                  interactive=compressed.compress_enabled())
                 stop = gr.Button("Stop", variant="stop", elem_id="laco-stop")
             load = gr.Button("Load the collapsed model into Run", interactive=False, elem_id="laco-load")
             gr.Markdown("The collapsed model is saved as a model folder: the Run tab takes it like any model "
                         "(fewer layers, less KV per token), and `memstep plan --model FOLDER` (or its "
                         "config.json on the Plan tab) plans it.", elem_classes="memstep-note")
         with gr.Column(scale=8):
-            status = gr.HTML(status_html("not run yet"), elem_id="laco-status")
+            status = gr.HTML(status_html("not run yet" if compressed.compress_enabled() else compressed.DISABLED),
+                             elem_id="laco-status")
             sim_plot = gr.Plot(similarity_figure([], DEFAULTS["T"], 30), show_label=False, elem_id="laco-similarity")
             map_plot = gr.Plot(layer_map_figure(30, [[i] for i in range(30)]), show_label=False, elem_id="laco-map")
             table = gr.Dataframe(headers=TABLE_HEADERS, interactive=False, wrap=True, elem_id="laco-table",
@@ -313,8 +353,7 @@ def build_section(model_box=None, tabs=None) -> dict:
                           [status, sim_plot, map_plot, table, load, folder], concurrency_id="prefill",
                           concurrency_limit=1, show_progress="minimal", show_progress_on=[status],
                           api_visibility="private")
-    stop.click(lambda: status_html("stopped"), None, [status], cancels=[running], concurrency_limit=None,
-               api_visibility="private")
+    stop.click(stop_laco, None, [status], cancels=[running], concurrency_limit=None, api_visibility="private")
     if model_box is not None and tabs is not None:
         load.click(load_into_run, [folder], [model_box, tabs], concurrency_limit=None, api_visibility="private")
     return {"run": start, "load": load, "status": status, "similarity": sim_plot, "map": map_plot, "table": table}
