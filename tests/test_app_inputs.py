@@ -72,7 +72,7 @@ def test_api_document_refuses_server_files_and_wrong_types(upload_folder):
 def test_api_document_text_keeps_to_the_upload_limit(monkeypatch):
     monkeypatch.setattr(api, "MAX_UPLOAD_BYTES", 1000)
     assert api._document("a" * 1000, None, "", None).text.startswith("a")
-    with pytest.raises(MemstepError, match="document_text is 0.0 million characters, over the 0.0 MB limit"):
+    with pytest.raises(MemstepError, match="document_text has 1,001 characters, over the 1,000"):
         api._document("a" * 1001, None, "", None)
 
 

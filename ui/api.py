@@ -48,8 +48,8 @@ def _document(document_text, file: FileData | dict | None, example_name, tokeniz
     run can use is ever tokenized (ui/runs.prepare)."""
     document_text = text(document_text, "document_text", 1 << 62)
     if len(document_text) > MAX_UPLOAD_BYTES:  # the uploads' limit; every character is at least a byte
-        raise MemstepError(f"document_text is {len(document_text) / 1e6:.1f} million characters, over the "
-                           f"{MAX_UPLOAD_BYTES / 1e6:.1f} MB limit for documents")
+        raise MemstepError(f"document_text has {len(document_text):,} characters, over the {MAX_UPLOAD_BYTES:,} "
+                           f"a document may have (the {MAX_UPLOAD_BYTES / 2**20:g} MiB upload limit)")
     example_name = text(example_name, "example_name", 200)
     if file is not None and not isinstance(file, (dict, FileData)):
         raise MemstepError("document_file must be a file: use gradio_client's handle_file(path)")

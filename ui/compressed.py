@@ -34,7 +34,7 @@ TOKEN_PREFIX = "compressed:"
 QUOTA_BYTES = int(float(os.environ.get("MEMSTEP_COMPRESS_QUOTA_MB", "4096")) * 2**20)
 STALE_PARTIAL_SECONDS = 6 * 3600  # a temporary folder this old is left from a crashed run
 _SECRET = secrets.token_bytes(32)  # session ids are keyed: one cannot be derived from a session hash alone
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,159}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,159}$")
 _lock = threading.Lock()  # one cleanup or reservation at a time
 _in_use: set[Path] = set()  # folders a running job writes: never cleaned up
 
