@@ -172,7 +172,7 @@ class QueueClient:
                                                                 "session_hash": self.session, "event_data": None})
         reply.raise_for_status()
         event_id = reply.json()["event_id"]
-        if self.stream is None:
+        if self.stream is None or not self.stream.is_alive():  # the server closes the stream when idle
             self.stream = threading.Thread(target=self._listen, daemon=True)
             self.stream.start()
         return event_id

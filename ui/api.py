@@ -18,7 +18,7 @@ from ui.documents import (EXAMPLES, MAX_UPLOAD_BYTES, DocumentSource, example, r
                           with_needle)
 from ui.inputs import choice, flag, number, text
 from ui.jobs import session_of
-from ui.models import context_tokens, get_model, normalize_spec
+from ui.models import context_tokens, get_model
 from ui.runs import DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, check_settings, prefill_stream, prepare, settings_from
 from ui.summary import needle_kept
 
@@ -105,9 +105,8 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
         passkey = source.passkey if needle is not None else None  # None when truncation cut it off
         needle = needle and (document.prefix_tokens + needle[0], document.prefix_tokens + needle[1])
         out = {}
-        with closing(prefill_stream(normalize_spec(model, session), document.ids, settings,
-                                    question or source.question, full_reference, document.notices,
-                                    cache_reference=source.bundled)) as stream:
+        with closing(prefill_stream(model, document.ids, settings, question or source.question, full_reference,
+                                    document.notices, cache_reference=source.bundled, session=session)) as stream:
             for kind, item in stream:
                 if kind == "step":
                     yield {"event": "step", "steps": item.steps, **item.to_dict()}

@@ -22,7 +22,7 @@ from memstep.schedules import make_schedule
 from ui.documents import (DEFAULT_EXAMPLE, TOKENIZER_FREE_EXAMPLE, DocumentSource, describe, example, read_upload,
                           uploaded_path)
 from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure, schedule_figure
-from ui.models import cached_model, context_tokens, get_model, layer_count, normalize_spec, preview_tokenizer
+from ui.models import cached_model, context_tokens, get_model, layer_count, preview_tokenizer
 from ui.inputs import flag
 from ui.runs import (MAX_TOKENS_LIMIT, check_settings, document_limit, prefill_stream, prepare, settings_from,
                      whole_number)
@@ -189,8 +189,8 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
             gr.Warning(notice, title=ERROR_TITLE)
         # bundled examples always show the full cache's answer: computed once, then cached
         reference = flag(full_reference, "full reference") or doc.bundled
-        with closing(prefill_stream(normalize_spec(model, session), document.ids, settings, question,
-                                    reference, document.notices, cache_reference=doc.bundled)) as stream:
+        with closing(prefill_stream(model, document.ids, settings, question, reference, document.notices,
+                                    cache_reference=doc.bundled, session=session)) as stream:
             yield from _stream_run(stream, document, settings, question, reference, began, progress, session)
     except MemstepError as err:
         _fail(err)
@@ -326,8 +326,8 @@ def compare(doc: DocumentSource, model, sinks, max_tokens, question, request: gr
         yield _compare_outputs(runs, f"Running {len(runs)} configurations on **{name}** ({document.tokens:,} "
                                      "tokens)…")
         for s, run in zip(settings, runs):
-            with closing(prefill_stream(normalize_spec(model, session), document.ids, s, question, False,
-                                        document.notices)) as stream:
+            with closing(prefill_stream(model, document.ids, s, question, False, document.notices,
+                                        session=session)) as stream:
                 for kind, item in stream:
                     if kind == "step":
                         run.records.append(compact(item))

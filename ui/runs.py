@@ -24,7 +24,7 @@ from ui.documents import DocumentSource, needle_tokens, token_spans
 from ui.inputs import choice, flag, whole_number
 from ui.jobs import MODEL_LOCK
 from ui.reference import lookup, reference_key, store
-from ui.models import get_model
+from ui.models import get_model, normalize_spec
 
 try:  # only on Hugging Face Spaces
     import spaces
@@ -136,11 +136,12 @@ def prepare(source: DocumentSource, tokenizer, max_tokens: int | None, context: 
 @gpu
 def prefill_stream(model_spec: str, ids: list[int], settings: RunSettings, question: str | None,
                    full_reference: bool = False, notices: list[str] | None = None,
-                   cache_reference: bool = False) -> Iterator[tuple]:
+                   cache_reference: bool = False, session: str | None = None) -> Iterator[tuple]:
     """Run the prefill and yield, as plain data: ("schedule", Schedule), one ("step",
     StepRecord) per step, ("result", RunResult) once the answer is in, then, when asked
-    and there is a question, ("full", RunResult) of the same document with the full cache."""
-    lm = get_model(model_spec)
+    and there is a question, ("full", RunResult) of the same document with the full cache.
+    ``model_spec`` as the request gave it (a compressed model's token loads for ``session``)."""
+    lm = get_model(model_spec, session)
     run = DocumentRun(lm, ids, question=question, max_new_tokens=MAX_NEW_TOKENS, notices=notices,
                       **settings.run_kwargs())
     # A stopped run finishes its current step in its worker thread while its hooks are still
@@ -153,7 +154,8 @@ def prefill_stream(model_spec: str, ids: list[int], settings: RunSettings, quest
             yield "step", record
         yield "result", run.result
         if full_reference and run.question:
-            yield "full", _reference(lm, model_spec, ids, settings, run.question, cache_reference)
+            yield "full", _reference(lm, normalize_spec(model_spec, session), ids, settings, run.question,
+                                     cache_reference)
     finally:
         MODEL_LOCK.release()
 
