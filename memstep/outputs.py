@@ -88,6 +88,8 @@ def check_output_folder(path, force: bool = False, option: str = "--output") -> 
                                    "or add --force to write the model's files into it (nothing else in it is "
                                    "removed)")
         parent = folder.absolute().parent
+        if parent.exists() and not parent.is_dir():
+            raise MemstepError(f"{option} {shown(raw)}: {shown(parent)} is a file, not a folder")
         if not parent.is_dir():
             raise MemstepError(f"{option} {shown(raw)}: the folder {shown(parent)} does not exist; create it first")
         if not os.access(parent, os.W_OK | os.X_OK) or (folder.exists() and not os.access(folder, os.W_OK | os.X_OK)):
