@@ -16,8 +16,10 @@ import json
 import os
 import resource
 import sys
+import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -117,16 +119,13 @@ def pasted_text_over_http(text: str) -> dict:
 
 def parallel_files(client, proc, count: int = 3, size: int = 20_000_000) -> dict:
     """Three 20 MB files sent at once to /prefill (uploaded, then read on the server)."""
-    import tempfile
-
     from gradio_client import handle_file
 
-    folder = Path(tempfile.mkdtemp())
-    paths = []
-    for i in range(count):
-        path = folder / f"upload{i}.txt"
-        path.write_text(text_of(size - 1000))
-        paths.append(path)
+    with uploads(count, size) as paths:
+        return _send_files(client, proc, paths, handle_file)
+
+
+def _send_files(client, proc, paths, handle_file) -> dict:
     time.sleep(1)
     cpu0, rss0 = sum(proc.cpu_times()[:2]), proc.memory_info().rss
     jobs = [client.submit(document_file=handle_file(str(p)), schedule="full", max_tokens=16, api_name="/prefill")
@@ -139,23 +138,27 @@ def parallel_files(client, proc, count: int = 3, size: int = 20_000_000) -> dict
             outcomes.append(str(err)[:60])
     time.sleep(1)
     cpu1, rss1 = sum(proc.cpu_times()[:2]), proc.memory_info().rss
-    for path in paths:
-        path.unlink()
-    folder.rmdir()
     return {"cpu_seconds": cpu1 - cpu0, "rss_growth_mb": (rss1 - rss0) / MB, "out": outcomes}
 
 
-def parallel_uploads(count: int = 3, size: int = 20_000_000) -> dict:
-    import tempfile
+@contextmanager
+def uploads(count: int, size: int):
+    """``count`` text files of ``size`` bytes in a temporary folder (removed afterwards)."""
+    with tempfile.TemporaryDirectory() as folder:
+        paths = [Path(folder) / f"upload{i}.txt" for i in range(count)]
+        for path in paths:
+            path.write_text(text_of(size - 1000))
+        yield paths
 
+
+def parallel_uploads(count: int = 3, size: int = 20_000_000) -> dict:
     from ui import documents
 
-    folder = Path(tempfile.mkdtemp())
-    paths = []
-    for i in range(count):
-        path = folder / f"upload{i}.txt"
-        path.write_text(text_of(size - 1000))
-        paths.append(path)
+    with uploads(count, size) as paths:
+        return _read_at_once(paths, documents)
+
+
+def _read_at_once(paths, documents) -> dict:
     outcomes = []
 
     def read(path):
@@ -174,11 +177,7 @@ def parallel_uploads(count: int = 3, size: int = 20_000_000) -> dict:
             t.join()
         return outcomes
 
-    row = measure(run_all)
-    for path in paths:
-        path.unlink()
-    folder.rmdir()
-    return row
+    return measure(run_all)
 
 
 def schedule_bound() -> dict:
