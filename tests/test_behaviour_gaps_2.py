@@ -132,7 +132,8 @@ def test_eager_mask_bytes_follow_transformers_mask_builder():
         mask = eager_mask(batch_size=1, q_length=chunk, kv_length=before + chunk, q_offset=before,
                           kv_offset=0, mask_function=lambda b, h, q, k: k <= q, dtype=torch.bfloat16)
         assert mask is not None and mask.nbytes == chunk * (before + chunk) * 2
-        assert attention_bytes(SHAPE, before, chunk, 6, "eager") == _without_mask(before, chunk, 6, "eager") + mask.nbytes
+        expected = _without_mask(before, chunk, 6, "eager") + mask.nbytes
+        assert attention_bytes(SHAPE, before, chunk, 6, "eager") == expected
 
 
 @pytest.mark.xfail(strict=True, reason="memory.attention_bytes counts the padded path's mask as chunk x keys, and none "
@@ -142,7 +143,8 @@ def test_padded_mask_bytes_follow_the_padded_attention():
     for before, chunk in ((0, 10), (5, 10)):
         keys = before + chunk
         # padded_attention: torch.ones(n, n, dtype=torch.bool).tril() with n = memory + chunk
-        assert attention_bytes(SHAPE, before, chunk, 6, "padded") == _without_mask(before, chunk, 6, "padded") + keys * keys
+        expected = _without_mask(before, chunk, 6, "padded") + keys * keys
+        assert attention_bytes(SHAPE, before, chunk, 6, "padded") == expected
 
 
 # ---- 4. the cache copy term when memory shrinks ----------------------------------------------------

@@ -54,7 +54,8 @@ def playground(tmp_path):
     (tmp_path / "existing").mkdir()
     (tmp_path / "existing" / "keep").write_text("mine")
     (tmp_path / "afile").write_bytes(b"\x00\x01 not a folder")
-    (tmp_path / "calib.txt").write_text(("A calibration paragraph of plain prose, long enough to count. " * 4 + "\n") * 8)
+    paragraph = "A calibration paragraph of plain prose, long enough to count. " * 4
+    (tmp_path / "calib.txt").write_text((paragraph + "\n") * 8)
     (tmp_path / "binary.txt").write_bytes(bytes(range(256)) * 8)
     before = os.getcwd()
     os.chdir(tmp_path)

@@ -44,8 +44,8 @@ def check_schedule_work(settings, tokens: int, layers: int) -> None:
 
 def _document(document_text, file: FileData | dict | None, example_name, tokenizer=None) -> DocumentSource | None:
     """The document a call names (a bundled example needs the model's ``tokenizer``: without it,
-    None, once the name is checked). Pasted text is taken like an upload: the same size limit, and only the prefix a
-    run can use is ever tokenized (ui/runs.prepare)."""
+    None, once the name is checked). Pasted text is taken like an upload: the same size limit,
+    and only the prefix a run can use is ever tokenized (ui/runs.prepare)."""
     document_text = text(document_text, "document_text", 1 << 62)
     if len(document_text) > MAX_UPLOAD_BYTES:  # the uploads' limit; every character is at least a byte
         raise MemstepError(f"document_text has {len(document_text):,} characters, over the {MAX_UPLOAD_BYTES:,} "
@@ -94,7 +94,8 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
         question = text(question, "question", MAX_QUESTION_CHARS)
         fixed = preset_settings(choice(preset, "preset", list(PRESETS), "") or None)
         settings = settings_from(schedule, chunk, memory, growth, fixed.get("scorer", scorer),
-                                 fixed.get("sinks", sinks), fixed.get("rope", rope), flag(question_aware, "question_aware"))
+                                 fixed.get("sinks", sinks), fixed.get("rope", rope),
+                                 flag(question_aware, "question_aware"))
         source = _document(document_text, document_file, example_name)
         lm = get_model(model, session)
         if source is None:

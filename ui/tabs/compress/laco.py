@@ -215,9 +215,9 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
             return
         reservation = compressed.Reservation(session, folder_name(lm.name, settings), needed)
         forget(str(reservation.path))  # an earlier model of that name, loaded, is about to be replaced
-        run = CollapseRun(lm, texts, variants=(variant,), probe=probe,
-                          output=reservation.path, repeats=APP_REPEATS, C=settings["C"], L=settings["L"], H=settings["H"], I=settings["I"],
-                          T=settings["T"], reference=reference, max_tokens=settings["tokens"])
+        run = CollapseRun(lm, texts, variants=(variant,), probe=probe, output=reservation.path, repeats=APP_REPEATS,
+                          C=settings["C"], L=settings["L"], H=settings["H"], I=settings["I"], T=settings["T"],
+                          reference=reference, max_tokens=settings["tokens"])
     except MemstepError as err:
         if reservation is not None:
             reservation.release()
@@ -227,10 +227,11 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
     measured_total = 4 if evaluate else 0
     candidates, groups, baselines, models = [], None, {}, {}
     no_button = gr.update(interactive=False)
-    state, progress, began = f"measuring the dense model's layer inputs… (estimated {estimates.duration(estimate)})", 0.0, time.monotonic()
-    yield (status_html(state, progress), similarity_figure([], settings["T"], depth),
-           layer_map_figure(depth, [[i] for i in range(depth)]), [], no_button, None)
+    state = f"measuring the dense model's layer inputs… (estimated {estimates.duration(estimate)})"
+    progress, began = 0.0, time.monotonic()
     try:
+        yield (status_html(state, progress), similarity_figure([], settings["T"], depth),
+               layer_map_figure(depth, [[i] for i in range(depth)]), [], no_button, None)
         for event in jobs.stream(lambda: iter(run), session):
             if event is jobs.HEARTBEAT:  # nothing new: the clock moves, and a Stop can get in
                 yield (status_html(f"{state} · {time.monotonic() - began:.0f} s", progress), gr.skip(), gr.skip(),
