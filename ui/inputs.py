@@ -67,3 +67,19 @@ def number(value, name: str, least: int, most: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise MemstepError(f"{name} must be a whole number, not {type(value).__name__}")
     return whole_number(value, name, least, most)
+
+
+def real(value, name: str) -> float:
+    """A finite number from a control or an API call (no strings, no bools)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise MemstepError(f"{name} must be a number (got {str(value)[:40]!r})")
+    return float(value)
+
+
+def names(value, name: str, choices) -> list[str]:
+    """A list of names, each one of ``choices`` (a checkbox group's value)."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) and v in choices for v in value):
+        raise MemstepError(f"{name} must be a list of {', '.join(choices)}")
+    return value

@@ -16,10 +16,11 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from memstep.cancel import Cancelled
-from memstep.compress.laco import CALIBRATION_SENTENCES, CALIBRATION_TOKENS, DEFAULTS
+from memstep.compress.laco import CALIBRATION_SENTENCES, CALIBRATION_TOKENS, DEFAULTS, REFERENCES, VARIANTS
 from memstep.errors import MemstepError
 
 from ui import compressed, estimates, jobs
+from ui.inputs import choice, flag, real
 
 FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
 ACCEPT, REJECT, THRESHOLD = "#16a34a", "#94a3b8", "#dc2626"
@@ -166,6 +167,8 @@ def folder_name(model_name: str, settings: dict) -> str:
 
 
 def _int(value, name: str, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):  # the page sends numbers: so must a caller
+        raise MemstepError(f"{name} must be a whole number (got {str(value)[:40]!r})")
     try:
         number = int(value)
     except (TypeError, ValueError):
@@ -195,12 +198,11 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
         compressed.check_enabled()
         settings = dict(C=_int(C, "C", 2), L=_int(L, "L", 0), H=_int(H, "H", 0), I=_int(I, "I", 1),
                         sentences=_int(sentences, "calibration sentences", 1, MAX_SENTENCES),
-                        tokens=_int(tokens, "tokens per sentence", 2, MAX_TOKENS), variant=variant,
-                        reference=reference)
-        try:
-            settings["T"] = float(T)
-        except (TypeError, ValueError):
-            raise MemstepError(f"T must be a number in (0, 1] (got {T!r})") from None
+                        tokens=_int(tokens, "tokens per sentence", 2, MAX_TOKENS),
+                        variant=choice(variant, "merge", VARIANTS, "paper"),
+                        reference=choice(reference, "compare candidates with", REFERENCES, "dense"))
+        variant, reference, evaluate = settings["variant"], settings["reference"], flag(evaluate, "measure")
+        settings["T"] = real(T, "T")
         lm = get_model(model_spec, session)
         settings["H"] = settings["H"] or len(lm.model.model.layers)
         probe = make_probe(lm.tokenizer, **APP_PROBE) if evaluate else None

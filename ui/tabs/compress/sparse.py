@@ -27,6 +27,7 @@ from memstep.compress.sparse import RECONSTRUCTIONS, SparseConfig, SparsePruning
 from memstep.errors import MemstepError
 
 from ui import compressed, estimates, jobs
+from ui.inputs import names, number, real
 
 # Bounds on the work one request can cause (the app is meant to be public).
 MAX_SAMPLES = 32
@@ -113,21 +114,23 @@ def table_rows(runs: list[dict]) -> list[list]:
 # ---- handlers --------------------------------------------------------------------------------
 def make_config(method, pattern, sparsity, calibration, samples, seq_len, steps, lr, technique) -> SparseConfig:
     """The settings of one run, with the app's caps; MemstepError on a bad value."""
-    samples, seq_len, steps = int(samples or 0), int(seq_len or 0), int(steps or 0)
+    samples, seq_len, steps = (number(v, name, 0, 1 << 20) for v, name in
+                               ((samples, "samples"), (seq_len, "tokens per sample"), (steps, "steps")))
+    sparsity, lr = real(sparsity, "sparsity"), real(lr, "the learning rate")
     if not 1 <= samples <= MAX_SAMPLES:
         raise MemstepError(f"samples must be 1-{MAX_SAMPLES} in the app (the CLI takes more)")
     if not 16 <= seq_len <= MAX_SEQ_LEN:
         raise MemstepError(f"tokens per sample must be 16-{MAX_SEQ_LEN} in the app (the CLI takes more)")
     if not 1 <= steps <= MAX_STEPS:
         raise MemstepError(f"steps must be 1-{MAX_STEPS} in the app (the CLI takes more)")
-    if not 0 < float(lr or 0) <= 0.1:
+    if not 0 < lr <= 0.1:
         raise MemstepError("the learning rate must lie in (0, 0.1]")
     nm = None if pattern == "unstructured" else pattern
     if pattern not in PATTERNS:
         raise MemstepError(f"unknown sparsity pattern '{pattern}': choose one of {', '.join(PATTERNS)}")
-    return SparseConfig(method=method, sparsity=float(sparsity or 0), nm=nm, reconstruct=technique,
+    return SparseConfig(method=method, sparsity=sparsity, nm=nm, reconstruct=technique,
                         calibration=calibration, samples=samples, seq_len=seq_len,
-                        held_out_samples=HELD_OUT_SAMPLES, steps=steps, lr=float(lr or 0),
+                        held_out_samples=HELD_OUT_SAMPLES, steps=steps, lr=lr,
                         batch_size=min(4, samples)).validate()
 
 
@@ -160,10 +163,10 @@ def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq
     from ui.models import forget
 
     session = jobs.session_of(request)
-    techniques = [t for t in RECONSTRUCTIONS if t in (techniques or [])]
     reservations: list = []
     try:
         compressed.check_enabled()
+        techniques = [t for t in RECONSTRUCTIONS if t in names(techniques, "techniques", RECONSTRUCTIONS)]
         if not techniques:
             raise MemstepError("tick at least one reconstruction technique")
         configs = [make_config(method, pattern, sparsity, calibration, samples, seq_len, steps, lr, t)
