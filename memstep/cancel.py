@@ -38,10 +38,6 @@ class CancelFlag:
     def cancelled(self) -> bool:
         return self._event.is_set()
 
-    def wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``, waking at once when cancelled; True when cancelled."""
-        return self._event.wait(seconds)
-
     def check(self) -> None:
         if self._event.is_set():
             raise Cancelled(self.reason)
