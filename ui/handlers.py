@@ -7,6 +7,7 @@ gr.Warning where the page can carry on); the app keeps serving the next request.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections import OrderedDict
 from contextlib import closing
@@ -86,18 +87,22 @@ COUNT_LIMIT = 1 << 16  # the page counts a document's tokens up to this many (be
 
 _COUNTS: OrderedDict = OrderedDict()  # (digest of the text, tokenizer) -> counts: a few bytes per
 COUNTS_KEPT = 64                       # document, never the (up to 20 MB) texts themselves
+_COUNTS_LOCK = threading.Lock()
 
 
 def _count_tokens(text: str, tokenizer) -> tuple[int, int]:
     """(prompt head tokens, document tokens up to COUNT_LIMIT) with this tokenizer."""
     key = (hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest(), tokenizer)
-    if key not in _COUNTS:
-        head = len(prompt_parts(tokenizer).head)
-        _COUNTS[key] = head, len(tokenize_prefix(text, tokenizer, COUNT_LIMIT)[0])
+    with _COUNTS_LOCK:
+        if key in _COUNTS:
+            _COUNTS.move_to_end(key)
+            return _COUNTS[key]
+    counts = len(prompt_parts(tokenizer).head), len(tokenize_prefix(text, tokenizer, COUNT_LIMIT)[0])
+    with _COUNTS_LOCK:  # previews run in parallel threads
+        _COUNTS[key] = counts
         while len(_COUNTS) > COUNTS_KEPT:
             _COUNTS.popitem(last=False)
-    _COUNTS.move_to_end(key)
-    return _COUNTS[key]
+    return counts
 
 
 def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens):
