@@ -212,8 +212,9 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
             shape, sentences=settings["sentences"], tokens=settings["tokens"], C=settings["C"], L=settings["L"],
             H=settings["H"], evaluate=bool(evaluate), probe=APP_PROBE, repeats=APP_REPEATS), shape, needed)
         if not estimates.confirmed(session, ("laco", lm.name, sorted(settings.items()), bool(evaluate)), estimate):
-            yield (status_html(estimates.confirm_text(estimate, "Collapse"), 0.0), gr.skip(), gr.skip(), gr.skip(),
-                   gr.skip(), gr.skip())
+            gr.Info(estimates.confirm_text(estimate, "Collapse"), title="memstep")
+            yield (status_html(f"{estimates.duration(estimate)} estimated · press Collapse again", 0.0), gr.skip(),
+                   gr.skip(), gr.skip(), gr.skip(), gr.skip())
             return
         reservation = compressed.Reservation(session, folder_name(lm.name, settings), needed)
         forget(str(reservation.path))  # an earlier model of that name, loaded, is about to be replaced
@@ -339,11 +340,13 @@ def build_section(model_box=None, tabs=None) -> dict:
                                   interactive=compressed.compress_enabled())
                 stop = gr.Button("Stop", variant="stop", elem_id="laco-stop")
             load = gr.Button("Load the collapsed model into Run", interactive=False, elem_id="laco-load")
+            if not compressed.compress_enabled():
+                gr.Markdown(compressed.DISABLED, elem_classes="memstep-note")
             gr.Markdown("The collapsed model is saved as a model folder: the Run tab takes it like any model "
                         "(fewer layers, less KV per token), and `memstep plan --model FOLDER` (or its "
                         "config.json on the Plan tab) plans it.", elem_classes="memstep-note")
         with gr.Column(scale=8):
-            status = gr.HTML(status_html("not run yet" if compressed.compress_enabled() else compressed.DISABLED),
+            status = gr.HTML(status_html("not run yet" if compressed.compress_enabled() else "off in this public app"),
                              elem_id="laco-status")
             sim_plot = gr.Plot(similarity_figure([], DEFAULTS["T"], 30), show_label=False, elem_id="laco-similarity")
             map_plot = gr.Plot(layer_map_figure(30, [[i] for i in range(30)]), show_label=False, elem_id="laco-map")

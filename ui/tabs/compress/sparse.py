@@ -178,6 +178,7 @@ def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq
             seq_len=c.seq_len, held_out=c.held_out_samples, steps=c.steps, batch=c.batch_size), shape, needed)
             for c in configs)
         if not estimates.confirmed(session, ("sparse", lm.name, [asdict(c) for c in configs]), estimate):
+            gr.Info(estimates.confirm_text(estimate, "Prune"), title="memstep")
             yield (f"**Not started:** {estimates.confirm_text(estimate, 'Prune')}.", gr.skip(), gr.skip(), gr.skip())
             return
         compressed.make_room(needed * len(techniques))  # all of this run's models fit together
