@@ -39,11 +39,6 @@ def requests(big: str) -> list[tuple[str, str, dict]]:
     text = "It was a bright cold day in April, and the clocks were striking thirteen. " * 20
     p = "/prefill"
     return [
-        ("file: /etc/passwd", p, {"document_file": {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}}),
-        ("file: ../../etc/passwd", p, {"document_file": {"path": "../../../../etc/passwd",
-                                                         "meta": {"_type": "gradio.FileData"}}}),
-        ("file: ~/.cache/memstep", p, {"document_file": {"path": str(Path.home() / ".cache/memstep"),
-                                                         "meta": {"_type": "gradio.FileData"}}}),
         ("model: /root", p, {"document_text": text, "model": "/root"}),
         ("model: /etc/passwd", p, {"document_text": text, "model": "/etc/passwd"}),
         ("model: /no/such/folder", p, {"document_text": text, "model": "/no/such/folder"}),
@@ -92,6 +87,8 @@ def main() -> None:
         if client is None:
             raise RuntimeError("the app did not start")
         proc = psutil.Process(server.pid)
+        client.predict(document_text="A warm-up document about the sea. " * 30, schedule="fm", chunk=64, memory=32,
+                       api_name="/prefill")  # the first prefill's own allocations are not a request's cost
         rss_start = proc.memory_info().rss
         big = (ROOT / "assets" / "persuasion_excerpt.txt").read_text() * 80
         big = (big * (21_000_000 // len(big) + 1))[:21_000_000]
@@ -126,15 +123,28 @@ def main() -> None:
 
 
 def private_events(url: str) -> list[dict]:
-    """The Compress tab's events are hidden from the API; started through the queue anyway, with
-    absurd settings: each must end with one line at once."""
+    """Raw queue calls, past any client: /prefill naming server files as its document (a client
+    such as gradio_client would upload a local path instead), and the Compress tab's events,
+    hidden from the API but started through the queue anyway, with absurd settings. Each must end
+    with one line at once."""
+    from ui import api
     from ui.layout import build_app
     from ui.tabs.compress import laco, sparse
 
     demo = build_app()
     index = {fn.fn: i for i, fn in demo.fns.items()}
+    index[api.prefill] = next(i for i, fn in demo.fns.items() if fn.api_name == "prefill")
+
+    def prefill_file(path):
+        return ["", {"path": path, "meta": {"_type": "gradio.FileData"}}, "", "imdc", 512, 512, "linear",
+                "chunk-attention", 4, "", 4096, "", False, "compact", "", False]
+
     rows = []
     for label, fn, data in (
+            ("raw: file /etc/passwd", api.prefill, prefill_file("/etc/passwd")),
+            ("raw: file ../../../../etc/passwd", api.prefill, prefill_file("../../../../etc/passwd")),
+            ("raw: file ~/.cache/memstep (a folder)", api.prefill, prefill_file(str(Path.home() / ".cache/memstep"))),
+            ("raw: file README.md of the app", api.prefill, prefill_file(str(ROOT / "README.md"))),
             ("queue: LaCo C=10^9, 10^6 sentences", laco.run_laco,
              ["embedded", 10**9, 1, 0, 1, 0.8, "paper", "dense", 10**6, 10**6, True]),
             ("queue: LaCo model /etc", laco.run_laco, ["/etc", 2, 1, 0, 1, 0.8, "paper", "dense", 6, 128, False]),
