@@ -86,7 +86,7 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
     session = session_of(request)
     try:
         # strict types first: a number is a number, a yes/no is true or false (bool is bool)
-        for value, name in ((chunk, "chunk"), (memory, "memory"), (sinks, "sinks")):
+        for value, name in ((chunk, "chunk size"), (memory, "memory size"), (sinks, "sinks")):
             number(value, name, 0, MAX_SIZE_TOKENS)
         if max_tokens is not None:
             number(max_tokens, "max_tokens", 1, MAX_TOKENS_LIMIT)
@@ -130,7 +130,7 @@ def schedule(tokens: int, schedule: str = "imdc", chunk: int = 512, memory: int 
     (pure math, no model), with each step's cache entries before and after (sinks included).
     ``layers`` (30: the embedded model) matters for the layer-wise growths only."""
     try:
-        for value, name in ((chunk, "chunk"), (memory, "memory"), (sinks, "sinks")):
+        for value, name in ((chunk, "chunk size"), (memory, "memory size"), (sinks, "sinks")):
             number(value, name, 0, MAX_SIZE_TOKENS)
         settings = settings_from(schedule, chunk, memory, growth, None, sinks)
         tokens = number(tokens, "tokens", 1, MAX_SIZE_TOKENS)

@@ -215,4 +215,6 @@ def model_box_update(folder: str):
 
     from memstep.models import offered_models
 
-    return gr.update(choices=[*offered_models(), (shown(folder.rpartition("/")[2]), folder)], value=folder)
+    # a token shows as the model's name; a local folder as itself (it is the user's own path)
+    choice = (folder.rpartition("/")[2], folder) if is_token(folder) else folder
+    return gr.update(choices=[*offered_models(), choice], value=folder)
