@@ -19,9 +19,9 @@ import time
 from memstep.planner import attention_pairs, layer_linear_params
 
 CONFIRM_SECONDS = 60  # a run estimated longer than this asks for a second press
-# Measured on the embedded model (docs/hardening.md, benchmarks/bench_estimates.py): four real runs
-# reached 0.55-0.88 of the measured fp32 matmul rate (median 0.71): small batches, norms, hooks.
-EFFICIENCY = float(os.environ.get("MEMSTEP_ESTIMATE_EFFICIENCY", "0.7"))
+# Measured on the embedded model (docs/hardening.md, benchmarks/bench_estimates.py): two passes of
+# four real runs reached 0.37-0.91 of the measured fp32 matmul rate (median 0.68) on a shared CPU.
+EFFICIENCY = float(os.environ.get("MEMSTEP_ESTIMATE_EFFICIENCY", "0.65"))
 DECODE_STEP_FLOP_EQUIVALENT = 64  # one decode step costs about this many prefill tokens' work on a CPU
 SAVE_BYTES_PER_SECOND = 150e6  # writing safetensors and tokenizer files
 
