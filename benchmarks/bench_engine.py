@@ -26,7 +26,7 @@ The previous run's JSON, when there is one, is read first: its figures stand bes
     .venv/bin/python benchmarks/bench_engine.py                 # -> benchmarks/results/bench_engine_<device>.json
     .venv/bin/python benchmarks/bench_engine.py --tokens 1024 --sizes 256   # a quick check
 
-Prints a Markdown table (the README's "Engine benchmark" section). Timings on a shared CPU
+Prints Markdown tables (docs/benchmarks.md, "Engine benchmark"; --docs writes them there). Timings on a shared CPU
 are noisy, and worse with more torch threads than free cores (every small op waits for a
 descheduled thread). With --threads 1 on CPU the ratios compare the process's CPU time,
 which other processes barely change; elsewhere they compare wall time.
@@ -290,6 +290,12 @@ def markdown(report: dict, previous: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+def _write_docs(tables: str, command: str, measured: str | None = None) -> None:
+    from benchmarks.docs_block import write_block
+
+    write_block("bench-engine", tables, command, measured=measured)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="'embedded' (default), a hub id or a folder")
@@ -305,7 +311,21 @@ def main(argv=None) -> int:
                         help="length at which FM and IMDC also run with padded attention (0: never)")
     parser.add_argument("--output", default=None,
                         help="JSON path (default benchmarks/results/bench_engine_<device>.json)")
+    parser.add_argument("--docs", action="store_true", help="also write the tables into docs/benchmarks.md")
+    parser.add_argument("--from-json", default=None,
+                        help="measure nothing: print (and with --docs write) the tables of this earlier run's JSON")
     args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    if args.from_json:
+        report = json.loads(Path(args.from_json).read_text())
+        tables = markdown(report, report.get("previous"))
+        print(tables)
+        if args.docs:
+            from benchmarks.docs_block import committed_on
+
+            _write_docs(tables, f"benchmarks/bench_engine.py --from-json {args.from_json} --docs",
+                        committed_on(Path(args.from_json)))
+        return 0
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -319,6 +339,8 @@ def main(argv=None) -> int:
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(report, indent=1))
     print(markdown(report, previous))
+    if args.docs:
+        _write_docs(markdown(report, previous), "benchmarks/bench_engine.py " + " ".join(argv or sys.argv[1:]))
     print(f"\nwrote {output.relative_to(ROOT) if output.is_relative_to(ROOT) else output}", file=sys.stderr)
     return 0
 

@@ -8,6 +8,7 @@ without the kept maps, and an efficient setting (SDPA, eviction right after each
 attention, as memstep's engine does), and writes the numbers and a Markdown table.
 
     .venv/bin/python benchmarks/paper_headline.py      # -> benchmarks/results/paper_headline.json
+    .venv/bin/python benchmarks/paper_headline.py --docs   # and its table in docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -77,11 +78,16 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv=None) -> int:
     report = headline()
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)
     OUTPUT.write_text(json.dumps(report, indent=1))
     print(markdown(report))
+    if "--docs" in (sys.argv[1:] if argv is None else argv):
+        sys.path.insert(0, str(ROOT))
+        from benchmarks.docs_block import write_block
+
+        write_block("paper-headline", markdown(report), "benchmarks/paper_headline.py --docs")
     print(f"wrote {OUTPUT.relative_to(ROOT)}", file=sys.stderr)
     return 0
 

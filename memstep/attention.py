@@ -16,8 +16,9 @@ Three ways to compute it, chosen per layer and step by the engine (``module.mems
   of query rows computes its logits once, and from the same probabilities both the output
   and each key's column sums (what the scorers need): the query-key product is not
   computed a second time by the scorer;
-- padded: the reference code's way, for measurement: the queries padded with zero rows to
-  memory + chunk and the full (memory + chunk)^2 maps materialized.
+- padded: the reference code's way: the queries padded with zero rows to memory + chunk and
+  the full (memory + chunk)^2 maps materialized; its column sums may count the zero rows
+  (a row range that starts before the chunk) and group the query heads as the reference does.
 
 ``use_memstep_attention(model)`` switches a model that runs SDPA to it for the span of a
 with-block; a model loaded with another implementation (eager, to read attention maps)
@@ -58,8 +59,15 @@ class StepContext:
         return query, key
 
     def score_rows(self, module, rows: int, keys: int) -> tuple[tuple[int, int], ...]:
-        """Ranges [start, stop) of query rows whose column sums are wanted (empty: none)."""
+        """Ranges [start, stop) of query rows whose column sums are wanted (empty: none). A
+        negative start counts zero-padded rows before the chunk (padded attention only; the
+        other ways sum the chunk's rows from 0 and the engine adds the rest)."""
         return ()
+
+    def score_grouping(self, module) -> str:
+        """How query heads are summed into KV heads: "model" (the heads that attend through
+        it) or "strided" (heads j, j + kv_heads, ...: the one pass then returns per-head sums)."""
+        return "model"
 
     def keep(self, module, query, key, sums: dict[tuple[int, int], torch.Tensor]) -> None:
         """Receives the rotated queries and keys, and the column sums by row range."""
@@ -121,15 +129,17 @@ def sdpa_lower_right(query, key, value, scaling, prefer_bias: bool = True):
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
 
 
-def one_pass_attention(query, key, value, scaling: float, ranges=((0, None),), block: int | None = None):
+def one_pass_attention(query, key, value, scaling: float, ranges=((0, None),), block: int | None = None,
+                       per_head: bool = False):
     """Attention output and column sums in one pass over blocks of query rows.
 
     query (1, heads, rows, dim), key/value (1, kv_heads, keys, dim), the query rows' own keys
     last. Returns the output (1, heads, rows, dim) in the query's dtype and, for each row
-    range (start, stop) in ``ranges`` (stop None: the last row), the attention each key
-    receives summed over those rows and over the query heads of its KV group: (kv_heads,
-    keys), float32, keyed by the range as given. Logits, softmax and sums are float32 (bf16
-    inputs are accumulated in float32); one block of logits exists at a time."""
+    range (start, stop) in ``ranges`` (stop None: the last row; a negative start counts from
+    row 0), the attention each key receives summed over those rows and over the query heads
+    of its KV group: (kv_heads, keys), float32, keyed by the range as given (``per_head``:
+    not summed over the group, (kv_heads, groups, keys)). Logits, softmax and sums are
+    float32 (bf16 inputs are accumulated in float32); one block of logits exists at a time."""
     _, heads, rows, dim = query.shape
     kv_heads, n = key.shape[1], key.shape[2]
     groups, memory = heads // kv_heads, n - rows
@@ -137,7 +147,8 @@ def one_pass_attention(query, key, value, scaling: float, ranges=((0, None),), b
     q = (query[0].float() * scaling).view(kv_heads, groups, rows, dim)  # scale the queries, not the logits
     k, v = key[0].float(), value[0].float()  # (kv_heads, keys, dim)
     out = torch.empty(kv_heads, groups, rows, dim, dtype=torch.float32, device=query.device)
-    sums = {r: torch.zeros(kv_heads, n, dtype=torch.float32, device=query.device) for r in ranges}
+    shape, summed = ((kv_heads, groups, n), (2,)) if per_head else ((kv_heads, n), (1, 2))
+    sums = {r: torch.zeros(shape, dtype=torch.float32, device=query.device) for r in ranges}
     index = torch.arange(rows, device=query.device)
     for start in range(0, rows, block):
         stop = min(start + block, rows)
@@ -154,16 +165,18 @@ def one_pass_attention(query, key, value, scaling: float, ranges=((0, None),), b
         for (lo, hi), total in sums.items():
             lo, hi = max(lo - start, 0), min((rows if hi is None else hi) - start, width)
             if lo < hi:
-                total[:, :visible] += probabilities[:, :, lo:hi].sum(dim=(1, 2))
+                total[..., :visible] += probabilities[:, :, lo:hi].sum(dim=summed)
         del probabilities
     return out.view(1, heads, rows, dim).to(query.dtype), sums
 
 
-def padded_attention(query, key, value, scaling: float, ranges=((0, None),)):
+def padded_attention(query, key, value, scaling: float, ranges=((0, None),), grouping: str | None = None):
     """The reference code's attention: the chunk's queries padded with zero rows to memory +
     chunk, the full (memory + chunk)^2 maps materialized (the model's dtype, softmax in
     float32 as eager attention does), the chunk's rows returned. Column sums as
-    ``one_pass_attention`` (over the chunk's real rows)."""
+    ``one_pass_attention``; a range may start before the chunk (negative: the zero rows
+    count, as the reference's last c rows do). ``grouping`` ("model" or "strided"): the query
+    heads summed into KV heads first, then the rows, the reference's order of sums."""
     _, heads, rows, dim = query.shape
     kv_heads, n = key.shape[1], key.shape[2]
     groups = heads // kv_heads
@@ -177,9 +190,16 @@ def padded_attention(query, key, value, scaling: float, ranges=((0, None),)):
     probabilities = torch.softmax(logits.float(), dim=-1).to(query.dtype)
     del logits
     out = torch.matmul(probabilities, values)[:, :, n - rows:]
-    chunk_rows = probabilities[0, :, n - rows:].float().view(kv_heads, groups, rows, n)
-    sums = {(lo, hi): chunk_rows[:, :, lo:hi].sum(dim=(1, 2)) for lo, hi in ranges}
-    return out, sums
+    if grouping is None:
+        chunk_rows = probabilities[0, :, n - rows:].float().view(kv_heads, groups, rows, n)
+        return out, {(lo, hi): chunk_rows[:, :, lo:hi].sum(dim=(1, 2)) for lo, hi in ranges}
+    # the reference's order: view(b, groups, kv_heads, ...) (strided) summed over the groups, then the rows
+    maps = probabilities[0].float()
+    grouped = maps.view(groups, kv_heads, n, n).sum(dim=0) if grouping == "strided" \
+        else maps.view(kv_heads, groups, n, n).sum(dim=1)
+    first = n - rows  # the chunk's first row in the padded block
+    return out, {(lo, hi): grouped[:, max(first + lo, 0):first + (rows if hi is None else hi)].sum(dim=1)
+                 for lo, hi in ranges}
 
 
 def memstep_attention(module, query, key, value, attention_mask=None, dropout: float = 0.0,
@@ -194,10 +214,12 @@ def memstep_attention(module, query, key, value, attention_mask=None, dropout: f
     query, key = context.rotate(module, query, key)
     rows, keys = query.shape[2], key.shape[2]
     ranges = context.score_rows(module, rows, keys)
+    grouping = context.score_grouping(module) if ranges else "model"
     if context.padded and rows > 1:
-        out, sums = padded_attention(query, key, value, scaling, ranges)
+        exact = grouping != "model" or any(lo < 0 for lo, _ in ranges)
+        out, sums = padded_attention(query, key, value, scaling, ranges, grouping if exact else None)
     elif ranges:
-        out, sums = one_pass_attention(query, key, value, scaling, ranges)
+        out, sums = one_pass_attention(query, key, value, scaling, ranges, per_head=grouping != "model")
     else:
         out, sums = sdpa_lower_right(query, key, value, scaling), {}
     context.keep(module, query, key, sums)

@@ -17,6 +17,13 @@ RoPE positions, two modes:
 - ``document``: keys keep the RoPE of their true document positions (rotated once, by the
   model), and the chunk's position_ids are its true positions.
 
+The reference code's ways, as switches (``memstep.presets.Fidelity``): sinks taken out of the
+keys and the attention's key columns before scoring (``sink_scoring``), query heads summed
+into KV heads with a stride (``gqa_grouping``), the last c rows of the zero-padded query
+block counted (``score_rows``), dynamic NTK RoPE once a step's positions pass the model's
+trained length (``ntk``). A fixed-incremental schedule (``fim``) never scores the memory
+kept from earlier steps again: only the chunk competes for the step's share.
+
 ``ChunkedPrefill.run`` is a generator of StepRecord; after it finishes, ``cache``,
 ``positions`` (per layer, (kv_heads, entries) document positions), ``tokens_seen``,
 ``position`` (the RoPE position of the next token) and ``last_hidden`` hold the compressed
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -39,7 +47,8 @@ from transformers import DynamicCache
 from memstep.attention import StepContext, switchable, use_memstep_attention
 from memstep.errors import MemstepError
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
-from memstep.presets import ROPE_MODES
+from memstep.presets import ROPE_MODES, Fidelity
+from memstep.question_pool import QUESTION_POOL, parse_question_pool
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
@@ -66,9 +75,6 @@ def model_shape(model) -> ModelShape:
 
 ENGINE_ATTENTIONS = ("sdpa", "padded")
 QUESTION_WEIGHT = 0.75  # share of the question's attention in a question-aware score (see question_mix)
-QUESTION_POOL = 15  # keys around each key whose question attention it takes (max-pooled)
-
-
 def check_question_aware(scorer: Scorer, question_tokens: int, weight: float) -> None:
     if question_tokens < 1:
         raise MemstepError("question-aware compression needs a question: type one, or untick question-aware")
@@ -80,7 +86,7 @@ def check_question_aware(scorer: Scorer, question_tokens: int, weight: float) ->
 
 
 def question_mix(base: torch.Tensor, question: torch.Tensor, positions: torch.Tensor, sinks: int,
-                 weight: float) -> torch.Tensor:
+                 weight: float, pool: str = QUESTION_POOL) -> torch.Tensor:
     """A question-aware score: (1 - weight) x the scorer's score + weight x the attention the
     question's queries pay each key (max-pooled over its neighbours), each term divided by
     its sum over the non-sink keys of the KV head, so that both are shares of one (the sinks
@@ -92,11 +98,40 @@ def question_mix(base: torch.Tensor, question: torch.Tensor, positions: torch.Te
         return scores / scores.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
 
     # a key the question looks at carries its neighbours (the number after "the lighthouse is"), as
-    # SnapKV pools its window's scores: max over QUESTION_POOL keys around each key
+    # SnapKV pools its window's scores: by default max over 15 keys around each key
     # (the sinks' share is taken out first: it would spill onto the keys next to them)
     question = question.float() * free
-    question = F.max_pool1d(question[:, None], QUESTION_POOL, stride=1, padding=QUESTION_POOL // 2)[:, 0]
+    kind, width = parse_question_pool(pool)
+    if kind == "max":
+        question = F.max_pool1d(question[:, None], width, stride=1, padding=width // 2)[:, 0]
+    elif kind == "mean":
+        question = F.avg_pool1d(question[:, None], width, stride=1, padding=width // 2,
+                                count_include_pad=False)[:, 0]
     return (1 - weight) * share(base) + weight * share(question)
+
+
+def ntk_factor(last_position: int, limit: int) -> int:
+    """The reference's dynamic NTK factor for a step whose last position is ``last_position``
+    (Qwen's rule): 1 up to the model's trained length, then 3, 7, 15, ... as it doubles."""
+    if last_position <= 0:
+        return 1
+    return max(2 ** math.ceil(math.log(last_position / limit, 2) + 1) - 1, 1)
+
+
+def ntk_settings(model, decoder, rope: str) -> dict:
+    """What dynamic NTK needs of the model (plain RoPE, compact positions), or a refusal."""
+    if rope != "compact":
+        raise MemstepError("dynamic NTK rescales the compact positions, as the reference code does: use rope "
+                           "compact, or ntk none with document positions")
+    config = model.config
+    parameters = getattr(config, "rope_parameters", None) or {}
+    kind = parameters.get("rope_type") or getattr(decoder.rotary_emb, "rope_type", "default")
+    base = parameters.get("rope_theta", getattr(config, "rope_theta", None))
+    limit = getattr(config, "max_position_embeddings", None)
+    if kind != "default" or base is None or not limit:
+        raise MemstepError(f"dynamic NTK applies to plain RoPE (this model's is '{kind}'): use ntk none")
+    dim = decoder.rotary_emb.inv_freq.shape[0] * 2
+    return {"base": float(base), "dim": dim, "limit": int(limit)}
 
 
 def check_rope(rope: str) -> str:
@@ -114,7 +149,8 @@ def cache_keyword(decoder) -> str:
 class ChunkedPrefill(StepContext):
     def __init__(self, model, scorer: Scorer | None = None, sinks: int = 4, attention: str = "sdpa",
                  collect_hidden: bool = False, rope: str = "compact", question_ids: Sequence[int] | None = None,
-                 question_weight: float = QUESTION_WEIGHT):
+                 question_weight: float = QUESTION_WEIGHT, fidelity: Fidelity | None = None,
+                 question_pool: str = QUESTION_POOL):
         if sinks < 0:
             raise MemstepError(f"sinks must be 0 or more (got {sinks})")
         if attention not in ENGINE_ATTENTIONS:
@@ -129,14 +165,19 @@ class ChunkedPrefill(StepContext):
         self.rope = check_rope(rope)
         self.question_ids = torch.as_tensor(list(question_ids or []), dtype=torch.long)
         self.question_weight = float(question_weight)
+        self.question_pool = question_pool
+        parse_question_pool(question_pool)
         if question_ids is not None:
             check_question_aware(self.scorer, self.question_ids.numel(), self.question_weight)
             if not switchable(model):
                 raise MemstepError("question-aware compression needs the model loaded with SDPA attention")
+        self.fidelity = fidelity or Fidelity()
         self.shape = model_shape(model)
         self.device = self.decoder.embed_tokens.weight.device
         self._cache_kw = cache_keyword(self.decoder)
         self._rope = sys.modules[type(self.decoder.layers[0].self_attn).__module__].apply_rotary_pos_emb
+        if self.fidelity.ntk == "dynamic":
+            self._ntk = ntk_settings(model, self.decoder, self.rope)
         self.reset()
 
     def reset(self) -> None:
@@ -147,6 +188,10 @@ class ChunkedPrefill(StepContext):
         self.last_hidden: torch.Tensor | None = None
         self.hidden_chunks: list[torch.Tensor] = []
         self._rope_table = None
+        self._ntk_tables: dict[int, tuple] = {}
+        self._window: int | None = None  # score rows "last-c": the configured chunk c
+        self._frozen = False  # fixed-incremental: the memory from earlier steps is never scored again
+        self._read_through = 0  # the furthest document position read so far, plus one
         self._attended = self._queries = None
         self._prefilling = self._padded_run = False
         self._question_step: list[int] = []  # question tokens carried by the current step
@@ -171,11 +216,13 @@ class ChunkedPrefill(StepContext):
             layer.keys, layer.values = keys, values
         if entries > keep:
             state = self._layer_state(module, kwargs, keys, values, positions)
-            scores = self.scorer.score(state)
+            frozen = self._before[idx] if self._frozen else 0
+            scores = self._score(state, positions, keep, frozen)
             if self._question_rows:
-                question = self._attended[2][self._question_rows][:, :entries]
-                scores = question_mix(scores, question, positions, self.sinks, self.question_weight)
-            kept = select_kept(scores, positions, keep, self.sinks)
+                question = state.group(self._attended[2][self._question_rows][..., :entries])
+                scores = question_mix(scores, question, positions, self.sinks, self.question_weight,
+                                      self.question_pool)
+            kept = select_kept(scores, positions, keep, self.sinks, frozen)
             index = kept[None, :, :, None].expand(1, -1, -1, keys.shape[-1])
             layer.keys = keys.gather(2, index)
             layer.values = values.gather(2, index)
@@ -184,20 +231,47 @@ class ChunkedPrefill(StepContext):
         self.positions[idx] = positions
         self._queries = self._attended = None
 
+    def _score(self, state: LayerState, positions: torch.Tensor, keep: int, frozen: int) -> torch.Tensor:
+        """The scorer's scores (kv_heads, entries). The leading entries that are kept anyway
+        are left out of the scoring when the reference does so (the sinks, under sink scoring
+        "strip"; a fixed-incremental memory, always): their scores are 0 (select_kept keeps
+        them), and pooling sees the first scored key as the first key."""
+        sinks = min(self.sinks, self._read_through)  # the sinks read so far lead every KV head (always kept)
+        state.budget = keep - sinks
+        skip = max(frozen, sinks if self.fidelity.sink_scoring == "strip" else 0)
+        if not skip:
+            return self.scorer.score(state)
+        part = state.without_leading(skip)
+        part.budget = keep - skip
+        scores = self.scorer.score(part)
+        return torch.cat([scores.new_zeros(scores.shape[0], skip), scores], dim=1)
+
     def _layer_state(self, module, kwargs, keys, values, positions) -> LayerState:
         """The layer's cache for the scorer: from the attention call that just ran (rotated keys
         and, for attention-based scorers, the column sums of its one pass), or, for a model
         that keeps its own attention (eager), with the queries rebuilt from q_proj's output."""
         rows = self._chunk_positions.shape[1]
         entries = positions.shape[1]
+        grouping = self.fidelity.gqa_grouping
         if self._attended is not None:
             query, rotated, sums = self._attended
             state = LayerState(query[0, :, :rows], rotated[0, :, :entries], values[0], positions, module.scaling,
-                               module.layer_idx, rows=rows)
-            state._memo.update({lo: total[:, :entries] for (lo, hi), total in sums.items() if hi == rows})
+                               module.layer_idx, rows=rows, window=self._window, grouping=grouping,
+                               cached_keys=keys[0])
+            for first, (lo, hi) in self._scored_rows(rows).items():
+                # zero-padded rows before the chunk: in padded attention's sums, else added here
+                state.store_sums(first, sums[(lo, hi)], 0 if self.padded else -min(lo, 0))
             return state
         queries = self._layer_queries(module, kwargs) if self.scorer.needs_queries else None
-        return LayerState(queries, keys[0], values[0], positions, module.scaling, module.layer_idx, rows=rows)
+        return LayerState(queries, keys[0], values[0], positions, module.scaling, module.layer_idx, rows=rows,
+                          window=self._window, grouping=grouping, cached_keys=keys[0])
+
+    def _scored_rows(self, chunk: int) -> dict[int, tuple[int, int]]:
+        """The row range [lo, chunk) the attention sums for each first row the scorer reads;
+        with the reference's rows (score rows "last-c"), its default rows are the last c of the
+        padded block (lo below 0: zero rows before the chunk count)."""
+        return {first: ((chunk - self._window) if self._window is not None and first == 0 else first, chunk)
+                for first in self.scorer.attention_rows(chunk)}
 
     # what memstep/attention.py asks of the engine, layer by layer (StepContext)
     @property
@@ -210,7 +284,8 @@ class ChunkedPrefill(StepContext):
         if self.rope != "compact":
             return query, key
         rows, n = query.shape[2], key.shape[2]
-        cos, sin = self._contiguous_rope(n, key.device)
+        factor = ntk_factor(n - 1, self._ntk["limit"]) if self.fidelity.ntk == "dynamic" else 1
+        cos, sin = self._contiguous_rope(n, key.device) if factor == 1 else self._ntk_rope(n, factor, key.device)
         q, _ = self._rope(query.float(), query[:, :1, :1].float(), cos[:, n - rows:], sin[:, n - rows:])
         k, _ = self._rope(key.float(), key[:, :1, :1].float(), cos, sin)
         return q.to(query.dtype), k.to(key.dtype)
@@ -223,8 +298,11 @@ class ChunkedPrefill(StepContext):
         chunk = rows - question
         if not self._prefilling or keys - question <= self._keep[module.layer_idx]:
             return ()
-        ranges = tuple((first, chunk) for first in self.scorer.attention_rows(chunk))
+        ranges = tuple(self._scored_rows(chunk).values())
         return ranges + (((chunk, rows),) if question else ())
+
+    def score_grouping(self, module) -> str:
+        return self.fidelity.gqa_grouping
 
     def keep(self, module, query, key, sums) -> None:
         if self._prefilling and key.shape[2] - len(self._question_step) > self._keep[module.layer_idx]:
@@ -241,6 +319,21 @@ class ChunkedPrefill(StepContext):
             # the decoder's identity rotation at position 0 already scaled q and k once
             self._rope_table = (cos.float() / scale, sin.float() / scale)
         cos, sin = self._rope_table
+        return cos[:, :n], sin[:, :n]
+
+    def _ntk_rope(self, n: int, factor: int, device):
+        """cos, sin (1, n, dim) for positions 0..n-1 with dynamic NTK: the reference's
+        base * factor^(dim / (dim - 2)), its float32 frequencies."""
+        table = self._ntk_tables.get(factor)
+        if table is None or table[0].shape[1] < n:
+            dim, base = self._ntk["dim"], self._ntk["base"]
+            alpha = base * factor ** (dim / (dim - 2))
+            frequencies = 1.0 / (alpha ** (torch.arange(0, dim, 2, device=device) / dim)).float()
+            angles = torch.arange(max(n, 2 * (table[0].shape[1] if table else 0)), device=device).float()[:, None] \
+                * frequencies[None]
+            angles = torch.cat([angles, angles], dim=-1)[None]
+            table = self._ntk_tables[factor] = (angles.cos(), angles.sin())
+        cos, sin = table
         return cos[:, :n], sin[:, :n]
 
     def _layer_queries(self, module, kwargs) -> torch.Tensor:
@@ -316,6 +409,12 @@ class ChunkedPrefill(StepContext):
         self._memory = DeviceMemory(self.device)
         scoring = schedule.name != "full"
         self._padded_run = self.attention == "padded" and scoring
+        self._frozen = schedule.name == "fim"
+        if self.fidelity.score_rows == "last-c" and scoring:
+            if "chunk" not in schedule.settings:
+                raise MemstepError("score rows 'last-c' count the last c rows of the configured chunk c: a custom "
+                                   "schedule has none (use score rows 'chunk')")
+            self._window = int(schedule.settings["chunk"])
         lengths = self._layer_lengths(schedule, layers)
         handles = self._install_hooks()
         try:
@@ -325,6 +424,7 @@ class ChunkedPrefill(StepContext):
                 self._start_position = max(before) if self.rope == "compact" else start
                 self._next_position = max(after) if self.rope == "compact" else start + size
                 self._chunk_positions = torch.arange(start, start + size, device=self.device)[None]
+                self._read_through = max(self.tokens_seen, start + size)
                 # question-aware: the question's tokens ride after the chunk, their attention scores it
                 question = self.question_ids if self.question_ids.numel() and scoring else self.question_ids[:0]
                 self._question_step = question.tolist()
@@ -340,7 +440,7 @@ class ChunkedPrefill(StepContext):
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 seconds = time.perf_counter() - began
-                self.tokens_seen = start + size
+                self.tokens_seen = max(self.tokens_seen, start + size)  # a review re-reads a chunk
                 self.position = self._next_position
                 real = [p.shape[1] for p in self.positions]
                 if real != list(after):  # the schedule's arithmetic and the cache must agree
@@ -358,6 +458,7 @@ class ChunkedPrefill(StepContext):
                     layer_memory_after=list(after) if schedule.layerwise else None,
                     layer_budgets=schedule.layer_budgets(step, layers) if schedule.layerwise else None,
                     first_position=self._start_position, question_tokens=question.numel(),
+                    tokens_read=self.tokens_seen if schedule.starts is not None else None,
                 )
         finally:
             self._question_step, self._question_rows = [], None

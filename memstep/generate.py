@@ -4,8 +4,11 @@ continuation given it.
 The prompt is split around the document by the model's chat template: the template's
 head (system + user turn opening) is prefilled with the document under the schedule; the
 question and the assistant opening are appended after the compressed memory, never
-compressed. Their RoPE positions continue from the engine's ``position``: right after the
-compact memory (rope compact) or after the true end of the document (rope document).
+compressed (question place "after"), or, as the reference code does (question place
+"prompt"), prefilled and compressed with the document: the first answer token then comes
+from the last chunk's logits (``answer_from_prefill``). Their RoPE positions continue from
+the engine's ``position``: right after the compact memory (rope compact) or after the true
+end of the document (rope document).
 """
 
 from __future__ import annotations
@@ -56,10 +59,23 @@ def answer(engine: ChunkedPrefill, tokenizer, question: str, max_new_tokens: int
 
     The memory must have been prefilled from ``prompt_parts(tokenizer).head`` + document."""
     tail = prompt_parts(tokenizer, question).tail
+    return _greedy(engine, tokenizer, _extend(engine, tail, logits_to_keep=1), max_new_tokens)
+
+
+def answer_from_prefill(engine: ChunkedPrefill, tokenizer, max_new_tokens: int = 32) -> str:
+    """Greedy answer when the question ended the prefilled prompt (the reference code's way):
+    the first token from the last chunk's logits (attention over the memory before that step's
+    cut and the chunk), the next ones decoded over the compressed memory."""
+    with torch.inference_mode():
+        logits = engine.model.get_output_embeddings()(engine.last_hidden).float()
+    return _greedy(engine, tokenizer, logits, max_new_tokens)
+
+
+def _greedy(engine: ChunkedPrefill, tokenizer, logits: torch.Tensor, max_new_tokens: int) -> str:
+    """Greedy decoding from ``logits`` (the last row predicts the first token) over the memory."""
     eos = set(_as_list(getattr(engine.model.generation_config, "eos_token_id", None)))
     eos |= set(_as_list(tokenizer.eos_token_id))
     out: list[int] = []
-    logits = _extend(engine, tail, logits_to_keep=1)
     for _ in range(max_new_tokens):
         token = int(logits[-1].argmax())
         if token in eos:

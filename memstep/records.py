@@ -34,6 +34,7 @@ class StepRecord:
     layer_budgets: list[int] | None = None  # layer-wise budgets: each layer's budget after the step
     first_position: int | None = None  # RoPE position of the chunk's first token
     question_tokens: int = 0  # question-aware: the question's tokens read after the chunk (then dropped)
+    tokens_read: int | None = None  # a review (a chunk read again): the furthest position read so far
 
     @property
     def layer_entries(self) -> list[int]:
@@ -42,12 +43,16 @@ class StepRecord:
 
     @property
     def tokens_seen(self) -> int:
-        return self.chunk_start + self.chunk_size
+        return self.tokens_read if self.tokens_read is not None else self.chunk_start + self.chunk_size
 
     def kept_fraction(self) -> np.ndarray:
         """Per position seen so far: the fraction of (layer, KV head) slots that keep it."""
-        layers, heads, _ = self.kept_positions.shape
+        layers, heads, width = self.kept_positions.shape
         flat = self.kept_positions.reshape(-1)
+        if self.tokens_read is not None:  # a re-read chunk may sit twice in one slot: count it once
+            slots = np.repeat(np.arange(layers * heads), width)
+            keep = flat >= 0
+            flat = np.unique(slots[keep] * (self.tokens_seen + 1) + flat[keep]) % (self.tokens_seen + 1)
         counts = np.bincount(flat[flat >= 0], minlength=self.tokens_seen)
         return counts[: self.tokens_seen] / float(layers * heads)
 
@@ -99,6 +104,9 @@ class RunResult:
     attention: str = "sdpa"  # sdpa (memstep's) or padded (the reference code's (m + c)^2 maps)
     question_aware: bool = False  # the question's attention also scored every step
     question_weight: float | None = None
+    question_pool: str | None = None
+    fidelity: dict = field(default_factory=dict)  # the reference switches (memstep.presets.SWITCHES)
+    prompt_question_tokens: int = 0  # question place "prompt": the question's tokens at the prompt's end
 
     @property
     def peak_bytes_measured(self) -> int | None:
@@ -123,6 +131,9 @@ class RunResult:
             "attention": self.attention,
             "question_aware": self.question_aware,
             "question_weight": self.question_weight,
+            "question_pool": self.question_pool,
+            "fidelity": dict(self.fidelity),
+            "prompt_question_tokens": self.prompt_question_tokens,
             "sinks": self.sinks,
             "device": self.device,
             "dtype": self.dtype,

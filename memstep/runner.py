@@ -9,10 +9,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from memstep.engine import QUESTION_WEIGHT, ChunkedPrefill
+from memstep.engine import QUESTION_POOL, QUESTION_WEIGHT, ChunkedPrefill
 from memstep.errors import MemstepError
-from memstep.generate import answer, continuation_nll, crop_memory, memory_mark, prompt_parts
+from memstep.generate import answer, answer_from_prefill, continuation_nll, crop_memory, memory_mark, prompt_parts
 from memstep.models import LoadedModel
+from memstep.presets import Fidelity
 from memstep.records import RunResult, StepRecord
 from memstep.schedules import check_run_settings, make_schedule
 from memstep.scorers import make_scorer
@@ -30,7 +31,9 @@ class DocumentRun:
                  scorer: str = "chunk-attention", sinks: int = 4, seed: int = 0, window: int = 32,
                  question: str | None = None, max_new_tokens: int = 32, continuation_tokens: int = 0,
                  notices: list[str] | None = None, attention: str = "sdpa", rope: str = "compact",
-                 kernel: int = 5, question_aware: bool = False, question_weight: float = QUESTION_WEIGHT):
+                 kernel: int = 5, question_aware: bool = False, question_weight: float = QUESTION_WEIGHT,
+                 fidelity: Fidelity | None = None, review: tuple[str, int, int] | None = None,
+                 question_pool: str = QUESTION_POOL):
         if sinks < 0:
             raise MemstepError(f"sinks must be 0 or more (got {sinks})")
         if max_new_tokens < 1:
@@ -41,24 +44,39 @@ class DocumentRun:
         self.lm = lm
         self.question = question.strip() if question and question.strip() else None
         self.max_new_tokens = max_new_tokens
+        self.fidelity = fidelity or Fidelity()
+        # the reference's way: the question ends the prompt, prefilled and compressed with the document
+        self.in_prompt = self.fidelity.question_place == "prompt" and self.question is not None
+        if self.in_prompt and continuation_tokens:
+            raise MemstepError("with the question inside the prompt the prefill ends with the question, so no "
+                               "held-out continuation can follow the document: score it without a question, or "
+                               "with question place 'after'")
+        if self.in_prompt and question_aware:
+            raise MemstepError("question-aware compression reads the question after every chunk; with the question "
+                               "inside the prompt it is prefilled once, at the end: choose one (question place 'after')")
         self.head = prompt_parts(lm.tokenizer).head
         kept = document_ids[: len(document_ids) - continuation_tokens]
         self.held_out = document_ids[len(kept):]
-        self.input_ids = self.head + kept
+        tail = prompt_parts(lm.tokenizer, self.question).tail if self.in_prompt else []
+        self.input_ids = self.head + kept + tail
         tokens = len(self.input_ids)
         check_run_settings(schedule, tokens, chunk, memory, sinks)
         self.schedule = make_schedule(schedule, tokens, chunk, memory, growth,
-                                      layers=lm.model.config.num_hidden_layers)
+                                      layers=lm.model.config.num_hidden_layers,
+                                      rounding=self.fidelity.growth_rounding, review=review)
         self.engine = ChunkedPrefill(lm.model, make_scorer(scorer, seed, window, kernel), sinks, attention,
                                      rope=rope, question_ids=self._question_ids(question_aware),
-                                     question_weight=question_weight)
+                                     question_weight=question_weight, fidelity=self.fidelity,
+                                     question_pool=question_pool)
         notices = list(notices or []) + self._positions_notice(lm.model.config, rope)
         self.result = RunResult(
             model=lm.name, tokens=tokens, prefix_tokens=len(self.head), schedule=self.schedule.to_dict(),
             scorer=scorer, sinks=sinks, device=lm.device, dtype=lm.dtype, question=self.question,
             continuation_tokens=continuation_tokens, notices=notices, rope=rope,
             attention=attention, question_aware=bool(question_aware),
-            question_weight=question_weight if question_aware else None)
+            question_weight=question_weight if question_aware else None,
+            question_pool=question_pool if question_aware else None,
+            fidelity=dict(self.fidelity.__dict__), prompt_question_tokens=len(tail))
 
     def _question_ids(self, question_aware: bool) -> list[int] | None:
         """The tokens that follow the document when the question is asked (the chat template's
@@ -85,6 +103,9 @@ class DocumentRun:
             used = self.schedule.tokens
         if not limit or used + QUESTION_ROOM <= limit:
             return []
+        if self.fidelity.ntk == "dynamic":
+            return [f"{rope} RoPE positions reach {used}, beyond the model's {limit} trained positions: dynamic NTK "
+                    "scales RoPE's base in the steps that pass them."]
         return [f"{rope} RoPE positions reach {used}, beyond the model's {limit} trained positions: "
                 "answers may degrade" + (" (compact positions would stop at sinks + M + c)" if rope == "document"
                                          and self.schedule.name != "full" else "") + "."]
@@ -99,7 +120,12 @@ class DocumentRun:
         if self.held_out:
             self.result.continuation_nll = continuation_nll(self.engine, self.held_out)
             self._restore()
-        if self.question:
+        if self.in_prompt:
+            try:
+                self.result.answer = answer_from_prefill(self.engine, self.lm.tokenizer, self.max_new_tokens)
+            finally:
+                self._restore()
+        elif self.question:
             self.result.answer = self.ask(self.question)
 
     def run(self) -> RunResult:
@@ -113,6 +139,11 @@ class DocumentRun:
             raise MemstepError("run the prefill before asking a question")
         if not question or not question.strip():
             raise MemstepError("the question is empty: type a question about the document")
+        if self.in_prompt:
+            if question.strip() == self.question and self.result.answer is not None:
+                return self.result.answer
+            raise MemstepError("this run prefilled its question inside the prompt: another question needs another "
+                               "run (or question place 'after')")
         try:
             return answer(self.engine, self.lm.tokenizer, question.strip(), max_new_tokens or self.max_new_tokens)
         finally:

@@ -4,14 +4,15 @@ Pure integer math, no torch, so the UI can preview a schedule instantly and the 
 can reason about 1M-token contexts.
 
 The formulas follow the reference code of "Memorize Step by Step" (EMNLP 2024), rounding
-included. With L tokens, chunk size c and memory M there are n = ceil(L / c) steps:
+included (``rounding="multiply-first"`` is memstep's former order, kept as a switch). With L
+tokens, chunk size c and memory M there are n = ceil(L / c) steps:
 
 - ``fm``   (fixed memory): chunks of c (the last takes the remainder), budget M after every step.
 - ``im``   (incremental memory): chunks of c, the budget grows to M along a growth curve
   (step i = 0..n-1; the last step always ends at M):
     linear           m_i = a * (i + 1)                          with a = floor(M / n)
-    square           m_i = int(i^2 * (M - a) / (n - 1)^2 + a)
-    sqrt             m_i = int(sqrt(i) * (M - a) / sqrt(n - 1) + a)
+    square           m_i = int(i^2 * ((M - a) / (n - 1)^2) + a)      (the division first, in floats)
+    sqrt             m_i = int(i^0.5 * ((M - a) / (n - 1)^0.5) + a)
     inverse-convex   m_i = int(M / (n - i))
     inverse-concave  m_i = int(M + a - M / (i + 1))
   and two layer-wise curves, where the budget depends on the layer too (the lower half of
@@ -24,7 +25,17 @@ included. With L tokens, chunk size c and memory M there are n = ceil(L / c) ste
   curve m_i is the layer average floor(mean over layers of m_{i,l}): every layer reads the
   same chunk, so the chunk can only follow one budget, and the average keeps the widest
   step (the layer with the most memory + the chunk) as flat as one number can.
+- ``fim`` (fixed-incremental memory, the reference's "Incremental_Chunk_Streaming_Fixed_History"):
+  chunks of c; the memory kept from earlier steps is never scored again, and each step adds
+  its chunk's best s_i entries, s_i = M // n (+1 for the first M % n steps): m_i = s_0 + .. + s_i.
+- ``local`` (the reference's ``local_window``): chunks of c, nothing kept after a step (budget
+  0): each chunk attends to itself (and the sinks, if any are kept: the reference keeps none).
 - ``full``: one pass over the whole document, nothing evicted.
+
+A review (the reference's ReviewScheduler, ``review=(scheduler, times, length)``) re-feeds a
+chunk: the chunk k = ceil(M / c) is read again ``times`` times among the ``length`` chunks
+from k on, at positions set by ``scheduler`` (uniform, exp, early, late); budgets follow the
+step index (steps from n - 1 on keep M), as in the reference.
 - ``custom``: explicit chunk sizes and budgets.
 
 Budgets count tokens besides the always-kept sink tokens: after step i each layer's cache
@@ -39,7 +50,9 @@ from dataclasses import dataclass, field
 
 from memstep.errors import MemstepError
 
-SCHEDULES = ("full", "fm", "im", "imdc", "custom")
+SCHEDULES = ("full", "fm", "im", "imdc", "fim", "local", "custom")
+REVIEWS = ("uniform", "exp", "early", "late")  # where a review re-feeds its chunk (the reference's schedulers)
+ROUNDINGS = ("divide-first", "multiply-first")
 CURVES = ("linear", "sqrt", "square", "inverse-convex", "inverse-concave")
 # layer-wise growths of the reference code: (lower half of the layers, upper half)
 LAYERWISE = {"square-sqrt": ("square", "sqrt"), "double-inverse": ("inverse-convex", "inverse-concave")}
@@ -66,6 +79,8 @@ class Schedule:
     settings: dict = field(default_factory=dict, compare=False)
     # layer-wise growths only: the budget of every layer after each step (steps x layers)
     layer_memory_sizes: tuple[tuple[int, ...], ...] | None = None
+    # a review only: each step's first token (a re-fed chunk starts where it started before)
+    starts: tuple[int, ...] | None = None
 
     @property
     def steps(self) -> int:
@@ -73,10 +88,15 @@ class Schedule:
 
     @property
     def tokens(self) -> int:
+        """The document's tokens (a review reads some of them twice)."""
+        if self.starts is not None:
+            return max(s + c for s, c in zip(self.starts, self.chunk_sizes))
         return sum(self.chunk_sizes)
 
     @property
     def chunk_starts(self) -> tuple[int, ...]:
+        if self.starts is not None:
+            return self.starts
         starts, pos = [], 0
         for c in self.chunk_sizes:
             starts.append(pos)
@@ -126,29 +146,43 @@ class Schedule:
         }
 
 
-def growth_budgets(memory: int, steps: int, growth: str = "linear") -> list[int]:
-    """The IM budget after each of ``steps`` steps, growing to ``memory`` (one curve)."""
-    M, n = memory, steps
+def growth_budget(M: int, n: int, i: int, growth: str = "linear", rounding: str = "divide-first") -> int:
+    """The IM budget after step i of n, growing to M (one curve; steps from n - 1 on keep M)."""
+    if i >= n - 1:
+        return M  # every curve ends at the full budget
     a = M // n
-    # float expressions in the reference code's order, truncated with int() as it does
-    curves = {
-        "linear": lambda i: a * (i + 1),
-        "square": lambda i: int(i ** 2 * (M - a) / (n - 1) ** 2 + a),
-        "sqrt": lambda i: int(math.sqrt(i) * (M - a) / math.sqrt(n - 1) + a),
-        "inverse-convex": lambda i: int(M / (n - i)),
-        "inverse-concave": lambda i: int(M + a - M / (i + 1)),
-    }
-    if growth not in curves:
+    # float expressions in the reference code's order (the division first), truncated with int() as it does
+    if growth == "linear":
+        return a * (i + 1)
+    if growth == "square":
+        return int(i ** 2 * ((M - a) / (n - 1) ** 2) + a) if rounding == "divide-first" \
+            else int(i ** 2 * (M - a) / (n - 1) ** 2 + a)
+    if growth == "sqrt":
+        return int(i ** 0.5 * ((M - a) / (n - 1) ** 0.5) + a) if rounding == "divide-first" \
+            else int(math.sqrt(i) * (M - a) / math.sqrt(n - 1) + a)
+    if growth == "inverse-convex":
+        return int(M / (n - i))
+    if growth == "inverse-concave":
+        return int(M + a - M / (i + 1))
+    raise MemstepError(f"unknown growth '{growth}': choose one of {', '.join(CURVES)}")
+
+
+def growth_budgets(memory: int, steps: int, growth: str = "linear", rounding: str = "divide-first") -> list[int]:
+    """The IM budget after each of ``steps`` steps, growing to ``memory`` (one curve)."""
+    if growth not in CURVES:
         raise MemstepError(f"unknown growth '{growth}': choose one of {', '.join(CURVES)}")
-    return [curves[growth](i) for i in range(n - 1)] + [M]  # every curve ends at the full budget
+    if rounding not in ROUNDINGS:
+        raise MemstepError(f"unknown growth rounding '{rounding}': choose one of {', '.join(ROUNDINGS)}")
+    return [growth_budget(memory, steps, i, growth, rounding) for i in range(steps)]
 
 
-def layer_growth_budgets(memory: int, steps: int, growth: str, layers: int) -> list[list[int]]:
+def layer_growth_budgets(memory: int, steps: int, growth: str, layers: int,
+                         rounding: str = "divide-first") -> list[list[int]]:
     """Per step, the budget of every layer: a plain curve gives every layer the same budget;
     a layer-wise growth gives the lower half (l < layers // 2) its first curve, the rest its second."""
     if growth not in LAYERWISE:
-        return [[m] * layers for m in growth_budgets(memory, steps, growth)]
-    lower, upper = (growth_budgets(memory, steps, curve) for curve in LAYERWISE[growth])
+        return [[m] * layers for m in growth_budgets(memory, steps, growth, rounding)]
+    lower, upper = (growth_budgets(memory, steps, curve, rounding) for curve in LAYERWISE[growth])
     half = layers // 2
     return [[lower[i]] * half + [upper[i]] * (layers - half) for i in range(steps)]
 
@@ -220,22 +254,86 @@ def largest_true(predicate, lo: int, hi: int) -> int:
     return lo
 
 
-def _budgets(memory: int, steps: int, growth: str, layers: int) -> tuple[list[int], list[list[int]] | None]:
+def _budgets(memory: int, steps: int, growth: str, layers: int,
+             rounding: str = "divide-first") -> tuple[list[int], list[list[int]] | None]:
     """The budgets IMDC's chunks follow (the layer average under a layer-wise growth) and,
     for a layer-wise growth, every layer's budgets."""
     if growth in LAYERWISE:
-        per_layer = layer_growth_budgets(memory, steps, growth, layers)
+        per_layer = layer_growth_budgets(memory, steps, growth, layers, rounding)
         return _average_budgets(per_layer), per_layer
-    return growth_budgets(memory, steps, growth), None
+    return growth_budgets(memory, steps, growth, rounding), None
 
 
-def _imdc_max_memory(tokens: int, chunk: int, growth: str, memory: int, layers: int = 1) -> int | None:
+def fixed_incremental_budgets(memory: int, steps: int) -> list[int]:
+    """FIM: each step adds its share of M (M // n, one more for the first M % n steps)."""
+    base, extra = divmod(memory, steps)
+    out, total = [], 0
+    for i in range(steps):
+        total += base + (1 if i < extra else 0)
+        out.append(total)
+    return out
+
+
+def review_positions(scheduler: str, window: int, times: int) -> list[int]:
+    """Where, among ``window`` chunks, a review inserts its re-fed chunk (the reference's
+    ReviewScheduler positions, relative to the window)."""
+    if scheduler == "uniform":
+        return [int(window / times * (i + 1)) - 1 for i in range(times)]
+    if scheduler == "exp":
+        if times < 2 or window < 2:
+            raise MemstepError("an exp review needs at least 2 review times over at least 2 chunks "
+                               "(the reference divides by times - 1)")
+        base = (window - 1) ** (1 / (times - 1))
+        return sorted(set([int(round(base ** i)) for i in range(times - 1)] + [window - 1]))
+    if scheduler == "early":
+        return [0] * times
+    if scheduler == "late":
+        return [window] * times
+    raise MemstepError(f"unknown review '{scheduler}': choose one of {', '.join(REVIEWS)}")
+
+
+def reviewed_steps(steps: int, memory: int, chunk: int, review: tuple[str, int, int]) -> list[int]:
+    """The original step each step of a reviewed schedule reads: chunk k = ceil(M / c) is read
+    again ``times`` times among the ``length`` chunks from k on."""
+    scheduler, times, length = review
+    if not 1 <= times <= MAX_STEPS or not 1 <= length <= MAX_STEPS:
+        raise MemstepError(f"a review needs from 1 to {MAX_STEPS:,} review times and a window of as many chunks "
+                           f"(got times {times}, length {length})")
+    order = list(range(steps))
+    k = math.ceil(memory / chunk)
+    window = order[k:k + length]
+    if not window:
+        raise MemstepError(f"the review re-feeds chunk {k} (ceil(M / c)), but the schedule has {steps} chunks: "
+                           "use a longer document, a smaller memory or a smaller chunk")
+    augmented = list(window)
+    for position in sorted(review_positions(scheduler, len(window), times), reverse=True):
+        augmented.insert(min(position, len(augmented)), window[0])
+    return order[:k] + augmented + order[k + length:]
+
+
+def _review(schedule: Schedule, review: tuple[str, int, int], budget_at) -> Schedule:
+    """``schedule`` with its review: chunk order from ``reviewed_steps``, budgets by step index."""
+    settings = schedule.settings
+    order = reviewed_steps(schedule.steps, settings["memory"], settings["chunk"], review)
+    if len(order) > MAX_STEPS:
+        raise MemstepError(f"the review makes {len(order):,} steps, over the limit of {MAX_STEPS:,}")
+    starts = tuple(schedule.chunk_starts[i] for i in order)
+    chunks = tuple(schedule.chunk_sizes[i] for i in order)
+    per_layer = [budget_at(i) for i in range(len(order))]
+    budgets = tuple(_average_budgets(per_layer)) if schedule.layerwise else tuple(b[0] for b in per_layer)
+    return Schedule(schedule.name, chunks, budgets, schedule.growth,
+                    {**settings, "review": {"scheduler": review[0], "times": review[1], "length": review[2]}},
+                    tuple(map(tuple, per_layer)) if schedule.layerwise else None, starts)
+
+
+def _imdc_max_memory(tokens: int, chunk: int, growth: str, memory: int, layers: int = 1,
+                     rounding: str = "divide-first") -> int | None:
     """Largest memory <= ``memory`` whose IMDC schedule has no empty chunk (None if none).
     Binary search on the (nearly monotone) failure boundary, then checked downwards."""
     n = math.ceil(tokens / chunk)
 
     def ok(m: int) -> bool:
-        return _first_empty_chunk(_imdc_chunks(tokens, _budgets(m, n, growth, layers)[0])) is None
+        return _first_empty_chunk(_imdc_chunks(tokens, _budgets(m, n, growth, layers, rounding)[0])) is None
 
     if not ok(0):
         return None
@@ -275,9 +373,30 @@ def make_schedule(
     chunk_sizes: list[int] | None = None,
     memory_sizes: list[int] | None = None,
     layers: int | None = None,
+    rounding: str = "divide-first",
+    review: tuple[str, int, int] | None = None,
 ) -> Schedule:
     """Build a schedule by name; raises MemstepError with a fix for bad settings. A layer-wise
-    growth (square-sqrt, double-inverse) needs the model's number of ``layers``."""
+    growth (square-sqrt, double-inverse) needs the model's number of ``layers``. ``rounding``:
+    the growth curves' order of operations (see the module's docstring); ``review``: (scheduler,
+    times, length) to re-feed a chunk (FM, IM, IMDC)."""
+    schedule = _make_schedule(name, tokens, chunk, memory, growth, chunk_sizes, memory_sizes, layers, rounding)
+    if not review or review[1] == 0:
+        return schedule
+    if schedule.name not in ("fm", "im", "imdc"):
+        raise MemstepError(f"a review re-feeds a chunk of an FM, IM or IMDC schedule, not of '{schedule.name}'")
+    n = math.ceil(tokens / chunk)
+    if schedule.name == "fm":
+        return _review(schedule, review, lambda i: [memory])
+    if growth in LAYERWISE:
+        lower, upper = LAYERWISE[growth]
+        half = layers // 2
+        return _review(schedule, review, lambda i: [growth_budget(memory, n, i, lower, rounding)] * half
+                       + [growth_budget(memory, n, i, upper, rounding)] * (layers - half))
+    return _review(schedule, review, lambda i: [growth_budget(memory, n, i, growth, rounding)])
+
+
+def _make_schedule(name, tokens, chunk, memory, growth, chunk_sizes, memory_sizes, layers, rounding) -> Schedule:
     name = name.lower()
     if name not in SCHEDULES:
         raise MemstepError(f"unknown schedule '{name}': choose one of {', '.join(SCHEDULES)}")
@@ -292,8 +411,15 @@ def make_schedule(
     _check_sizes(tokens, chunk, memory)
     if growth not in GROWTHS:
         raise MemstepError(f"unknown growth '{growth}': choose one of {', '.join(GROWTHS)}")
+    if rounding not in ROUNDINGS:
+        raise MemstepError(f"unknown growth rounding '{rounding}': choose one of {', '.join(ROUNDINGS)}")
     settings = {"chunk": chunk, "memory": memory}
+    if rounding != "divide-first":
+        settings["rounding"] = rounding
     n = math.ceil(tokens / chunk)
+    if name in ("fim", "local"):
+        budgets = fixed_incremental_budgets(memory, n) if name == "fim" else [0] * n
+        return Schedule(name, tuple(_fixed_chunks(tokens, chunk)), tuple(budgets), None, settings)
     if growth in LAYERWISE:
         if name == "fm":
             raise MemstepError(f"growth '{growth}' is layer-wise: it schedules IM and IMDC budgets; "
@@ -304,7 +430,7 @@ def make_schedule(
     if name == "fm":
         return Schedule("fm", tuple(_fixed_chunks(tokens, chunk)), (memory,) * n, None, settings)
 
-    budgets, per_layer = _budgets(memory, n, growth, layers or 1)
+    budgets, per_layer = _budgets(memory, n, growth, layers or 1, rounding)
     per_layer = tuple(map(tuple, per_layer)) if per_layer else None
     if name == "im":
         return Schedule("im", tuple(_fixed_chunks(tokens, chunk)), tuple(budgets), growth, settings, per_layer)
@@ -312,7 +438,7 @@ def make_schedule(
     chunks = _imdc_chunks(tokens, budgets)
     bad = _first_empty_chunk(chunks)
     if bad is not None:
-        best = _imdc_max_memory(tokens, chunk, growth, memory, layers or 1)
+        best = _imdc_max_memory(tokens, chunk, growth, memory, layers or 1, rounding)
         fix = (
             f"use a memory of at most {best} tokens at chunk {chunk}, a larger chunk, "
             f"or schedule 'im'" if best is not None else "use a larger chunk or schedule 'im'"

@@ -1,17 +1,20 @@
-"""Screenshots of the app after real runs, for the README (assets/screenshots/).
+"""Screenshots of every tab after real runs, at a laptop's width (1440 px) and a phone's (390 px),
+for the README and docs/ (docs/screenshots/).
 
-Launches the app on a free port, runs the default example (a 1.5k-token passkey document)
-with IMDC and the full-cache reference answer, captures each view, runs the Compare tab
-(FM, IM, IMDC) and captures the other tabs, then the Run tab at a phone's width (390 px).
-PNGs are palette-quantized to stay small.
+Launches the app on a free port and, at each width: runs the default example (a 1.5k-token
+passkey document, IMDC, with the full-cache answer) on the Run tab and captures it and each of
+its views; runs the Compare tab (FM, IM, IMDC on the same document); captures the Plan,
+Evaluate and Compress tabs. PNGs are palette-quantized to stay small. Prints each file and the
+page's width, so a horizontal overflow shows here too.
 
-    .venv/bin/python scripts/screenshots.py            # a few minutes on a 2-core CPU
-    .venv/bin/python scripts/screenshots.py --quick    # no full-cache reference, for a look
+    flock /tmp/memstep-heavy.lock .venv/bin/python scripts/screenshots.py     # 10-15 minutes on 2 cores
+    .venv/bin/python scripts/screenshots.py --quick     # no Compare run, the laptop width only
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import sys
 import time
 from pathlib import Path
@@ -21,21 +24,22 @@ sys.path.insert(0, str(ROOT))
 
 from PIL import Image  # noqa: E402
 
-from ui.browser import (chromium_page, choose_example, open_app, serve, wait_for_plot,  # noqa: E402
+from ui.browser import (chromium, chromium_page, new_page, open_app, serve, wait_for_plot,  # noqa: E402
                         wait_for_state)
-from ui.documents import DEFAULT_EXAMPLE  # noqa: E402
 from ui.layout import build_app  # noqa: E402
 
-QUICK_EXAMPLE = DEFAULT_EXAMPLE
-PHONE = {"width": 390, "height": 844}
-LIMIT_BYTES = 300_000
+WIDTHS = {"wide": {"width": 1440, "height": 1000}, "phone": {"width": 390, "height": 844}}
+RUN_VIEWS = {"chunk_memory": "#sizes-plot", "retained_tokens": "#retained-plot", "memory": "#memory-plot",
+             "seconds": "#seconds-plot", "text_answer": "#answer-text"}
+LIMIT_BYTES = 400_000
+SEARCH = "Elliot"  # a name the default example's text holds: the view outlines its matches
 
 
 def shrink(path: Path) -> int:
     """Quantize a screenshot to a 256-colour palette (UI colours survive); returns its bytes."""
     image = Image.open(path).convert("RGB")
     image.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(path, optimize=True)
-    if path.stat().st_size > LIMIT_BYTES:  # a very tall page: halve the colours
+    if path.stat().st_size > LIMIT_BYTES:  # a very tall page: fewer colours
         image.quantize(colors=64, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(path, optimize=True)
     return path.stat().st_size
 
@@ -44,7 +48,7 @@ def capture_after(act, out: Path, settle_s: float = 1.5) -> None:
     """Serve the app, let ``act(page)`` run something on a fresh 1440 x 1000 page, then save the
     whole page to ``out`` (palette-quantized). Used by the Compress tab's screenshot scripts."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    with serve(build_app()) as url, chromium_page({"width": 1440, "height": 1000}) as page:
+    with serve(build_app()) as url, chromium_page(WIDTHS["wide"]) as page:
         open_app(page, url)
         act(page)
         time.sleep(settle_s)
@@ -59,66 +63,85 @@ def element(page, selector: str, path: Path) -> None:
     page.locator(selector).first.screenshot(path=str(path))
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "assets" / "screenshots")
-    parser.add_argument("--quick", action="store_true", help="the short example, no full-cache reference")
-    args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = QUICK_EXAMPLE if args.quick else DEFAULT_EXAMPLE
+def overflow(page) -> int:
+    """Pixels the page is wider than the window (0: no horizontal scroll)."""
+    return page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+
+
+def open_tab(page, title: str) -> None:
+    page.get_by_role("tab", name=title).first.click()
+    time.sleep(2.5)
+
+
+def capture_width(browser, url: str, name: str, out: Path, compare: bool) -> list[Path]:
     shots: list[Path] = []
 
-    def shot(filename: str) -> Path:
-        path = args.out / filename
-        shots.append(path)
-        return path
-
-    with serve(build_app()) as url, chromium_page({"width": 1440, "height": 1000}) as page:
-        open_app(page, url)
-        if name != DEFAULT_EXAMPLE:
-            choose_example(page, name)
-            page.wait_for_function("n => document.querySelector('#doc-info').innerText.includes(n)",
-                                   arg=name.split(" (")[0], timeout=30_000)
-        time.sleep(1)
-        page.screenshot(path=str(shot("app_before_run.png")))
-        if not args.quick:
-            page.locator("#full-reference input").check()
-        began = time.perf_counter()
-        page.locator("#run").click()
-        wait_for_state(page, "done", timeout_s=1200)
-        for plot in ("sizes-plot", "retained-plot", "memory-plot", "seconds-plot"):
-            wait_for_plot(page, plot)
-        print(f"run: {time.perf_counter() - began:.1f} s")
-        time.sleep(1)
+    def save(filename: str, selector: str | None = None) -> None:
+        path = out / f"{filename}_{name}.png"
         page.mouse.move(0, 0)
-        page.screenshot(path=str(shot("app_run.png")), full_page=True)
-        element(page, "#sizes-plot", shot("view_chunk_memory.png"))
-        element(page, "#retained-plot", shot("view_retained_tokens.png"))
-        element(page, "#memory-plot", shot("view_memory.png"))
-        element(page, "#seconds-plot", shot("view_seconds.png"))
-        element(page, "#answer-text", shot("view_text_answer.png"))
+        if selector:
+            element(page, selector, path)
+        else:
+            page.screenshot(path=str(path), full_page=True)
+        shots.append(path)
+        print(f"{path.name}: page overflow {overflow(page)} px", flush=True)
 
-        page.get_by_role("tab", name="Compare").click()
+    page = new_page(browser, WIDTHS[name])
+    open_app(page, url)
+    time.sleep(1)
+    page.screenshot(path=str(out / f"run_before_{name}.png"))
+    shots.append(out / f"run_before_{name}.png")
+    began = time.perf_counter()
+    page.locator("#run").click()
+    wait_for_state(page, "done", timeout_s=1200)
+    for plot in ("sizes-plot", "retained-plot", "memory-plot", "seconds-plot"):
+        wait_for_plot(page, plot)
+    print(f"{name}: run {time.perf_counter() - began:.1f} s", flush=True)
+    page.locator("#search textarea, #search input").first.fill(SEARCH)
+    page.wait_for_function("() => document.querySelector('#retained-text .memstep-search-result')", timeout=30_000)
+    time.sleep(1)
+    save("run")
+    if name == "wide":
+        for view, selector in RUN_VIEWS.items():
+            save(f"view_{view}", selector)
+    open_tab(page, "Compare")
+    if compare:
         began = time.perf_counter()
         page.locator("#compare-run").click()
         page.wait_for_function("() => /Done/.test(document.querySelector('#compare-status')?.innerText || '')",
                                timeout=1_800_000)
-        print(f"compare: {time.perf_counter() - began:.1f} s")
-        time.sleep(1)
-        page.mouse.move(0, 0)
-        page.screenshot(path=str(shot("app_compare.png")), full_page=True)
-        for title in ("Plan", "Evaluate"):
-            tab = page.get_by_role("tab", name=title)
-            if tab.count():
-                tab.click()
-                time.sleep(3)
-                page.screenshot(path=str(shot(f"app_{title.lower()}.png")), full_page=True)
-    with serve(build_app()) as url, chromium_page(PHONE) as page:  # the first screen on a phone
-        open_app(page, url)
-        time.sleep(1)
-        page.screenshot(path=str(shot("app_phone.png")))
+        print(f"{name}: compare {time.perf_counter() - began:.1f} s", flush=True)
+        time.sleep(1.5)
+    save("compare")
+    for title in ("Plan", "Evaluate", "Compress"):
+        open_tab(page, title)
+        save(title.lower())
+    page.context.close()
+    return shots
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
+    parser.add_argument("--quick", action="store_true", help="no Compare run, the laptop width only")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    shots: list[Path] = []
+    with serve(build_app()) as url, chromium() as browser:
+        for name in (["wide"] if args.quick else list(WIDTHS)):
+            shots += capture_width(browser, url, name, args.out, compare=not args.quick)
     for path in shots:
         print(f"{path}: {shrink(path) / 1000:.0f} KB")
+    if args.out == ROOT / "docs" / "screenshots" and not args.quick:  # date the README's pictures
+        from benchmarks.docs_block import write_block
+
+        write_block("screenshots", "Pictures of this README: every tab at 1440 and 390 px, after real runs of the "
+                    "default example, in [docs/screenshots](docs/screenshots/).", "scripts/screenshots.py",
+                    doc=ROOT / "README.md")
+    (args.out / "README.md").write_text(
+        f"Screenshots of every tab at 1440 px (`*_wide.png`) and 390 px (`*_phone.png`), made by "
+        f"`scripts/screenshots.py` on {datetime.date.today().isoformat()} after real runs of the default "
+        "example. Do not edit by hand: rerun the script.\n", encoding="utf-8")
     return 0
 
 

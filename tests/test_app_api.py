@@ -168,7 +168,7 @@ def test_server_files_never_come_back(app_url, client):
     answers = []
     for path in ("README.md", readme, "/etc/hostname", "/no/such/file.txt"):
         data = ["", {"path": path}, "", "full", 512, 512, "linear", "chunk-attention", 4, "", 4096, "", False,
-                "compact", "", False]
+                "compact", "", False] + [""] * 7  # the reference switches: empty = memstep's default
         answers.append(_raw_call(app_url, "prefill", data))
     assert all("uploaded through the page" in a for a in answers), answers
     assert not any("sdk_version" in a or "Hugging Face Spaces" in a for a in answers)  # README never read

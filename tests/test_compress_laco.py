@@ -132,7 +132,7 @@ def test_walk_respects_H_and_cuts_windows_at_the_top():
 @pytest.mark.parametrize("C, L, H, I, T, words", [
     (1, 1, 10, 1, 0.5, "C must be at least 2"), (3, 8, 6, 1, 0.5, "L=8 is above H=6"),
     (3, 1, 10, 1, 0.0, "T must be in (0, 1]"), (3, 1, 10, 1, 1.5, "T must be in (0, 1]"),
-    (3, 1, 10, 0, 0.5, "I must be at least 1"), (3, 1, 12, 1, 0.5, "above the model's 10 layers"),
+    (3, 1, 10, 0, 0.5, "I must be at least 1"), (3, 1, 12, 1, 0.5, "above the model's top layer (9"),
     (4, 5, 8, 1, 0.5, "no candidate")])
 def test_bad_settings(C, L, H, I, T, words):  # noqa: E741
     with pytest.raises(MemstepError, match=words.replace("(", r"\(").replace(")", r"\)")):
@@ -164,7 +164,7 @@ def test_search_result_is_consistent_and_leaves_the_dense_model_alone():
     search = LayerCollapse(model, ByteTokenizer(), CALIBRATION, C=3, L=1, I=1, T=0.05, variant="paper")
     records = list(search)
     result = search.result
-    assert records and records[0].index == 8 - 3 and all(r.index >= 1 for r in records)
+    assert records and records[0].index == 7 - 3 and all(r.index >= 1 for r in records)  # H: the top index, 7
     accepted = [r for r in records if r.accepted]
     assert all(r.similarity > 0.05 for r in accepted) and all(r.similarity <= 0.05 for r in records
                                                                if not r.accepted)
@@ -182,7 +182,7 @@ def test_search_takes_the_threshold_at_its_word():
     model = make_tiny_model(layers=6, seed=5)
     search = LayerCollapse(model, ByteTokenizer(), CALIBRATION, C=2, L=0, I=1, T=1.0)
     records = list(search)
-    assert len(records) == 5 and not any(r.accepted for r in records)  # nothing is above 1
+    assert len(records) == 4 and not any(r.accepted for r in records)  # l = 5 - 2 .. 0; nothing is above 1
     assert search.result.removed == [] and search.result.layers_after == 6
     not_a_decoder = SimpleNamespace(config=SimpleNamespace(model_type="gpt2"))
     with pytest.raises(MemstepError, match="not supported"):
@@ -308,7 +308,7 @@ def test_planner_takes_the_collapsed_folder(tiny_folder, capsys):
 @pytest.mark.parametrize("argv, words", [
     (["--C", "1"], "C must be at least 2"), (["--L", "9", "--H", "5"], "L=9 is above H=5"),
     (["--T", "0"], "T must be in (0, 1]"), (["--T", "1.2"], "T must be in (0, 1]"),
-    (["--I", "0"], "I must be at least 1"), (["--calibration", "/nonexistent.txt"], "calibration file not found"),
+    (["--I", "0"], "I must be at least 1"), (["--calibration", "/nonexistent.txt"], "File not found"),
     (["--variant", "mean"], "invalid choice"), (["--passkey-cases", "0"], "--passkey-cases must be at least 1")])
 def test_cli_bad_parameters_exit_2_with_one_line(capsys, argv, words):
     code = main(["compress", "laco", *argv])
@@ -385,3 +385,126 @@ def test_variants_with_the_same_weights_share_their_measurements(tiny_folder):
     assert 0 <= models["laco-notebook"]["max_weight_difference"] <= 1e-5
     assert models["laco-notebook"]["perplexity"] == models["laco-paper"]["perplexity"]
     assert [e["event"] for e in events].count("model") == 3 and events[-1]["event"] == "done"
+
+
+# ---- the paper's code: a real merge by default, its L/H, special tokens, chained vs one RDSC ----
+class BosTokenizer(ByteTokenizer):
+    """Adds a BOS id (127) in front when asked for special tokens, as Llama's tokenizer does."""
+
+    def __call__(self, text, add_special_tokens=True):
+        ids = super().__call__(text)["input_ids"]
+        return {"input_ids": ([127] if add_special_tokens else []) + ids}
+
+
+def always_similar(monkeypatch):
+    from memstep.compress import laco
+
+    monkeypatch.setattr(laco, "mean_similarity", lambda reference, candidate: 1.0)
+
+
+def test_default_merge_is_a_real_merge_unlike_every_original_layer(monkeypatch):
+    """With the defaults (C >= 3, paper formula) the merged layer is none of the layers it stands
+    for, nor any other original layer: C = 2 would copy the upper one."""
+    from memstep.compress.laco import DEFAULTS
+
+    assert DEFAULTS["C"] >= 3
+    always_similar(monkeypatch)  # accept the first candidate, whatever a tiny random model scores
+    model = make_tiny_model(layers=6, seed=11)
+    search = LayerCollapse(model, ByteTokenizer(), CALIBRATION, **{k: v for k, v in DEFAULTS.items() if k != "T"},
+                           T=0.5)
+    first = next(iter(search))
+    assert first.accepted and len(first.merged) == DEFAULTS["C"]
+    merged = search.layers[first.index]
+    originals = list(model.model.layers)
+    for name, p in merged.named_parameters():
+        if mergeable(name):
+            for i, layer in enumerate(originals):  # both (every) member of its group, and every other layer
+                assert (p - layer.get_parameter(name)).abs().max() > 1e-3, (name, i)
+
+
+def test_C2_warns_that_rdsc_keeps_the_upper_layer(capsys, tiny_folder):
+    from memstep.compress.laco import C2_WARNING, settings_warnings
+
+    assert settings_warnings(2) == [C2_WARNING] and settings_warnings(3) == []
+    model = make_tiny_model(layers=4, seed=1)
+    search = LayerCollapse(model, ByteTokenizer(), CALIBRATION, C=2, L=0, T=1.0)
+    search.run()
+    assert search.result.warnings == [C2_WARNING]
+    code = main(["compress", "laco", "--model", str(tiny_folder[0]), "--C", "2", "--T", "1", "--no-eval", "--quiet",
+                 "--sentences", "1", "--calibration-tokens", "8"])
+    out, err = capsys.readouterr()
+    assert code == 0 and err.count("memstep: warning: C = 2: RDSC then reduces to keeping the upper layer") == 1
+    assert "warning: C = 2" in out
+
+
+def test_H_and_L_follow_the_notebook():
+    """HIGHEST_LAY is an index: the first window is H-C .. H-1 (the top layer is left out);
+    LOWEST_LAY defaults to 0; H = depth lets the first window reach the top."""
+    model = make_tiny_model(layers=8, seed=2)
+    search = LayerCollapse(model, ByteTokenizer(), CALIBRATION, C=3, T=1.0)
+    records = list(search)
+    assert search.H == 7 and records[0].layers == [4, 5, 6] and records[-1].layers == [0, 1, 2]
+    search = LayerCollapse(model, ByteTokenizer(), CALIBRATION, C=3, H=8, T=1.0)
+    assert next(iter(search)).layers == [5, 6, 7]
+
+
+def test_calibration_is_tokenized_as_the_models_own_input():
+    from memstep.compress.layers import calibration_batches
+
+    batches = calibration_batches(BosTokenizer(), ["abc", "de"], 3, "cpu")
+    assert [b.tolist() for b in batches] == [[[127, 97, 98]], [[127, 100, 101]]]  # BOS first, then cut to 3
+
+
+def test_chained_merges_differ_from_one_rdsc_over_the_run(monkeypatch):
+    """Two accepted windows (2,3,4) then (1, merged 2, 5): chained, the merged layer is
+    theta_1 + (M - theta_1) + (theta_5 - theta_1) with M = theta_2 + (theta_3 - theta_2) + (theta_4 - theta_2);
+    one RDSC over 1..5 is theta_1 + sum_k (theta_k - theta_1); chained - run = 2 (theta_1 - theta_2)."""
+    always_similar(monkeypatch)
+    model = make_tiny_model(layers=6, seed=4)
+    t = [{n: p.detach().clone() for n, p in layer.named_parameters()} for layer in model.model.layers]
+    results = {}
+    for merge in ("chained", "run"):
+        search = LayerCollapse(model, ByteTokenizer(), CALIBRATION, C=3, L=1, H=5, I=1, T=0.5, merge=merge)
+        records = list(search)
+        assert [r.merged for r in records] == [[2, 3, 4], [1, 2, 3, 4, 5]]
+        results[merge] = (search.layers[1], search.result)
+    chained, run = results["chained"][0], results["run"][0]
+    for name, p in chained.named_parameters():
+        if mergeable(name):
+            m = t[2][name] + (t[3][name] - t[2][name]) + (t[4][name] - t[2][name])
+            torch.testing.assert_close(p, t[1][name] + (m - t[1][name]) + (t[5][name] - t[1][name]), rtol=0, atol=1e-5)
+            whole = t[1][name] + sum(t[k][name] - t[1][name] for k in (2, 3, 4, 5))
+            torch.testing.assert_close(run.get_parameter(name), whole, rtol=0, atol=1e-5)
+            torch.testing.assert_close(p - run.get_parameter(name), 2 * (t[1][name] - t[2][name]), rtol=0, atol=1e-5)
+    largest = max((2 * (t[1][n] - t[2][n])).abs().max().item() for n in t[1] if mergeable(n))
+    assert results["chained"][1].chain_difference == pytest.approx({1: largest}, abs=1e-5)
+    assert results["run"][1].chain_difference == {1: 0.0}
+    assert results["run"][1].settings["merge"] == "run"
+
+
+@pytest.mark.slow
+def test_cli_defaults_on_the_embedded_model_merge_for_real(tmp_path, capsys):
+    """`memstep compress laco` with its defaults: the saved merged layer differs from every
+    original layer, the members of its group included."""
+    from safetensors.torch import load_file
+
+    from memstep.models import load_model
+
+    out_folder = tmp_path / "laco-default"
+    code = main(["compress", "laco", "--no-eval", "--quiet", "--output", str(out_folder), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    search = json.loads(out)["searches"]["paper"]
+    assert search["settings"]["C"] >= 3 and search["merges"], search["candidates"]
+    dense = load_model("embedded", device="cpu", dtype="float32").model.state_dict()
+    saved = {}
+    for path in out_folder.glob("*.safetensors"):
+        saved.update(load_file(str(path)))
+    groups = search["groups"]
+    for new_index, group in enumerate(groups):
+        if len(group) < 2:
+            continue
+        for part in ("self_attn.q_proj.weight", "mlp.down_proj.weight"):
+            merged = saved[f"model.layers.{new_index}.{part}"]
+            for original in range(search["layers_before"]):
+                assert (merged - dense[f"model.layers.{original}.{part}"]).abs().max() > 1e-3, (group, original, part)

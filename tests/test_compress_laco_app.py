@@ -33,7 +33,7 @@ def test_groups_so_far_and_layer_map():
     assert state.count("kept") == 6
     assert rows[1][1][2] == rows[1][1][7] == "removed" and rows[1][1].count("kept") == 8
     fig = laco.layer_map_figure(10, [[0], [1], [2], [3], [4], [5], [6, 7], [8, 9]], {"uniform": [2, 7]})
-    assert list(fig.data[0].y) == ["LaCo", "uniform"] and len(fig.data[0].z[0]) == 10
+    assert list(fig.data[0].x) == ["LaCo", "uniform"] and len(fig.data[0].z) == 10  # a row per layer
 
 
 def test_table_rows_ratios_against_dense():
@@ -91,7 +91,7 @@ def test_short_laco_run_in_the_browser_loads_into_run(tmp_path, monkeypatch, art
         state = page.locator('#laco-status [data-stat="laco-state"] .memstep-stat-value').inner_text()
         wait_for_plot(page, "laco-similarity")
         wait_for_plot(page, "laco-map")
-        assert page.locator("#laco-similarity .scatterlayer .point").count() == 4  # l = 28, 27, 26, 25
+        assert page.locator("#laco-similarity .scatterlayer .point").count() == 3  # H = 29 (the top index): l = 27, 26, 25
         page.screenshot(path=str(artifacts_dir / "compress_laco_short.png"), full_page=True)
         if "removed none" in state:
             pytest.fail(f"the short run should merge something at T=0.5: {state}")

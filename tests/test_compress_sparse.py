@@ -4,6 +4,7 @@ every block pruned, self-generated calibration, saving keeps the zeros, bad para
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -215,8 +216,47 @@ def test_cr_trains_overlapping_windows_of_two_blocks(tokenizer, monkeypatch):
     monkeypatch.setattr(process_module, "train_blocks", spy)
     run = SparsePruning(tiny_lm(tokenizer), SparseConfig(method="wanda", reconstruct="br+gp+cr", **FAST))
     records = list(run)
-    assert calls == [(0, 1), (0, 2), (1, 2)]
+    # as the reference's rounds -1 .. blocks-1: block 0 alone, the overlapping windows, the last block alone
+    assert calls == [(0, 1), (0, 2), (1, 2), (2, 1)] and len(calls) == len(records) + 1
     assert [r.window for r in records] == [[0], [0, 1], [1, 2]]
+    assert [r.steps for r in records] == [[[0]], [[0, 1]], [[1, 2], [2]]]
+
+
+def test_cr_last_step_trains_the_last_block_on_the_final_inputs(tokenizer, monkeypatch):
+    """The last block alone: inputs from block 1 as the window (1, 2) left it, target the dense
+    model's hidden state after block 2."""
+    dense = make_tiny_model("llama", layers=3, seed=0, vocab_size=len(tokenizer))
+    seen = []
+    real = process_module.train_blocks
+
+    def spy(blocks, first, kwargs, masks, x, target, options):
+        losses = real(blocks, first, kwargs, masks, x, target, options)
+        seen.append((first, len(blocks), x.clone(), target.clone(), [copy.deepcopy(b) for b in blocks]))
+        return losses
+
+    monkeypatch.setattr(process_module, "train_blocks", spy)
+    lm = tiny_lm(tokenizer)
+    run = SparsePruning(lm, SparseConfig(method="magnitude", reconstruct="br+gp+cr", **FAST))
+    list(run)
+    first, count, x, target, _ = seen[-1]
+    assert (first, count) == (2, 1)
+    window_input, block1_after_window = seen[-2][2], seen[-2][4][0]
+    kwargs = layer_kwargs(dense, FAST["seq_len"])
+    torch.testing.assert_close(x, run_block([block1_after_window], window_input, kwargs, 1))
+    emb = embed(dense, run.calibration.windows)
+    torch.testing.assert_close(target, run_block(decoder_layers(dense)[:3], emb, kwargs, 0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("train", ["norms", "linear"])
+def test_train_norms_changes_the_rmsnorm_gains(tokenizer, train):
+    lm = tiny_lm(tokenizer, layers=2)
+    before = {n: p.detach().clone() for n, p in lm.model.named_parameters() if "layernorm" in n}
+    assert len(before) == 4
+    list(SparsePruning(lm, SparseConfig(method="wanda", reconstruct="br+gp", train_params=train, **FAST)))
+    after = dict(lm.model.named_parameters())
+    changed = [n for n in before if not torch.equal(before[n], after[n])]
+    assert changed == (list(before) if train == "norms" else [])
+    assert lm.model.model.norm.weight.eq(1).all()  # the final norm is no block's: never trained
 
 
 # ---- the whole process -----------------------------------------------------------------------
@@ -450,3 +490,159 @@ def test_the_cli_parser_stays_free_of_torch():
     code = "import sys; from memstep.cli import build_parser; build_parser(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# ---- self-generated calibration as the reference writes it; masks from real text ---------------
+
+def test_self_generation_greedy_english_starts_top_k_and_long_texts_cut_into_windows(tokenizer, monkeypatch):
+    from memstep.compress.sparse import calibration as calibration_module
+
+    lm = tiny_lm(tokenizer, layers=1, seed=5)
+    model = lm.model
+    calls = []
+    real_generate = model.generate
+
+    def spy(**kwargs):
+        out = real_generate(**kwargs)
+        calls.append((kwargs, out.clone()))
+        return out
+
+    monkeypatch.setattr(model, "generate", spy)
+    # the language filter: only starts whose first token is odd "read as English"
+    decoded_first = {}
+
+    def english(text):
+        return decoded_first.get(text, 0) % 2 == 1
+
+    real_decode = tokenizer.decode
+
+    def decode(ids, **kwargs):
+        text = real_decode(ids, **kwargs)
+        decoded_first[text] = ids[0]
+        return text
+
+    monkeypatch.setattr(calibration_module, "is_language", english)
+    monkeypatch.setattr(tokenizer, "decode", decode)
+    windows = calibration_module.self_generated_windows(model, tokenizer, samples=5, seq_len=12, seed=1, length=48,
+                                                        batch_size=4)
+    greedy = [c for c in calls if not c[0]["do_sample"]]
+    sampled = [c for c in calls if c[0]["do_sample"]]
+    assert greedy and all(c[0]["max_new_tokens"] == 4 for c in greedy)  # 5-token greedy starts
+    assert len(sampled) == 1 and sampled[0][0]["top_k"] == 50 and sampled[0][0]["temperature"] == 1.0
+    texts = sampled[0][1].tolist()
+    assert len(texts) == 2 and all(len(t) == 48 for t in texts)  # ceil(5 / (48 // 12)) texts of 48 tokens
+    starts = [ids for c in greedy for ids in c[1].tolist()]
+    for text in texts:
+        assert text[:5] in starts and text[0] % 2 == 1  # a kept greedy start: English by the filter
+    # each long text cut into consecutive windows, five of them in all
+    assert windows == [texts[0][0:12], texts[0][12:24], texts[0][24:36], texts[0][36:48], texts[1][0:12]]
+
+
+def test_language_filter_reads_english():
+    from memstep.compress.sparse.calibration import is_language
+
+    assert is_language("The weather was fine and the children played in the garden")
+    assert not is_language("Das Wetter war schön und die Kinder spielten im Garten")
+    assert not is_language("1234 ... !!")
+
+
+@pytest.mark.parametrize("source, mask_data, stats_from", [
+    ("both", "real", "real half"), ("both", "all", "all"), ("self", "real", "extra real"), ("text", "real", "all")])
+def test_masks_come_from_real_text_only_unless_asked(tokenizer, monkeypatch, source, mask_data, stats_from):
+    from memstep.compress.sparse import calibration as calibration_module
+
+    generated = [[7] * FAST["seq_len"]] * FAST["samples"]  # stand-in for the model's own text
+    monkeypatch.setattr(calibration_module, "self_generated_windows", lambda m, t, count, *a, **k: generated[:count])
+    lm = tiny_lm(tokenizer, layers=1)
+    config = SparseConfig(method="wanda", reconstruct="none", calibration=source, mask_data=mask_data, **FAST)
+    run = SparsePruning(lm, config)
+    dense_block = copy.deepcopy(decoder_layers(lm.model)[0])
+    list(run)
+    cal = run.calibration
+    real = calibration_module.text_windows(tokenizer, FAST["samples"], FAST["seq_len"])
+    expected = {"real half": real[:2], "all": cal.windows[:cal.recon], "extra real": real}[stats_from]
+    assert cal.windows[cal.stats[0]:cal.stats[1]] == expected
+    if source == "self":
+        assert cal.windows[:cal.recon] == generated and run.result.calibration_tokens == 4 * FAST["seq_len"]
+    # block 0's masks are Wanda's on exactly those windows' inputs
+    x = embed(lm.model, expected)
+    seen = {}
+    handle = dense_block.mlp.down_proj.register_forward_pre_hook(lambda m, a: seen.setdefault("x", a[0].detach()))
+    run_block([dense_block], x, layer_kwargs(lm.model, FAST["seq_len"]), 0)
+    handle.remove()
+    norms = seen["x"].reshape(-1, seen["x"].shape[-1]).norm(dim=0)
+    keep = wanda_mask(dense_block.mlp.down_proj.weight, norms, Pattern(sparsity=0.5))
+    assert torch.equal(decoder_layers(lm.model)[0].mlp.down_proj.weight != 0, keep)
+
+
+# ---- the user's own calibration text ------------------------------------------------------------
+
+def _tiny_folder(tokenizer, tmp_path):
+    src = tmp_path / "tiny"
+    lm = tiny_lm(tokenizer, layers=2)
+    lm.model.save_pretrained(src)
+    tokenizer.save_pretrained(src)
+    return src
+
+
+def test_cli_calibrates_on_the_users_text(capsys, tokenizer, tmp_path):
+    import json
+
+    from memstep.cli import main
+
+    mine = tmp_path / "my.txt"
+    mine.write_text("Zebrafish quantum harmonica. " * 200)
+    code = main(["compress", "sparse", "--model", str(_tiny_folder(tokenizer, tmp_path)), "--method", "wanda",
+                 "--reconstruct", "br", "--calibration", str(mine), "--samples", "2", "--seq-len", "16",
+                 "--held-out-samples", "1", "--steps", "1", "--json", "--quiet"])
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 0 and payload["settings"]["calibration_file"] == "my.txt"
+    assert all("Zebrafish quantum harmonica" in text for text in payload["calibration_preview"])
+
+
+BAD_FILES = {
+    "binary": (lambda p: p.write_bytes(bytes(range(256)) * 40), "binary"),
+    "empty": (lambda p: p.write_text("  \n\n "), "contains no text"),
+    "too short": (lambda p: p.write_text("A short note about the sea and the ships."), "too short"),
+    "over the size limit": (lambda p: p.open("wb").truncate(21 * 1024 * 1024), "over the 21.0 MB limit"),
+}
+
+
+@pytest.mark.parametrize("command", ["sparse", "laco"])
+@pytest.mark.parametrize("kind", list(BAD_FILES))
+def test_bad_calibration_files_are_one_line_exit_2_before_any_model_loads(capsys, tmp_path, monkeypatch, command,
+                                                                           kind):
+    from memstep import models
+    from memstep.cli import main
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the calibration file was checked")
+
+    monkeypatch.setattr(models, "load_model", no_model)
+    path = tmp_path / "calibration.txt"
+    make, words = BAD_FILES[kind]
+    make(path)
+    code = main(["compress", command, "--calibration", str(path), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("memstep: error:") and words in err[0], err
+
+
+def test_cli_unknown_calibration_keyword(capsys):
+    from memstep.cli import main
+
+    code = main(["compress", "sparse", "--calibration", "web"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "unknown calibration 'web'" in err[0]
+
+
+def test_cli_reconstruct_cr_ends_with_the_last_block_alone(capsys, tokenizer, tmp_path):
+    import json
+
+    from memstep.cli import main
+
+    code = main(["compress", "sparse", "--model", str(_tiny_folder(tokenizer, tmp_path)), "--method", "magnitude",
+                 "--reconstruct", "cr", "--samples", "2", "--seq-len", "16", "--held-out-samples", "1",
+                 "--steps", "1", "--json", "--quiet"])
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 0 and payload["settings"]["reconstruct"] == "br+gp+cr"
+    assert [r["steps"] for r in payload["records"]] == [[[0]], [[0, 1], [1]]]  # 3 trainings for 2 blocks

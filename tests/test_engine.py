@@ -271,7 +271,8 @@ def test_scorer_attention_equals_the_model_attention(family):
                 real = probabilities[layer_idx]
                 kv_heads = engine.shape.kv_heads
                 expected = real.float().reshape(kv_heads, -1, *real.shape[1:]).sum(dim=(1, 2))
-                torch.testing.assert_close(attention, expected, rtol=1e-4, atol=1e-5)
+                # the scorer sees the keys after the 2 sinks (taken out before scoring, as the reference)
+                torch.testing.assert_close(attention, expected[:, 2:], rtol=1e-4, atol=1e-5)
                 checked += 1
             sums.clear()
     finally:

@@ -123,8 +123,12 @@ def test_build_tab_inside_blocks(tmp_path, monkeypatch, summary):
     monkeypatch.delenv("MEMSTEP_RESULTS", raising=False)
     with gr.Blocks() as demo, gr.Tab("Evaluate"):
         parts = eval_tab.build_tab()
-    assert set(parts) == {"status", "heatmaps", "tradeoff", "table", "goals", "intervals"}
-    assert "Goal 1" in parts["goals"].value and "Paired differences" in parts["goals"].value
+    assert set(parts) == {"takeaway", "status", "heatmaps", "tradeoff", "table", "contrasts", "intervals"}
+    assert "Paired differences" in parts["contrasts"].value
+    assert "Goal" not in parts["takeaway"].value + parts["status"].value + parts["contrasts"].value
+    # the takeaway leads: per length, the full cache and the compressed memories with their intervals
+    assert "**8,192 tokens** (3 cases per configuration): the full cache answers 3/3 (100%, 95% CI 44-100%)" \
+        in parts["takeaway"].value
     assert parts["table"].headers[3] == "passkey accuracy (95% CI)"
 
 

@@ -133,7 +133,10 @@ def test_seconds_figure_and_placeholders(imdc):
     records = fake_records(imdc)
     fig = figures.seconds_figure(records, imdc.steps)
     assert list(fig.data[0].y) == pytest.approx([0.1, 0.2, 0.3, 0.4])
-    assert "total 1.0 s" in fig.layout.title.text
+    assert "1.0 s wall" in fig.layout.title.text and len(fig.data) == 1
+    with_cpu = figures.seconds_figure(records, imdc.steps, cpu=[0.2] * 4, note="shared machine: load 5.0 on 2 cores")
+    assert "0.8 s CPU" in with_cpu.layout.title.text and list(with_cpu.data[1].y) == [0.2] * 4
+    assert "load 5.0 on 2 cores" in with_cpu.layout.xaxis.title.text
     empty = figures.seconds_figure([], 4)
     assert not empty.data and "Run" in empty.layout.annotations[0].text
 
@@ -158,7 +161,8 @@ def test_highlight_shades_tokens_escapes_html_and_outlines_the_needle():
     body = out.split('overflow-y:auto')[1]
     assert "<b>" not in body and "&lt;b&gt;" in body
     assert html.unescape(re.sub(r"<[^>]+>", "", body.split(">", 1)[1])) == text[:32]
-    needle = re.search(r'<span id="memstep-needle" style="outline:2px solid #dc2626[^"]*">(.*?</span>)</span>', body)
+    needle = re.search(r'<span id="memstep-needle" data-mark="needle" style="outline:2px solid #dc2626[^"]*">(.*?</span>)</span>',
+                       body)
     assert needle and html.unescape(re.sub(r"<[^>]+>", "", needle.group(1))) == " 12345"  # one outlined piece
     assert body.count('id="memstep-needle"') == 1 and 'href="#memstep-needle"' in out
     assert "color:#6b7280;font-style:italic" in body  # the unread token (AA contrast)
@@ -166,24 +170,41 @@ def test_highlight_shades_tokens_escapes_html_and_outlines_the_needle():
         highlight_html(text, spans, fractions[:-1])
 
 
-def _compared(label, schedule_name, records, answer, passkey="12345", needle=(100, 104)):
+def _compared(label, schedule_name, records, answer, passkey="12345", needle=(100, 104), cpu=None, flops=None):
     result = RunResult(model="m", tokens=2048, prefix_tokens=0, schedule={}, scorer="s", sinks=4, device="cpu",
                        dtype="float32", steps=records, answer=answer)
-    return ComparedRun(label, schedule_name, records, len(records), result, passkey, needle)
+    return ComparedRun(label, schedule_name, records, len(records), result, passkey, needle, cpu, flops)
 
 
 def test_compare_rows_give_ratios_against_fm_and_the_passkey_verdict(imdc):
     fm = fake_records(make_schedule("fm", 2048, 512, 512))
     im = fake_records(imdc)
     rows = compare_rows([_compared("FM", "fm", fm, "It is 12345."), _compared("IMDC", "imdc", im, "It is 1234.")])
-    assert rows[0][3] == "1.00×" and rows[0][7] == "1.00×" and rows[0][-1] == "✓ yes"
+    assert rows[0][4] == "1.00×" and rows[0][9] == "1.00×" and rows[0][-1] == "✓ yes"
+    assert rows[0][3] == "—" and rows[0][5] == "—"  # no CPU seconds measured, no FLOPs modeled
     fm_memory = max(r.bytes_modeled for r in fm) - fm[0].bytes_modeled_parts["weights"]
     im_memory = max(r.bytes_modeled for r in im) - im[0].bytes_modeled_parts["weights"]
-    assert rows[1][7] == f"{im_memory / fm_memory:.2f}×"
+    assert rows[1][9] == f"{im_memory / fm_memory:.2f}×"
     assert rows[1][-1] == "✗ no"
-    assert rows[1][9] == "0%"  # the recency records evicted position 100
+    assert rows[1][11] == "0%"  # the recency records evicted position 100
     no_fm = compare_rows([_compared("IMDC", "imdc", im, "x")])
-    assert no_fm[0][3] == "—"
+    assert no_fm[0][4] == "—"
+
+
+def test_compare_time_ratios_divide_cpu_seconds_and_modeled_flops(imdc):
+    """Wall seconds of runs taken at different moments on a shared CPU are not a speed result:
+    the ratio divides each configuration's own CPU seconds, and the FLOP ratio the planner's count."""
+    fm = fake_records(make_schedule("fm", 2048, 512, 512))
+    im = fake_records(imdc)
+    for record in im:  # a burst of other jobs made IMDC's wall seconds ten times longer
+        record.seconds *= 10
+    runs = [_compared("FM", "fm", fm, "x", cpu=[1.0] * len(fm), flops=400),
+            _compared("IMDC", "imdc", im, "x", cpu=[0.9] * len(im), flops=300)]
+    rows = compare_rows(runs)
+    assert rows[1][3] == f"{0.9 * len(im):.2f}" and rows[1][4] == f"{0.9 * len(im) / len(fm):.2f}×"
+    assert rows[1][5] == "0.75×"
+    from ui.summary import compare_headers
+    assert compare_headers(True)[4] == "× FM CPU time" and compare_headers(False)[4] == "× FM wall time"
 
 
 def test_needle_kept_is_the_mean_fraction_over_the_needle_tokens(imdc):

@@ -366,7 +366,7 @@ def test_long_schedules_are_drawn_as_stacked_areas_and_time_adds_up():
 
 def test_summary_table_and_headline():
     tab = _tab()
-    plans, longest = tab.compute("llama-2-7b", None, "a100-80gb", "bf16", 32768, 1024, 1024, "linear", "padded",
+    plans, longest, _ = tab.compute("llama-2-7b", None, "a100-80gb", "bf16", 32768, 1024, 1024, "linear", "padded",
                                  ["full", "imdc", "fm"], 4, True)
     assert list(plans) == ["fm", "imdc", "full"]  # the tab's order, whatever the click order
     rows = tab.summary_table(plans, longest)
@@ -382,7 +382,7 @@ def test_tab_handler_reads_an_uploaded_config_and_reports_bad_input(tmp_path):
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(planner.MODEL_PRESETS["mistral-7b"]))
-    plans, _ = tab.compute("config", str(path), "custom", "fp16", 8192, 512, 512, "sqrt", "eager", ["im"], 4,
+    plans, _, _ = tab.compute("config", str(path), "custom", "fp16", 8192, 512, 512, "sqrt", "eager", ["im"], 4,
                            False, 100, 1000, 24)
     assert plans["im"].gpu.memory_bytes == 24 * GIB and plans["im"].model.kv_bytes_per_token == 128 * KIB
     base = dict(model="config", config_file=str(path), gpu="h100", dtype="bf16", tokens=8192, chunk=512,

@@ -3,6 +3,9 @@ joins the score, and their own cache entries never stay in the memory."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -118,6 +121,34 @@ def test_question_mix_shares_and_pooling():
     assert torch.allclose(mixed[0, 4:18], torch.full((14,), 0.25 / 16 + 0.75 / 14))
     assert torch.allclose(mixed[0, 18:], torch.full((2,), 0.25 / 16))
     assert (mixed[0, :4] == 0).all()
+
+
+def test_question_pool_mean_and_none_by_hand():
+    positions = torch.arange(20)[None]
+    base = torch.ones(1, 20)
+    question = torch.zeros(1, 20)
+    question[0, 10] = 1.0
+    # no pooling: key 10 takes the whole question share
+    none = question_mix(base, question, positions, sinks=4, weight=0.75, pool="none")
+    assert torch.isclose(none[0, 10], torch.tensor(0.25 / 16 + 0.75))
+    assert torch.allclose(none[0, 11:], torch.full((9,), 0.25 / 16))
+    # mean over 5 (padding not counted): keys 8..12 each average 1/5, so each holds a fifth of the share
+    mean = question_mix(base, question, positions, sinks=4, weight=0.75, pool="mean:5")
+    assert torch.allclose(mean[0, 8:13], torch.full((5,), 0.25 / 16 + 0.75 / 5))
+    assert torch.allclose(mean[0, 13:], torch.full((7,), 0.25 / 16))
+    for bad in ("max:4", "mean", "median:5", "max:0", "none:3", "max:999"):
+        with pytest.raises(MemstepError, match="question pool"):
+            question_mix(base, question, positions, sinks=4, weight=0.75, pool=bad)
+
+
+def test_bad_question_pool_exits_before_the_model_loads(tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text("words " * 50)
+    done = subprocess.run([sys.executable, "-m", "memstep", "run", str(doc), "--model", "/nonexistent",
+                           "--question-aware", "--question", "what?", "--question-pool", "mean:4"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "question pool 'mean:4'" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
 def test_bad_question_aware_settings(tiny_model):

@@ -197,7 +197,8 @@ def test_select_kept_protects_sinks_by_position_not_index():
 
 
 def test_make_scorer_names_and_errors():
-    assert set(SCORERS) == {"chunk-attention", "conv", "snapkv", "vatp", "knorm", "recency", "random"}
+    assert set(SCORERS) == {"chunk-attention", "conv", "snapkv", "vatp", "knorm", "recency", "random",
+                            "random-shared", "roco", "chunk-prefix", "random-query"}
     for name in SCORERS:
         assert make_scorer(name).name == name
     assert make_scorer("snapkv", window=7).window == 7

@@ -69,7 +69,8 @@ def test_evaluate_plots_are_colour_blind_safe_and_labelled():
                          "label": "IMDC c512", "config": {"kind": "memstep"}}],
                "heatmaps": {"IMDC c512": {"accuracy": [[1.0]], "lengths": [1024], "depths": [0.5]}}}
     trade = plots.tradeoff_figure(summary)
-    assert "text" in trade.data[0].mode and list(trade.data[0].text) == ["IMDC c512"]
+    # named on hover (labels on the points printed over each other where configurations cost the same)
+    assert list(trade.data[0].text) == ["IMDC c512"] and "%{text}" in trade.data[0].hovertemplate
     heat = plots.heatmap_figure(summary)
     scale = [c for _, c in heat.data[0].colorscale]
     assert not any(c.lower() in ("#a50026", "#006837", "rgb(165,0,38)", "rgb(0,104,55)") for c in scale)

@@ -11,7 +11,7 @@ from gradio.data_classes import FileData
 
 from memstep.errors import MemstepError
 from memstep.passkey import answer_contains_passkey
-from memstep.presets import PRESETS, preset_settings
+from memstep.presets import PRESETS, check_reference_run, preset_settings
 from memstep.schedules import LAYERWISE, MAX_SIZE_TOKENS, make_schedule
 
 from ui.documents import (EXAMPLES, MAX_UPLOAD_BYTES, DocumentSource, example, read_upload, uploaded_path,
@@ -70,8 +70,9 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
             schedule: str = "imdc", chunk: int = 512, memory: int = 512, growth: str = "linear",
             scorer: str = "chunk-attention", sinks: int = 4, question: str = "",
             max_tokens: int = DEFAULT_MAX_TOKENS, model: str = "", full_reference: bool = False,
-            rope: str = "compact", preset: str = "", question_aware: bool = False,
-            request: gr.Request = None) -> Iterator[dict]:
+            rope: str = "compact", preset: str = "", question_aware: bool = False, attention: str = "sdpa",
+            sink_scoring: str = "", growth_rounding: str = "", gqa_grouping: str = "", score_rows: str = "",
+            question_place: str = "", ntk: str = "", request: gr.Request = None) -> Iterator[dict]:
     """Prefill a document chunk by chunk under a memory schedule (full, fm, im, imdc).
 
     Give the document as text, as a file (.txt, .md, .pdf, .html) or as the name of a
@@ -81,8 +82,13 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
     compressed memory and, for passkey documents, whether the passkey survived. An empty
     question asks the document's own question (bundled examples, passkey documents).
     ``rope``: compact (contiguous positions, the reference code's) or document (true
-    positions); ``preset`` "reference" sets scorer conv, compact positions and 4 sinks;
-    ``question_aware`` also scores every step by the question's attention (needs a question)."""
+    positions); ``preset`` "reference" runs as the reference code (scorer conv, compact positions,
+    4 sinks, padded attention and every switch below at the reference's value);
+    ``question_aware`` also scores every step by the question's attention (needs a question).
+    As the reference code, one at a time (empty: memstep's default): ``attention`` sdpa or padded,
+    ``sink_scoring`` strip or pool, ``growth_rounding`` divide-first or multiply-first,
+    ``gqa_grouping`` model or strided, ``score_rows`` chunk or last-c, ``question_place`` after or
+    prompt, ``ntk`` none or dynamic."""
     session = session_of(request)
     try:
         # strict types first: a number is a number, a yes/no is true or false (bool is bool)
@@ -92,10 +98,17 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
             number(max_tokens, "max_tokens", 1, MAX_TOKENS_LIMIT)
         full_reference = flag(full_reference, "full_reference")
         question = text(question, "question", MAX_QUESTION_CHARS)
-        fixed = preset_settings(choice(preset, "preset", list(PRESETS), "") or None)
+        fixed = preset_settings(choice(preset, "preset", list(PRESETS), "") or None, schedule)
+        switches = {name: text(value, name, 40) for name, value in dict(
+            sink_scoring=sink_scoring, growth_rounding=growth_rounding, gqa_grouping=gqa_grouping,
+            score_rows=score_rows, question_place=question_place, ntk=ntk).items()}
+        attention = fixed.get("attention", text(attention, "attention", 40))
         settings = settings_from(schedule, chunk, memory, growth, fixed.get("scorer", scorer),
                                  fixed.get("sinks", sinks), fixed.get("rope", rope),
-                                 flag(question_aware, "question_aware"))
+                                 flag(question_aware, "question_aware"), attention,
+                                 {k: fixed.get(k, v) for k, v in switches.items()})
+        if preset:
+            check_reference_run(settings.schedule, settings.growth)
         source = _document(document_text, document_file, example_name)
         lm = get_model(model, session)
         if source is None:

@@ -123,3 +123,48 @@ def wait_for_toast(page, text: str | re.Pattern, timeout_s: float = 60) -> str:
 def rendered_plots(page, elem_ids) -> int:
     """How many of the plots ``elem_ids`` have drawn their Plotly SVG."""
     return sum(page.locator(plot_selector(elem_id)).count() > 0 for elem_id in elem_ids)
+
+
+# Every text box drawn in the visible Plotly charts under ``scope`` (titles, axis titles and
+# ticks, legends, annotations, colour bars, labels on points), hover labels left out.
+_CHART_TEXTS_JS = """(scope) => {
+  const root = document.querySelector(scope) || document;
+  const out = [];
+  for (const chart of root.querySelectorAll('.js-plotly-plot')) {
+    if (chart.offsetParent === null) continue;
+    const id = chart.closest('[id]')?.id || '?';
+    const frame = chart.getBoundingClientRect();
+    const boxes = [];
+    for (const t of chart.querySelectorAll('.main-svg text')) {
+      if (t.closest('.hoverlayer') || !t.textContent.trim()) continue;
+      const style = getComputedStyle(t);
+      if (style.display === 'none' || style.visibility === 'hidden' || style.opacity === '0') continue;
+      const b = t.getBoundingClientRect();
+      if (b.width < 1 || b.height < 1) continue;
+      boxes.push({text: t.textContent.slice(0, 60), x: b.x, y: b.y, w: b.width, h: b.height});
+    }
+    out.push({id, frame: {x: frame.x, y: frame.y, w: frame.width, h: frame.height}, boxes});
+  }
+  return out;
+}"""
+
+
+def chart_text_problems(page, scope: str = "body", slack: float = 1.0) -> list[str]:
+    """Text boxes of the visible charts that overlap another one, or run outside their chart
+    (cut off): one line per problem, [] when every chart's text stands clear."""
+    problems = []
+    for chart in page.evaluate(_CHART_TEXTS_JS, scope):
+        frame, boxes = chart["frame"], chart["boxes"]
+        for i, a in enumerate(boxes):
+            if a["x"] < frame["x"] - slack or a["x"] + a["w"] > frame["x"] + frame["w"] + slack:
+                problems.append(f"{chart['id']}: '{a['text']}' runs outside the chart")
+            for b in boxes[i + 1:]:
+                if (a["x"] + slack < b["x"] + b["w"] and b["x"] + slack < a["x"] + a["w"]
+                        and a["y"] + slack < b["y"] + b["h"] and b["y"] + slack < a["y"] + a["h"]):
+                    problems.append(f"{chart['id']}: '{a['text']}' overlaps '{b['text']}'")
+    return problems
+
+
+def horizontal_overflow(page) -> int:
+    """Pixels the page is wider than its window (0: nothing to scroll sideways)."""
+    return page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")

@@ -76,7 +76,7 @@ def laco_work(shape, *, sentences: int, tokens: int, C: int, L: int, H: int, eva
 def sparse_work(shape, *, method: str, technique: str, calibration: str, samples: int, seq_len: int,
                 held_out: int, steps: int, batch: int) -> tuple[float, int]:
     """(FLOPs, decode steps) of one pruning run (one reconstruction technique)."""
-    calib, held = samples * seq_len, held_out * seq_len
+    calib = samples * seq_len
     block = _forward(shape, seq_len, 1)  # one block over one sample
     flops = 2 * (samples + held_out) * _forward(shape, seq_len, shape.layers, lm_head=True)  # perplexity before/after
     per_block = (3 * samples + 3 * held_out) * block  # dense on both inputs, masked, next

@@ -19,19 +19,22 @@ from memstep.memory import PART_LABELS, PARTS, format_bytes
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 
+from ui import legend
+from ui.theme import AXIS_LINE, FONT, GRID, INK_SOFT
+
 MAX_COLUMNS = 2000  # retained-token map columns: long documents are binned to this many
 MAX_CELLS = 400_000  # and runs with many steps to fewer, so one streamed update stays small
 MIB = 1024 ** 2
-FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
 COLORS = {
     "memory": "#3b82f6",
-    "chunk": "#f59e0b",
+    "chunk": legend.CHUNK_OUTLINE,
     "kept": "#1e3a8a",
     "budget": "#64748b",
     "peak": "#dc2626",
     "current": "rgba(250, 204, 21, 0.22)",
-    "sinks": "#ea580c",
-    "passkey": "#dc2626",
+    "sinks": legend.SINKS_MARK,
+    "passkey": legend.PASSKEY_MARK,
+    "answer": legend.ANSWER_MARK,
     "measured": "#111827",
     "seconds": "#0d9488",
 }
@@ -45,16 +48,12 @@ PART_COLORS = {
 SHORT_LABELS = {"weights": "weights", "kv_memory": "KV memory", "kv_chunk": "KV chunk",
                 "attention": "attention + scorer", "activations": "activations"}
 SERIES = ("#2563eb", "#ea580c", "#059669", "#9333ea", "#db2777")  # one colour per compared run
-# Retained-token map: grey plot background = not read yet, white = read and evicted from
-# every layer-head slot, dark blue = kept by all of them.
-# Colour-blind-safe roles (blue against orange, and a hatch): evicted from every slot is
-# orange; kept runs from a clearly visible light blue (a single slot of 90) to navy; not
-# read yet is a grey hatch, told apart by its pattern, not its colour.
-EVICTED = "#f8c38a"
-RETAINED_SCALE = [[0.0, EVICTED], [0.001, EVICTED], [0.001, "#9ec5f4"], [0.35, "#4a8fe0"], [0.7, "#1d4ed8"],
-                  [1.0, "#172554"]]
-UNREAD = "#f3f4f6"
-UNREAD_HATCH = "#9ca3af"
+# Retained-token map: colours and their words live in ui/legend.py (one source for the map,
+# its colour bar and legend, the text view, the help and the README).
+EVICTED = legend.EVICTED_MAP
+RETAINED_SCALE = legend.map_colorscale()
+UNREAD = legend.UNREAD_FILL
+UNREAD_HATCH = legend.UNREAD_HATCH
 
 
 def _two_lines(text: str, limit: int) -> str:
@@ -96,9 +95,9 @@ def _style(fig: go.Figure, title: str, height: int, xtitle: str, ytitle: str) ->
                     font=dict(size=11), bgcolor="rgba(255,255,255,0)"),
         paper_bgcolor="white", plot_bgcolor="white",
     )
-    fig.update_xaxes(title=dict(text=xtitle, standoff=6), showline=True, linecolor="#9ca3af")
-    fig.update_yaxes(title=dict(text=ytitle, standoff=6), showline=True, linecolor="#9ca3af",
-                     gridcolor="#eef0f3", zeroline=False)
+    fig.update_xaxes(title=dict(text=xtitle, standoff=6), showline=True, linecolor=AXIS_LINE)
+    fig.update_yaxes(title=dict(text=ytitle, standoff=6), showline=True, linecolor=AXIS_LINE,
+                     gridcolor=GRID, zeroline=False)
     return fig
 
 
@@ -122,7 +121,7 @@ def placeholder_figure(message: str, title: str = "", height: int = 300) -> go.F
     # long errors wrap instead of running off the chart; "<" in a message is text, not markup
     wrapped = "<br>".join(textwrap.wrap(html.escape(message, quote=False), 40, break_long_words=False)) or message
     fig.add_annotation(text=wrapped, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
-                       font=dict(size=13, color="#4b5563"))
+                       font=dict(size=13, color=INK_SOFT))
     return fig
 
 
@@ -211,32 +210,54 @@ def _hatch_unread(fig: go.Figure, records: Sequence[StepRecord], tokens: int, st
     xs += [tokens - 0.5]
     ys += [steps + 0.5]
     fig.add_trace(go.Scatter(x=xs, y=ys, fill="toself", mode="lines", line=dict(width=0), hoverinfo="skip",
-                             fillcolor=UNREAD, showlegend=False, name="not read yet",
+                             fillcolor=UNREAD, showlegend=True, name=legend.LEGEND_NAMES["unread"],
                              fillpattern=dict(shape="/", fgcolor=UNREAD_HATCH, bgcolor=UNREAD, size=6, solidity=0.25)))
+
+
+MARK_ROW_PX = 18  # one row of labels above the retained-token map
+
+
+def _mark_rows(mids: list[float], span: float, gap: float = 0.2) -> list[int]:
+    """A row for each label above the map (0 = nearest the map): labels closer than ``gap``
+    of the axis to one already placed in a row go one row up, so no two labels overlap."""
+    rows: list[list[float]] = []
+    out = []
+    for mid in mids:
+        row = next((i for i, placed in enumerate(rows) if all(abs(mid - m) >= gap * span for m in placed)), len(rows))
+        if row == len(rows):
+            rows.append([])
+        rows[row].append(mid)
+        out.append(row)
+    return out
 
 
 def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, *, prefix_tokens: int = 0,
                         sinks: int = 0, needle: tuple[int, int] | None = None, current: int | None = None,
-                        max_columns: int = MAX_COLUMNS, height: int = 340) -> go.Figure:
+                        max_columns: int = MAX_COLUMNS, height: int = 340 + LEGEND_ROOM,
+                        answers: Sequence[tuple[int, int]] = ()) -> go.Figure:
     """Which positions are in memory after each step: rows are steps (top to bottom), columns
     token positions (prompt head + document), colour the fraction of (layer, KV head) slots
-    that keep the position. ``needle`` is the passkey's [start, end) in the same positions."""
+    that keep the position. ``needle`` is the passkey's [start, end) in the same positions,
+    ``answers`` where the full cache's answer appears. Colours and words: ui/legend.py."""
     z, width = retained_matrix(records, tokens, steps, max_columns)
     x = np.arange(z.shape[1]) * width + (width - 1) / 2
     y = np.arange(1, steps + 1)
+    ticks, labels = zip(*legend.COLORBAR_TICKS)
     fig = go.Figure(go.Heatmap(
-        z=z, x=x, y=y, zmin=0.0, zmax=1.0, colorscale=RETAINED_SCALE, hoverongaps=False,
-        colorbar=dict(title=dict(text="kept by<br>layer-heads", side="top", font=dict(size=11)),
-                      tickvals=[0, 0.5, 1], ticktext=["0%: evicted", "50%", "100%"], thickness=12, len=0.9,
-                      x=1.0, xpad=6),
+        z=z, x=x, y=y, zmin=0.0, zmax=1.0, colorscale=RETAINED_SCALE, hoverongaps=False, showlegend=False,
+        colorbar=dict(title=dict(text=legend.COLORBAR_TITLE, side="top", font=dict(size=11)),
+                      tickvals=list(ticks), ticktext=list(labels), thickness=12, len=0.9, x=1.0, xpad=6,
+                      y=0.5, yref="paper"),
         hovertemplate=("position %{x:,.0f}<br>after step %{y}<br>kept by %{z:.0%} of layer-heads"
                        "<extra></extra>"),
     ))
     column = f" (one column = {width} tokens)" if width > 1 else ""
     _style(fig, "Retained tokens: what memory holds after each step", height,
            f"token position (prompt head + document){column}", "after step")
-    fig.update_layout(plot_bgcolor=UNREAD, margin=dict(r=12))
     _hatch_unread(fig, records, tokens, steps)
+    # the two states the colour bar cannot show, in the legend at the foot
+    fig.add_scatter(x=[None], y=[None], mode="markers", name=legend.LEGEND_NAMES["evicted"], hoverinfo="skip",
+                    marker=dict(symbol="square", size=12, color=EVICTED, line=dict(width=0)))
     fig.update_yaxes(autorange="reversed", tickmode="linear", tick0=1, dtick=max(1, math.ceil(steps / 12)),
                      showgrid=False)
     fig.update_xaxes(range=[-0.5, tokens - 0.5], showgrid=False)
@@ -244,21 +265,29 @@ def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, 
         record = next(r for r in records if r.step == current)
         fig.add_shape(type="rect", x0=record.chunk_start - 0.5, x1=record.tokens_seen - 0.5,
                       y0=current + 0.5, y1=current + 1.5, line=dict(color=COLORS["chunk"], width=2))
-    # Markers in a strip above the map, at least a few pixels wide however long the document.
+    # Marks in a strip above the map, at least a few pixels wide however long the document;
+    # their labels take another row where they would meet.
     least = tokens * 0.004
     marks = [("sinks", 0, sinks, COLORS["sinks"])] if sinks else []
     if needle is not None:
         marks.append(("passkey", needle[0], needle[1], COLORS["passkey"]))
-    for label, start, end, color in marks:
-        mid = (start + end) / 2
-        x0, x1 = min(start - 0.5, mid - least / 2), max(end - 0.5, mid + least / 2)
-        fig.add_shape(type="rect", x0=x0, x1=x1, y0=1.0, y1=1.045, xref="x", yref="paper",
-                      fillcolor=color, line_width=0)
-        fig.add_annotation(x=max(mid, least * 3) if label == "sinks" else mid, y=1.05, xref="x",
-                           yref="paper", text=label, showarrow=False, yanchor="bottom",
-                           font=dict(size=11, color=color))
-        if label == "passkey":
-            fig.add_vline(x=mid, line=dict(color=color, width=1, dash="dot"))
+    for start, end in answers:
+        if needle is None or not (start < needle[1] and end > needle[0]):  # the passkey's tick says it already
+            marks.append(("answer", start, end, COLORS["answer"]))
+    mids = [max((start + end) / 2, least * 3) if label == "sinks" else (start + end) / 2
+            for label, start, end, _ in marks]
+    rows = _mark_rows(mids, tokens)
+    for (label, start, end, color), mid, row in zip(marks, mids, rows):
+        centre = (start + end) / 2
+        x0, x1 = min(start - 0.5, centre - least / 2), max(end - 0.5, centre + least / 2)
+        fig.add_shape(type="rect", x0=x0, x1=x1, xref="x", yref="paper", ysizemode="pixel", yanchor=1.0,
+                      y0=1, y1=7, fillcolor=color, line_width=0)
+        fig.add_annotation(x=mid, y=1.0, xref="x", yref="paper", text=label, showarrow=False, yanchor="bottom",
+                           yshift=8 + MARK_ROW_PX * row, font=dict(size=11, color=color))
+        if label in ("passkey", "answer"):
+            fig.add_vline(x=centre, line=dict(color=color, width=1, dash="dot"))
+    rows_used = max(rows, default=-1) + 1
+    fig.update_layout(plot_bgcolor=UNREAD, margin=dict(r=12, t=100 + MARK_ROW_PX * max(0, rows_used - 1)))
     return fig
 
 
@@ -295,14 +324,16 @@ def memory_figure(records: Sequence[StepRecord], steps: int, include_weights: bo
     _style(fig, "Memory per step (peak during the step)", height, " · ".join(note),
            "MiB" if include_weights else "MiB above the weights")
     fig.update_layout(barmode="stack", bargap=0.25, margin=dict(t=84))
-    fig.update_xaxes(title=dict(font=dict(size=11, color="#4b5563")))
+    fig.update_xaxes(title=dict(font=dict(size=11, color=INK_SOFT)))
     fig.update_layout(margin=dict(b=84))  # three lines of axis notes
     _step_axis(fig, steps)
     return fig
 
 
-def seconds_figure(records: Sequence[StepRecord], steps: int, height: int = 300) -> go.Figure:
-    """Wall-clock seconds of each step's forward pass (and its eviction)."""
+def seconds_figure(records: Sequence[StepRecord], steps: int, height: int = 300 + LEGEND_ROOM,
+                   cpu: Sequence[float] | None = None, note: str | None = None) -> go.Figure:
+    """Wall-clock seconds of each step's forward pass (and its eviction), and where measured the
+    CPU seconds this process spent on it; ``note`` (a shared machine's load) under the axis."""
     if not records:
         return placeholder_figure("Run to see seconds per step", "Seconds per step", height)
     x = [r.step + 1 for r in records]
@@ -310,14 +341,24 @@ def seconds_figure(records: Sequence[StepRecord], steps: int, height: int = 300)
     speed = [r.chunk_size / r.seconds if r.seconds > 0 else 0.0 for r in records]
     fig = go.Figure()
     _highlight_step(fig, records[-1].step if len(records) < steps else None)
-    fig.add_bar(x=x, y=seconds, marker_color=COLORS["seconds"], name="seconds",
+    fig.add_bar(x=x, y=seconds, marker_color=COLORS["seconds"], name="wall seconds",
                 customdata=np.stack([[r.chunk_size for r in records], [r.memory_before for r in records],
                                      speed], axis=1),
-                hovertemplate=("step %{x}: %{y:.2f} s<br>chunk %{customdata[0]:,} tokens with memory "
+                hovertemplate=("step %{x}: %{y:.2f} s wall<br>chunk %{customdata[0]:,} tokens with memory "
                                "%{customdata[1]:,}<br>%{customdata[2]:,.0f} tokens/s<extra></extra>"))
-    total = sum(seconds)
-    _style(fig, f"Seconds per step · total {total:.1f} s", height, "step", "seconds")
-    fig.update_layout(showlegend=False, bargap=0.25)
+    total = f"{sum(seconds):.1f} s wall"
+    if cpu:
+        fig.add_scatter(x=x[: len(cpu)], y=list(cpu), mode="markers", name="CPU seconds (this process)",
+                        marker=dict(symbol="diamond", size=9, color=COLORS["measured"]),
+                        hovertemplate="step %{x}: %{y:.2f} CPU s<extra></extra>")
+        total += f", {sum(cpu):.1f} s CPU"
+    # the note wraps: the chart is a third of a laptop's width and all of a phone's
+    xtitle = "step" + ("<br>" + "<br>".join(textwrap.wrap(note, 38)) if note else "")
+    _style(fig, f"Seconds per step · {total}", height, xtitle, "seconds")
+    fig.update_layout(showlegend=bool(cpu), bargap=0.25)
+    if note:
+        fig.update_xaxes(title=dict(font=dict(size=11, color=INK_SOFT)))
+        fig.update_layout(margin=dict(b=64 + 14 * xtitle.count("<br>")), height=height + 14 * xtitle.count("<br>"))
     _step_axis(fig, steps)
     return fig
 

@@ -17,18 +17,22 @@ import gradio as gr
 from memstep.errors import MemstepError
 from memstep.documents import tokenize_prefix
 from memstep.generate import prompt_parts
-from memstep.presets import preset_settings
+from memstep.models import default_model, offered_models
+from memstep.presets import SWITCHES, other_value, preset_settings
 from memstep.schedules import make_schedule
 
 from ui.documents import (DEFAULT_EXAMPLE, TOKENIZER_FREE_EXAMPLE, DocumentSource, describe, example, read_upload,
                           uploaded_path)
 from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure, schedule_figure
-from ui.models import cached_model, context_tokens, get_model, layer_count, preview_tokenizer
 from ui.inputs import flag
-from ui.runs import (MAX_TOKENS_LIMIT, check_settings, document_limit, prefill_stream, prepare, settings_from,
-                     whole_number)
-from ui.summary import COMPARE_HEADERS, ComparedRun, compare_rows
-from ui.views import RunView, answer_markdown, compact, render, stats_html
+from ui.models import cached_model, context_tokens, get_model, layer_count, normalize_spec, preview_tokenizer
+from ui.reference import lookup, reference_key
+from ui.runs import (MAX_NEW_TOKENS, MAX_TOKENS_LIMIT, check_settings, document_limit, prefill_stream, prepare,
+                     settings_from, whole_number)
+from ui.share import link_html, parse_query, settings_query, write_files
+from ui.summary import ComparedRun, compare_headers, compare_rows, stat_cards
+from ui.timing import about, cpu_time_measured, modeled_flops, seconds_left, shared_note, timed
+from ui.views import RunView, answer_markdown, compact, render, stats_html, text_view
 
 ERROR_TITLE = "memstep"
 
@@ -168,7 +172,17 @@ def _run_outputs(view: RunView, step: int | None = None):
                        interactive=view.finished or view.stopped)
     return (stats_html(view, step), shown.sizes, shown.retained, shown.memory, shown.seconds, shown.text,
             answer_markdown(view), slider, view, gr.Column(visible=True), gr.Markdown(visible=False),
-            _layers_plot(shown))
+            _layers_plot(shown), gr.Button(visible=view.finished and view.suggests_question_aware),
+            *_downloads(view))
+
+
+def _downloads(view: RunView) -> tuple:
+    """The run's JSON and step CSV, offered once the run (and its answer) is in."""
+    if view.result is None or not view.finished:
+        return gr.DownloadButton(visible=False), gr.DownloadButton(visible=False)
+    json_path, csv_path = write_files(view.result, view.settings.label(),
+                                      view.cpu_seconds if view.cpu_measured else None)
+    return gr.DownloadButton(value=json_path, visible=True), gr.DownloadButton(value=csv_path, visible=True)
 
 
 def _layers_plot(shown):
@@ -176,9 +190,33 @@ def _layers_plot(shown):
     return gr.Plot(shown.layers, visible=True) if shown.layers is not None else gr.Plot(visible=False)
 
 
+RUN_OUTPUTS = 15  # the Run tab's outputs of a run update (see _run_outputs)
+
+
+def _loading_update(model) -> tuple:
+    """The first update of a run, before the model is loaded: only the status says so."""
+    spec = normalize_spec(model)
+    now = ("loading the model: a few seconds (a model not on this machine downloads first)"
+           if cached_model(spec) is None else "preparing the document")
+    return (stat_cards([("state", "run", "starting")], 0.0, now=now),) + (gr.skip(),) * (RUN_OUTPUTS - 1)
+
+
+# The Run tab's "as the reference code" boxes: a ticked box takes the reference's way
+PADDED_WAY = "padded (m + c)² attention maps"
+WAY_CHOICES = [s.label for s in SWITCHES.values()] + [PADDED_WAY]
+WAY_DEFAULTS = [s.label for s in SWITCHES.values() if s.default == s.reference]
+
+
+def reference_ways(ways) -> tuple[str, dict]:
+    """The attention and the reference switches the ticked boxes ask for."""
+    ways = set(ways or [])
+    switches = {name: s.reference if s.label in ways else other_value(name) for name, s in SWITCHES.items()}
+    return ("padded" if PADDED_WAY in ways else "sdpa"), switches
+
+
 def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens,
-                 question, full_reference, rope="compact", question_aware=False, progress=gr.Progress(),
-                 request: gr.Request = None):
+                 question, full_reference, rope="compact", question_aware=False, ways=None,
+                 progress=gr.Progress(), request: gr.Request = None):
     """Stream a run: one update as soon as the schedule is known, then one per step, then
     the answer (and the full-cache reference answer when asked)."""
     began = time.perf_counter()
@@ -186,7 +224,9 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
     _STOP_REQUESTS.discard(session)  # a Stop pressed before this run is not for it
     _RUNNING.add(session)
     try:
-        settings = settings_from(schedule, chunk, memory, growth, scorer, sinks, rope, question_aware)
+        settings = settings_from(schedule, chunk, memory, growth, scorer, sinks, rope, question_aware,
+                                 *reference_ways(WAY_DEFAULTS if ways is None else ways))
+        yield _loading_update(model)
         progress(0.0, desc="Loading the model")
         lm = get_model(model, session)
         document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm))
@@ -196,7 +236,8 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
         reference = flag(full_reference, "full reference") or doc.bundled
         with closing(prefill_stream(model, document.ids, settings, question, reference, document.notices,
                                     cache_reference=doc.bundled, session=session)) as stream:
-            yield from _stream_run(stream, document, settings, question, reference, began, progress, session)
+            yield from _stream_run(stream, document, settings, question, reference, began, progress, session,
+                                   lm=lm, model_spec=normalize_spec(model, session))
     except MemstepError as err:
         _fail(err)
     finally:
@@ -224,15 +265,22 @@ def _take_stop(session: str) -> bool:
     return False
 
 
-def _stream_run(stream, document, settings, question, full_reference, began, progress, session=""):
+def _stream_run(stream, document, settings, question, full_reference, began, progress, session="", lm=None,
+                model_spec=""):
     """The page updates for one run's stream of plain data; after Stop, one last update
-    (the steps so far, stopped) and no more."""
-    _, plan = next(stream)
+    (the steps so far, stopped) and no more. Every update says what happens next, with an
+    estimate from the run's own speed."""
+    events = timed(stream)
+    _, plan, _ = next(events)
     view = RunView(document, settings, plan, wants_reference=bool(full_reference))
+    device = getattr(lm, "device", "cpu")
+    view.cpu_measured = cpu_time_measured(device)
+    view.load_note = shared_note() if view.cpu_measured else None
+    view.now = f"step 1 of {plan.steps}: reading the first {plan.chunk_sizes[0]:,} tokens"
     progress((0, plan.steps), desc="Prefilling", unit="steps")
     view.stopped = _take_stop(session)  # Stop pressed while the model loaded
     yield _run_outputs(view)
-    for kind, item in ([] if view.stopped else stream):
+    for kind, item, cpu in ([] if view.stopped else events):
         if _take_stop(session):
             view.stopped = True
             yield _run_outputs(view)
@@ -240,25 +288,57 @@ def _stream_run(stream, document, settings, question, full_reference, began, pro
         view.seconds = time.perf_counter() - began
         if kind == "step":
             view.records.append(compact(item))
-            if len(view.records) == plan.steps:
+            view.cpu_seconds.append(cpu)
+            view.load_note = shared_note() if view.cpu_measured else None
+            done = len(view.records)
+            if done == plan.steps:
+                view.now = (f"answering from the compressed memory: up to {MAX_NEW_TOKENS} new tokens, "
+                            "a few seconds" if question and question.strip() else "finishing")
                 progress(1.0, desc="Answering from the compressed memory" if question else "Done")
             else:
-                progress((len(view.records), plan.steps), desc="Prefilling", unit="steps")
+                left = seconds_left(sum(r.seconds for r in view.records), item.tokens_seen, plan.tokens)
+                view.now = (f"step {done + 1} of {plan.steps}: reading tokens {item.tokens_seen:,}-"
+                            f"{item.tokens_seen + plan.chunk_sizes[done]:,}" + (f" · {about(left)} left" if left
+                                                                               else ""))
+                progress((done, plan.steps), desc="Prefilling", unit="steps")
         elif kind == "result":
+            item.steps = view.records  # the compact records: one copy of the steps per session
             view.result = item
             if full_reference and item.question:
+                view.now = _reference_note(view, lm, model_spec)
                 progress(0.5, desc="Reference: the same document with the full cache")
         elif kind == "full":
             view.full = item
+            view.now = ""
         yield _run_outputs(view)
 
 
+def _reference_note(view: RunView, lm, model_spec: str) -> str:
+    """What the reference answer costs: a cached read for a bundled example seen before, else a
+    full-cache prefill estimated from this run's seconds and the planner's FLOP ratio."""
+    ids = view.document.ids
+    if view.document.source.bundled and lookup(reference_key(f"{model_spec}|{view.settings.rope}",
+                                                             view.result.question, ids)):
+        return "reference: reading the full cache's answer computed before for this example"
+    estimate = None
+    config = getattr(getattr(lm, "model", None), "config", None)
+    if config is not None and view.records:
+        compressed = modeled_flops(config, view.schedule, view.settings.sinks)
+        full = modeled_flops(config, make_schedule("full", view.schedule.tokens, None, None), view.settings.sinks)
+        if compressed and full:
+            estimate = sum(r.seconds for r in view.records) * full / compressed
+    return (f"reference: prefilling all {view.schedule.tokens:,} tokens with the full cache, then answering"
+            + (f" · {about(estimate)}" if estimate else ""))
+
+
 def choose_preset(preset: str | None):
-    """A preset picked: set the controls it fixes (scorer, RoPE positions, sinks); 'none' keeps them."""
+    """A preset picked: set the controls it fixes (scorer, RoPE positions, sinks, the reference's
+    ways); 'none' keeps them."""
     chosen = preset_settings(preset if preset and preset != "none" else None)
     if not chosen:
-        return gr.skip(), gr.skip(), gr.skip()
-    return chosen["scorer"], chosen["rope"], chosen["sinks"]
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    ways = [s.label for name, s in SWITCHES.items() if chosen[name] == s.reference]
+    return chosen["scorer"], chosen["rope"], chosen["sinks"], ways + ([PADDED_WAY] * (chosen["attention"] == "padded"))
 
 
 def stop_run(request: gr.Request = None):
@@ -269,46 +349,110 @@ def stop_run(request: gr.Request = None):
         _STOP_REQUESTS.add(session)
 
 
-def replay(step, view: RunView | None):
+def replay(step, view: RunView | None, query: str = ""):
     """The step slider moved: redraw the views as they were after that step."""
     if view is None:
         return (gr.skip(),) * 7
-    index = min(max(int(step or 0), 0), len(view.records)) - 1  # slider k: the run after k steps
-    shown = render(view, index)
+    index = _replay_index(step, view)
+    shown = render(view, index, query or "")
     return (stats_html(view, index), shown.sizes, shown.retained, shown.memory, shown.seconds, shown.text,
             _layers_plot(shown))
 
 
+def _replay_index(step, view: RunView) -> int:
+    """Slider k shows the run after k steps (0-based record index k - 1)."""
+    try:
+        k = int(step or 0)
+    except (TypeError, ValueError):
+        k = len(view.records)
+    return min(max(k, 0), len(view.records)) - 1
+
+
+def search_text(query, step, view: RunView | None):
+    """The search box changed: the text view at the replay step with the matches outlined, and
+    what the memory did with each."""
+    if view is None:
+        return gr.skip()
+    index = _replay_index(step, view)
+    records = view.records[: index + 1]
+    return text_view(view, records[-1] if records else None, str(query or ""), records)
+
+
+def try_question_aware():
+    """The one-click rerun: tick question-aware (the run follows)."""
+    return True
+
+
+def share_link(example_name, doc: DocumentSource, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope,
+               question_aware, question, model):
+    """The link that reopens these settings (an uploaded document cannot travel in a link)."""
+    bundled = bool(getattr(doc, "bundled", False))
+    query = settings_query(example_name if bundled else None, schedule, growth, chunk, memory, sinks, max_tokens,
+                           scorer, rope, question_aware, question, model,
+                           default_question=getattr(doc, "question", ""), default_model=default_model())
+    return link_html(query, uploaded=not bundled)
+
+
+def open_link(request: gr.Request):
+    """The page opened with settings in its address (?schedule=fm&chunk=256&example=...): set
+    the controls to them; a value that does not pass its check is dropped with a note."""
+    params = getattr(request, "query_params", None) or {}
+    chosen, refused = parse_query(params, offered_models())
+    for reason in refused:
+        gr.Warning(f"The link's {reason}; that setting keeps its default.", title=ERROR_TITLE)
+    keys = ("example", "schedule", "growth", "chunk", "memory", "sinks", "max_tokens", "scorer", "rope",
+            "question_aware", "model")
+    updates = [chosen.get(key, gr.skip()) for key in keys]
+    model = chosen.get("model") or default_model()
+    doc_updates = (gr.skip(),) * 3
+    if "example" in chosen:
+        source, question, info, _ = choose_example(chosen["example"], model)
+        doc_updates = (source, question, info)
+    if "question" in chosen:
+        doc_updates = (doc_updates[0], chosen["question"], doc_updates[2])
+    return (*updates, *doc_updates)
+
+
 # ---- comparison ----------------------------------------------------------------------
 CONFIG_FIELDS = 8  # enabled, schedule, growth, chunk, memory, scorer, RoPE positions, question-aware
-TIME_CAVEAT = ("Times are wall-clock seconds of one run each on a shared machine: ratios within about 10-20% "
-               "are noise; the memory columns do not depend on the load.")
+TIME_NOTE = {
+    True: ("Time: the CPU seconds this app's process spent on each configuration (its own work, which other jobs "
+           "on the machine barely change; wall seconds beside them), and the planner's modeled FLOPs, which no load "
+           "changes. Ratios against the first FM configuration; memory columns do not depend on the load."),
+    False: ("Time: wall seconds of each configuration on the device, and the planner's modeled FLOPs. Ratios "
+            "against the first FM configuration."),
+}
 
 
 def _configs(values) -> list[tuple]:
     return [tuple(values[i:i + CONFIG_FIELDS]) for i in range(0, len(values), CONFIG_FIELDS)]
 
 
-def _compare_outputs(runs: list[ComparedRun], status: str):
+def _compare_outputs(runs: list[ComparedRun], status: str, cpu: bool = True):
     traces = [(run.label, run.records) for run in runs]
     return (status, compare_sizes_figure(traces), compare_memory_figure(traces),
-            {"headers": COMPARE_HEADERS, "data": compare_rows(runs)})
+            {"headers": compare_headers(cpu), "data": compare_rows(runs)})
 
 
 def compare(doc: DocumentSource, model, sinks, max_tokens, question, request: gr.Request = None, *config_values,
             progress=gr.Progress()):
     """Run the ticked configurations one after another on the same document; stream the
-    overlaid plots and the summary table after every step. (``request`` is Gradio's: it comes
-    before the configurations, which arrive as the remaining inputs.)"""
+    overlaid plots and the summary table after every step, and say what runs now. (``request``
+    is Gradio's: it comes before the configurations, which arrive as the remaining inputs.)"""
     session = _session(request)
     try:
         settings = [settings_from(s, c, m, g, sc, sinks, r, qa) for on, s, g, c, m, sc, r, qa
                     in _configs(config_values) if on]
         if not settings:
             raise MemstepError("no configuration is ticked: tick at least one to compare")
+        yield ("**Loading the model**: a few seconds (a model not on this machine downloads first)…",
+               gr.skip(), gr.skip(), gr.skip())
         progress(0.0, desc="Loading the model")
         lm = get_model(model, session)
         document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm))
+        cpu = cpu_time_measured(lm.device)
+        asked = (question or "").strip()  # what each configuration is asked (the Run tab's question box)
+        question_tokens = len(prompt_parts(lm.tokenizer, asked).tail) if asked else 0
         runs, labels = [], set()
         for s in settings:  # check every configuration before running any
             check_settings(s, document.tokens)
@@ -322,31 +466,48 @@ def compare(doc: DocumentSource, model, sinks, max_tokens, question, request: gr
             runs.append(ComparedRun(label, s.schedule, [], plan.steps,
                                     passkey=None if needle is None else document.source.passkey,
                                     needle=None if needle is None else (document.prefix_tokens + needle[0],
-                                                                        document.prefix_tokens + needle[1])))
+                                                                        document.prefix_tokens + needle[1]),
+                                    cpu_seconds=[] if cpu else None,
+                                    flops=modeled_flops(lm.model.config, plan, s.sinks,
+                                                        question_tokens if s.question_aware else 0)))
         for notice in document.notices:
             gr.Warning(notice, title=ERROR_TITLE)
         total = sum(r.steps for r in runs)
         done = 0
         name = document.source.name
         yield _compare_outputs(runs, f"Running {len(runs)} configurations on **{name}** ({document.tokens:,} "
-                                     "tokens)…")
-        for s, run in zip(settings, runs):
+                                     "tokens)…", cpu)
+        for i, (s, run) in enumerate(zip(settings, runs), start=1):
+            head = f"**{run.label}** ({i} of {len(runs)})"
             with closing(prefill_stream(model, document.ids, s, question, False, document.notices,
                                         session=session)) as stream:
-                for kind, item in stream:
+                for kind, item, seconds in timed(stream):
                     if kind == "step":
                         run.records.append(compact(item))
+                        if run.cpu_seconds is not None:
+                            run.cpu_seconds.append(seconds)
                         done += 1
                         progress((done, total), desc=f"{run.label}: step {len(run.records)} of {run.steps}",
                                  unit="steps")
+                        if len(run.records) == run.steps:
+                            now = (f"answering the question from the compressed memory (up to {MAX_NEW_TOKENS} "
+                                   "tokens, a few seconds)…" if asked else "finishing…")
+                        else:
+                            left = seconds_left(sum(r.seconds for r in run.records), item.tokens_seen,
+                                                document.tokens)
+                            now = (f"step {len(run.records)} of {run.steps} done"
+                                   + (f", {about(left)} left for this configuration" if left else "") + "…")
                     elif kind == "result":
+                        item.steps = run.records
                         run.result = item
+                        now = "done."
                     else:
                         continue
-                    yield _compare_outputs(runs, f"**{run.label}**: step {len(run.records)} of {run.steps}")
+                    yield _compare_outputs(runs, f"{head}: {now}", cpu)
+        note = shared_note() if cpu else None
         yield _compare_outputs(runs, f"**Done**: {len(runs)} configurations on **{name}**, {document.tokens:,} "
-                                     f"tokens ({len(document.ids):,} document tokens). {TIME_CAVEAT} "
-                                     + " ".join(document.notices))
+                                     f"tokens ({len(document.ids):,} document tokens). {TIME_NOTE[cpu]}"
+                                     + (f" ({note.capitalize()}.)" if note else "") + " "
+                                     + " ".join(document.notices), cpu)
     except MemstepError as err:
         _fail(err)
-

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ui import legend
 
 LEVELS = 8  # shades of highlight; a token kept by no slot has none
 _RGB = (29, 78, 216)  # the kept shade at full strength (blue)
-# Colour-blind-safe roles: kept is blue (darker = more slots), evicted is orange with a
-# pale orange background, not read yet is grey italic; every text colour passes WCAG AA (4.5:1).
-EVICTED_BACKGROUND = "#fde4cc"
+# Colour-blind-safe roles (ui/legend.py): kept is blue (darker = more slots), evicted is orange
+# with a pale orange background, not read yet is grey italic; every text colour passes WCAG AA.
+EVICTED_BACKGROUND = legend.EVICTED_TEXT
 UNREAD_TEXT = "#6b7280"  # 4.8:1 on white
 DARK_TEXT, LIGHT_TEXT = "#111827", "#ffffff"
 
@@ -27,7 +30,24 @@ def _level(fraction: float) -> int:
     return max(1, min(LEVELS, round(fraction * LEVELS)))
 
 
-NEEDLE_STYLE = "outline:2px solid #dc2626;outline-offset:2px;border-radius:2px;scroll-margin-top:14px"
+_OUTLINE = "outline-offset:2px;border-radius:2px;scroll-margin-top:14px"
+NEEDLE_STYLE = f"outline:2px solid {legend.PASSKEY_MARK};{_OUTLINE}"
+MARK_STYLES = {  # kind -> style of the wrapper around a marked stretch of text
+    "needle": NEEDLE_STYLE,
+    "answer": f"outline:2px dashed {legend.ANSWER_MARK};{_OUTLINE}",
+    "match": f"outline:2px solid {legend.MATCH_MARK};box-shadow:0 3px 0 {legend.MATCH_MARK};{_OUTLINE}",
+}
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A stretch of the text to outline: [start, end) in characters, its kind (needle, answer,
+    match) and its anchor (the id a link can jump to)."""
+
+    start: int
+    end: int
+    kind: str
+    anchor: str
 
 
 def _luminance(rgb: tuple[float, float, float]) -> float:
@@ -64,71 +84,86 @@ def _style(level: int) -> str:
     if level < 0:
         return f"color:{UNREAD_TEXT};font-style:italic"
     if level == 0:
-        return f"background:{EVICTED_BACKGROUND}"
+        return f"background:{EVICTED_BACKGROUND};color:{DARK_TEXT}"  # dark text on any page theme
     background, text = shade(level)
     r, g, b = (round(c) for c in background)
     return f"background:rgb({r},{g},{b});color:{text}"
 
 
 def legend_html() -> str:
+    """The text view's legend, in the words of ui/legend.py."""
     swatches = "".join(
         f'<span style="display:inline-block;width:18px;height:12px;{_style(level)}"></span>'
         for level in range(2, LEVELS + 1, 2))
+    unread, evicted, kept = legend.TEXT_ENTRIES
     return (
-        '<div style="font-size:12px;color:#4b5563;margin-bottom:6px;display:flex;gap:14px;'
+        '<div class="memstep-legend" style="font-size:12px;margin-bottom:6px;display:flex;gap:14px;'
         'align-items:center;flex-wrap:wrap">'
-        f'<span style="{_style(-1)}">not read yet</span>'
-        f'<span style="{_style(0)};padding:0 3px">evicted everywhere</span>'
-        f'<span>kept by a few <span style="display:inline-flex">{swatches}</span> to every layer-head</span>'
-        f'<span><span style="{NEEDLE_STYLE};padding:0 3px">passkey</span> outlined when present</span>'
+        f'<span style="{_style(-1)}">{unread.meaning}</span>'
+        f'<span style="{_style(0)};padding:0 3px">{evicted.meaning}</span>'
+        f'<span>{kept.meaning} <span style="display:inline-flex">{swatches}</span></span>'
+        f'<span><span style="{NEEDLE_STYLE};padding:0 3px">passkey</span>, '
+        f'<span style="{MARK_STYLES["answer"]};padding:0 3px">answer</span> and '
+        f'<span style="{MARK_STYLES["match"]};padding:0 3px">search matches</span> outlined</span>'
         "</div>")
+
+
+def _token_marks(start: int, end: int, marks: Sequence[Mark]) -> tuple[int, ...]:
+    return tuple(i for i, m in enumerate(marks) if start < m.end and end > m.start)
 
 
 def highlight_html(text: str, spans: Sequence[tuple[int, int]], fractions: Sequence[float],
                    needle_chars: tuple[int, int] | None = None, caption: str = "",
-                   max_height: int = 380) -> str:
+                   max_height: int = 380, marks: Sequence[Mark] = (), links: str = "") -> str:
     """``text`` with token i (characters ``spans[i]``) shaded by ``fractions[i]``.
 
-    A NaN fraction marks a token not read yet (grey text). Tokens overlapping
-    ``needle_chars`` are outlined. Consecutive tokens of the same shade
-    share one <span>, so a long document stays a compact fragment. Text after the last
-    span (cut by truncation) is left out."""
+    A NaN fraction marks a token not read yet (grey text). Tokens overlapping a mark (or
+    ``needle_chars``, the passkey) sit inside an outlined wrapper whose first piece carries
+    the mark's anchor id. Consecutive tokens of the same shade and marks share one <span>,
+    so a long document stays a compact fragment. Text after the last span (cut by
+    truncation) is left out. ``links`` (HTML) follows the caption."""
     if len(spans) != len(fractions):
         raise ValueError(f"{len(spans)} token spans but {len(fractions)} fractions")
-    # Runs of tokens with the same shade become one <span>; the needle's runs sit inside
-    # one outlined wrapper (the link target), so it reads as one marked sentence.
-    runs: list[list] = []  # [start, end, level, needle]
+    marks = list(marks)
+    if needle_chars is not None:
+        marks.insert(0, Mark(needle_chars[0], needle_chars[1], "needle", "memstep-needle"))
+    runs: list[list] = []  # [start, end, level, marks]
     cursor = 0
     for (start, end), fraction in zip(spans, fractions):
         start, end = max(start, cursor), max(end, cursor)  # overlapping offsets: never repeat text
-        needle = needle_chars is not None and start < needle_chars[1] and end > needle_chars[0]
+        inside = _token_marks(start, end, marks) if marks else ()
         level = _level(float(fraction))
-        if runs and runs[-1][1] == start and runs[-1][2:] == [level, needle]:
+        if runs and runs[-1][1] == start and runs[-1][2:] == [level, inside]:
             runs[-1][1] = end
         else:
-            runs.append([start, end, level, needle])
+            runs.append([start, end, level, inside])
         cursor = end
     out: list[str] = []
-    cursor, in_needle, anchored = 0, False, False
-    for start, end, level, needle in runs:
-        if needle != in_needle:
-            if needle and not anchored:
-                out.append(f'<span id="memstep-needle" style="{NEEDLE_STYLE}">')
-                anchored = in_needle = True
-            elif not needle:
-                out.append("</span>")
-                in_needle = False
+    cursor, open_marks, anchored = 0, [], set()
+    for start, end, level, inside in runs:
+        # close the wrappers the run leaves (and any opened after them), then open the new ones
+        keep = 0
+        while keep < len(open_marks) and open_marks[keep] in inside:
+            keep += 1
+        out.append("</span>" * (len(open_marks) - keep))
+        open_marks = open_marks[:keep]
         if start > cursor:  # characters no token covers (e.g. trimmed spaces)
             out.append(html.escape(text[cursor:start]))
+        for i in inside:
+            if i not in open_marks:
+                mark = marks[i]
+                anchor = f' id="{mark.anchor}"' if mark.anchor not in anchored else ""
+                anchored.add(mark.anchor)
+                out.append(f'<span{anchor} data-mark="{mark.kind}" style="{MARK_STYLES[mark.kind]}">')
+                open_marks.append(i)
         piece, style = html.escape(text[start:end]), _style(level)
         out.append(f'<span style="{style}">{piece}</span>' if style else piece)
         cursor = end
-    if in_needle:
-        out.append("</span>")
-    jump = ' <a href="#memstep-needle">Show the passkey.</a>' if anchored else ""
-    cap = (f'<div style="font-size:12px;color:#4b5563;margin-bottom:4px">{html.escape(caption)}{jump}</div>'
-           if caption or jump else "")
+    out.append("</span>" * len(open_marks))
+    jump = ' <a href="#memstep-needle">Show the passkey.</a>' if "memstep-needle" in anchored else ""
+    cap = (f'<div class="memstep-caption" style="font-size:12px;margin-bottom:4px">{html.escape(caption)}{jump}'
+           f'{links}</div>' if caption or jump or links else "")
     return (f'<div class="memstep-retained">{cap}{legend_html()}'
-            f'<div style="white-space:pre-wrap;font-family:Georgia,serif;font-size:14px;line-height:1.65;'
-            f'max-height:{max_height}px;overflow-y:auto;padding:10px 12px;border:1px solid #e5e7eb;'
+            f'<div class="memstep-paper" style="white-space:pre-wrap;font-family:Georgia,serif;font-size:14px;'
+            f'line-height:1.65;max-height:{max_height}px;overflow-y:auto;padding:10px 12px;border:1px solid #e5e7eb;'
             f'border-radius:8px;background:#fff;color:#111827">{"".join(out)}</div></div>')

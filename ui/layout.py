@@ -7,30 +7,36 @@ import os
 
 import gradio as gr
 
-from ui import api
+from ui import api, handlers
 from ui.documents import MAX_UPLOAD_BYTES
 from ui.summary import COMPARE_WIDTHS
+from ui.theme import dark_css
 from ui.tabs import compare as compare_tab
 from ui.tabs import compress as compress_tab
 from ui.tabs import evaluate as evaluate_tab
 from ui.tabs import plan as plan_tab
 from ui.tabs import run as run_tab
+from ui.tabs.compress import laco as laco_section
 
 QUEUE_SIZE = int(os.environ.get("MEMSTEP_QUEUE_SIZE", "16"))  # waiting line for runs
 
 CSS = """
 .gradio-container { max-width: 1480px !important; }
 #memstep-header h1 { font-size: 1.6rem; margin: 0; }
-#memstep-header p { margin: 2px 0 0; color: #4b5563; }
+#memstep-header p { margin: 2px 0 0; color: var(--body-text-color-subdued); }
 .memstep-stats { display: flex; flex-wrap: wrap; gap: 8px; }
-.memstep-stat { flex: 1 1 110px; border: 1px solid #e5e7eb; border-radius: 8px; padding: 6px 10px;
-  background: #f9fafb; }
-.memstep-stat-label { font-size: 11px; text-transform: uppercase; letter-spacing: .04em; color: #6b7280; }
-.memstep-stat-value { font-size: 15px; font-weight: 600; color: #111827; white-space: nowrap; }
+.memstep-stat { flex: 1 1 110px; min-width: 0; border: 1px solid var(--border-color-primary); border-radius: 8px;
+  padding: 6px 10px; background: var(--background-fill-secondary); }
+.memstep-stat-label { font-size: 11px; text-transform: uppercase; letter-spacing: .04em;
+  color: var(--body-text-color-subdued); }
+/* a long value (the run's label) wraps inside its card instead of being cut */
+.memstep-stat-value { font-size: 15px; font-weight: 600; color: var(--body-text-color); overflow-wrap: anywhere; }
 #memstep-controls .gr-group, #memstep-controls { gap: 10px; }
-.memstep-note { font-size: 12.5px; color: #4b5563; }
-.memstep-hint { padding: 14px 16px; border: 1px dashed #cbd5e1; border-radius: 8px; color: #4b5563; }
-.memstep-progress { height: 6px; margin-top: 8px; border-radius: 3px; background: #e5e7eb; overflow: hidden; }
+.memstep-note { font-size: 12.5px; color: var(--body-text-color-subdued); }
+.memstep-hint { padding: 14px 16px; border: 1px dashed var(--border-color-primary); border-radius: 8px;
+  color: var(--body-text-color-subdued); }
+.memstep-progress { height: 6px; margin-top: 8px; border-radius: 3px; background: var(--border-color-primary);
+  overflow: hidden; }
 .memstep-progress > div { height: 100%; background: #3b82f6; transition: width .3s ease; }
 /* keyboard users see where they are */
 button:focus-visible, input:focus-visible, select:focus-visible, textarea:focus-visible, [role="tab"]:focus-visible,
@@ -38,14 +44,18 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
 .memstep-sr-only { position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0);
   white-space: nowrap; }
 #run-row { gap: 8px; }
+/* a checkbox in a row of fields takes the room its label needs (Gradio gives checkboxes no minimum) */
+.memstep-wide-check { min-width: min(160px, 100%) !important; flex: 1 1 160px !important; }
+.memstep-now { margin: 6px 0 0; font-size: 13px; color: var(--body-text-color-subdued); }
+#keep-row { gap: 8px; flex-wrap: wrap; }
+.memstep-caption, .memstep-legend { color: var(--body-text-color-subdued); }
+.memstep-search-result { margin-top: 4px; }
+/* touch screens have no hover: keep each chart's toolbar (its PNG camera) in view */
+@media (hover: none) { .js-plotly-plot .modebar { opacity: 1 !important; } }
 /* tables scroll sideways instead of stacking their headers one letter per line (the header is
    a separate table from the body: both get the same minimum widths, and words never break) */
 .table-wrap, .table-container { overflow-x: auto !important; }
-#compare-table table, #plan-table table, #compare-table .virtual-body, #plan-table .virtual-body { min-width: 1200px; }
-#compare-table th, #compare-table th *, #plan-table th, #plan-table th * { word-break: normal !important;
-  overflow-wrap: normal !important; }
-#compare-table .cell-wrap, #plan-table .cell-wrap, #compare-table .cell-wrap span, #plan-table .cell-wrap span {
-  word-break: normal !important; overflow-wrap: normal !important; }
+/* (the rules per table are generated below, from the tables' column widths) */
 @media (max-width: 640px) {
   #memstep-header h1 { font-size: 1.25rem; }
   .memstep-stat { flex: 1 1 44%; }
@@ -77,7 +87,7 @@ chunks; right after each layer's attention a <b>scorer</b> cuts that layer's cac
 def build_app() -> gr.Blocks:
     with gr.Blocks(title="memstep: memorize step by step") as demo:
         gr.HTML(HEADER)
-        with gr.Tabs() as tabs:
+        with gr.Tabs(overflow_behavior="wrap") as tabs:  # every tab in view on a phone, no "..." menu
             with gr.Tab("Run", id="run"):
                 run = run_tab.build_tab()
             with gr.Tab("Compare", id="compare"):
@@ -89,6 +99,16 @@ def build_app() -> gr.Blocks:
             with gr.Tab("Compress", id="compress"):
                 compress_tab.build_tab(model_box=run.model, tabs=tabs)  # it can load a model into Run
         api.register()
+        # a link with settings in its address (?schedule=fm&chunk=256&example=...) opens with them
+        c = run.controls
+        demo.load(handlers.open_link, None,
+                  [c[k] for k in ("example", "schedule", "growth", "chunk", "memory", "sinks", "max_tokens", "scorer",
+                                  "rope", "question_aware", "model", "doc_state", "question", "doc_info")],
+                  api_visibility="private", show_progress="hidden")
+        demo.load(handlers.share_link, [c[k] for k in ("example", "doc_state", "schedule", "growth", "chunk",
+                                                       "memory", "sinks", "max_tokens", "scorer", "rope",
+                                                       "question_aware", "question", "model")], [c["share"]],
+                  api_visibility="private", show_progress="hidden")
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
     return demo
 
@@ -98,13 +118,27 @@ def launch_options() -> dict:
     theme = gr.themes.Soft(primary_hue="blue", neutral_hue="slate",
                            font=[gr.themes.Font(name) for name in ("Inter", "Segoe UI", "system-ui", "sans-serif")],
                            font_mono=[gr.themes.Font(name) for name in ("ui-monospace", "monospace")])
-    return {"theme": theme, "css": CSS + _table_css(), "head": HEAD, "max_file_size": MAX_UPLOAD_BYTES}
+    return {"theme": theme, "css": CSS + _table_css() + dark_css(), "head": HEAD, "max_file_size": MAX_UPLOAD_BYTES}
+
+
+# Tables that scroll sideways on a narrow screen: elem_id -> (minimum width in px, column widths)
+TABLES = {"compare-table": (1200, COMPARE_WIDTHS), "plan-table": (1200, plan_tab.TABLE_WIDTHS),
+          "eval-table": (1100, ["7%", "27%", "8%", "16%", "10%", "11%", "7%", "7%", "7%"]),
+          "laco-table": (1000, laco_section.TABLE_WIDTHS),
+          "sparse-table": (1000, ["10%", "15%", "15%", "11%", "11%", "16%", "10%", "12%"])}
 
 
 def _table_css() -> str:
-    """Body cells as wide as their header cells (Gradio draws the header as its own table):
-    each column's share of the tables' 1200 px minimum (header words fit their cells)."""
-    tables = [("compare-table", COMPARE_WIDTHS), ("plan-table", plan_tab.TABLE_WIDTHS)]
-    return "".join(f"#{table} th:nth-child({i}), #{table} .body-cell:nth-child({i}) "
-                   f"{{ min-width: {12 * float(width.rstrip('%')):.0f}px; }}\n"
-                   for table, widths in tables for i, width in enumerate(widths, start=1))
+    """Tables scroll sideways instead of stacking their headers one letter per line: the header
+    (Gradio draws it as its own table) and the body get the same minimum width, each column its
+    share of it, and words never break inside."""
+    rules = []
+    for table, (least, widths) in TABLES.items():
+        t = f"#{table}"
+        rules.append(f"{t} table, {t} .virtual-body {{ min-width: {least}px; }}")
+        rules.append(f"{t} th, {t} th *, {t} .cell-wrap, {t} .cell-wrap span {{ word-break: normal !important; "
+                     "overflow-wrap: normal !important; }")
+        rules += [f"{t} th:nth-child({i}), {t} .body-cell:nth-child({i}) "
+                  f"{{ min-width: {least * float(width.rstrip('%')) / 100:.0f}px; }}"
+                  for i, width in enumerate(widths, start=1)]
+    return "\n".join(rules) + "\n"

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 from memstep.documents import tokenize_prefix, truncation_notice
 from memstep.errors import MemstepError
 from memstep.generate import prompt_parts
-from memstep.presets import ROPE_MODES
+from memstep.presets import ATTENTIONS, ROPE_MODES, Fidelity
 from memstep.runner import DocumentRun
 from memstep.schedules import GROWTHS, SCHEDULES, check_run_settings, check_steps
 from memstep.scorers import SCORERS
@@ -57,6 +57,8 @@ class RunSettings:
     sinks: int = 4
     rope: str = "compact"  # RoPE positions: compact (the reference's) or document
     question_aware: bool = False  # the question's attention also scores every step
+    attention: str = "sdpa"  # or padded: the reference code's (m + c)^2 maps
+    fidelity: Fidelity = Fidelity()  # the reference switches (memstep.presets.SWITCHES)
 
     def label(self) -> str:
         if self.schedule == "full":
@@ -65,21 +67,26 @@ class RunSettings:
         scorer = f" · {self.scorer}" if self.scorer != "chunk-attention" else ""
         rope = " · document positions" if self.rope == "document" else ""
         aware = " · question-aware" if self.question_aware else ""
-        return f"{self.schedule.upper()}{growth} c{self.chunk} M{self.memory}{scorer}{rope}{aware}"
+        ways = " · as the reference" if self.fidelity.changed() or self.attention != "sdpa" else ""
+        return f"{self.schedule.upper()}{growth} c{self.chunk} M{self.memory}{scorer}{rope}{aware}{ways}"
 
     def run_kwargs(self) -> dict:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def settings_from(schedule, chunk, memory, growth, scorer, sinks, rope="compact", question_aware=False) -> RunSettings:
-    """Settings from the page's controls or an API call, each checked with a one-line reason."""
+def settings_from(schedule, chunk, memory, growth, scorer, sinks, rope="compact", question_aware=False,
+                  attention="sdpa", fidelity: dict | None = None) -> RunSettings:
+    """Settings from the page's controls or an API call, each checked with a one-line reason;
+    ``fidelity``: the reference switches by name (memstep.presets.SWITCHES), empty ones ignored."""
     question_aware = flag(question_aware, "question_aware")
     name = choice(schedule, "schedule", [s for s in SCHEDULES if s != "custom"], "imdc")
     return RunSettings(name, whole_number(chunk, "chunk size", 1), whole_number(memory, "memory size", 0),
                        choice(growth, "growth", GROWTHS, "linear"),
                        choice(scorer, "scorer", list(SCORERS), "chunk-attention"),
                        whole_number(sinks, "sinks", 0, MAX_SINKS), choice(rope, "RoPE positions", ROPE_MODES, "compact"),
-                       question_aware and name != "full")
+                       question_aware and name != "full", choice(attention, "attention", ATTENTIONS, "sdpa"),
+                       Fidelity.from_settings({k: (v.strip().lower() or None) if isinstance(v, str) else v
+                                               for k, v in (fidelity or {}).items()}))
 
 
 def check_settings(settings: RunSettings, tokens: int, run: bool = True) -> None:

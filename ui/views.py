@@ -14,11 +14,13 @@ import numpy as np
 
 from memstep.memory import format_bytes
 from memstep.records import RunResult, StepRecord
+from memstep.passkey import answer_contains_passkey
 from memstep.schedules import Schedule
 
 from ui.figures import (layer_memory_figure, memory_figure, placeholder_figure, retained_map_figure, schedule_figure,
                         seconds_figure)
-from ui.highlight import highlight_html
+from ui.highlight import Mark, highlight_html
+from ui.outcome import MAX_MATCHES, answer_spans, answers_differ, describe_history, history, search_spans, token_range
 from ui.runs import PreparedDocument, RunSettings
 from ui.summary import needle_kept, passkey_verdict, stat_cards
 
@@ -34,6 +36,37 @@ class RunView:
     seconds: float = 0.0  # wall-clock since Run, model load and answer included
     stopped: bool = False
     wants_reference: bool = False  # a full-cache reference answer follows the run
+    cpu_seconds: list[float] = field(default_factory=list)  # this process's CPU time per step (CPU runs)
+    cpu_measured: bool = False  # whether cpu_seconds are the run's own work (a CPU run in this process)
+    now: str = ""  # what is happening right now, with an estimate ("step 2 of 3 · about 6 s left")
+    load_note: str | None = None  # set when the machine runs more work than it has cores
+
+    @property
+    def answer_chars(self) -> list[tuple[int, int]]:
+        """Where the full cache's answer appears in the part of the document the run read
+        (characters); [] before the reference answer or when the answers agree."""
+        if self.full is None or self.result is None or not answers_differ(self.result.answer, self.full.answer):
+            return []
+        read = self.document.spans[-1][1] if self.document.spans else 0
+        return [s for s in answer_spans(self.full.answer, self.result.question, self.document.source.text)
+                if s[1] <= read]
+
+    def input_range(self, chars: tuple[int, int]) -> tuple[int, int] | None:
+        """Input positions (prompt head included) of the tokens over ``chars``."""
+        found = token_range(self.document.spans, chars)
+        prefix = self.document.prefix_tokens
+        return None if found is None else (prefix + found[0], prefix + found[1])
+
+    @property
+    def suggests_question_aware(self) -> bool:
+        """The compressed memory missed what the full cache answered (or lost the passkey), and
+        the question did not vote: a question-aware run is the next thing to try."""
+        if self.result is None or not self.result.question or self.settings.question_aware \
+                or self.settings.schedule == "full":
+            return False
+        if self.passkey and not answer_contains_passkey(self.result.answer or "", self.passkey):
+            return True
+        return self.full is not None and answers_differ(self.result.answer, self.full.answer)
 
     @property
     def steps(self) -> int:
@@ -78,9 +111,9 @@ class Rendered:
     layers: object = None  # memory per layer (layer-wise budgets only)
 
 
-def render(view: RunView, step: int | None = None) -> Rendered:
+def render(view: RunView, step: int | None = None, query: str = "") -> Rendered:
     """The views as they were after ``step`` (0-based; -1: before the first; None: the
-    latest step run)."""
+    latest step run), the text view with the matches of ``query`` outlined."""
     records = view.records if step is None else view.records[: step + 1]
     current = records[-1].step if records else None
     replaying = step is not None and step < len(view.records) - 1
@@ -89,18 +122,23 @@ def render(view: RunView, step: int | None = None) -> Rendered:
     if records:
         retained = retained_map_figure(records, view.schedule.tokens, view.steps,
                                        prefix_tokens=view.document.prefix_tokens, sinks=view.settings.sinks,
-                                       needle=view.needle, current=current)
+                                       needle=view.needle, current=current,
+                                       answers=[r for r in map(view.input_range, view.answer_chars[:5]) if r])
     else:
         retained = placeholder_figure("The retained-token map fills in as the steps run",
                                       "Retained tokens: what memory holds after each step", 340)
     layers = layer_memory_figure(records[-1] if records else None, view.settings.sinks) \
         if view.schedule.layerwise else None
+    cpu = view.cpu_seconds[: len(records)] if view.cpu_measured else None
     return Rendered(sizes, retained, memory_figure(records, view.steps),
-                    seconds_figure(records, view.steps), text_view(view, records[-1] if records else None), layers)
+                    seconds_figure(records, view.steps, cpu=cpu, note=view.load_note),
+                    text_view(view, records[-1] if records else None, query, records), layers)
 
 
-def text_view(view: RunView, record: StepRecord | None) -> str:
-    """The document with the memory after ``record``'s step highlighted."""
+def text_view(view: RunView, record: StepRecord | None, query: str = "",
+              records: list[StepRecord] | None = None) -> str:
+    """The document with the memory after ``record``'s step highlighted; the full cache's
+    answer and the matches of ``query`` outlined, with what the memory keeps of each match."""
     doc = view.document
     count = len(doc.ids)
     fractions = np.full(count, np.nan)
@@ -114,7 +152,51 @@ def text_view(view: RunView, record: StepRecord | None) -> str:
         caption = "Not run yet."
     if doc.notices:
         caption += " " + " ".join(doc.notices)
-    return highlight_html(doc.source.text, doc.spans, fractions, doc.source.needle_chars, caption)
+    marks = [Mark(s, e, "answer", f"memstep-answer-{i}") for i, (s, e) in enumerate(view.answer_chars)]
+    links = ""
+    if view.answer_chars:
+        links += ' <a href="#memstep-answer-0">Show the full cache\'s answer in the text.</a>'
+    matches = search_spans(query, doc.source.text)
+    if query and query.strip():
+        marks += [Mark(s, e, "match", f"memstep-match-{i}") for i, (s, e) in enumerate(matches)]
+        links += search_summary(view, query, matches, view.records if records is None else records)
+    return highlight_html(doc.source.text, doc.spans, fractions, doc.source.needle_chars, caption, marks=marks,
+                          links=links)
+
+
+def search_summary(view: RunView, query: str, matches: list[tuple[int, int]], records: list[StepRecord]) -> str:
+    """The search's result line (HTML): how many matches, what the memory did with them, and a
+    link to each labelled with its share of layer-head slots (or the step that evicted it)."""
+    read_chars = view.document.spans[-1][1] if view.document.spans else 0
+    query = html.escape(query.strip())
+    if not matches:
+        return f'<div class="memstep-search-result">No match for “{query}”.</div>'
+    links, gone, kept, unread = [], [], [], 0
+    for i, chars in enumerate(matches):
+        positions = view.input_range(chars) if chars[1] <= read_chars else None
+        h = history(records, *positions) if positions else None
+        if h is None or h.read is None:
+            unread += 1
+            label = "not read"
+        elif h.left is not None:
+            gone.append(h.left)
+            label = f"evicted in step {h.left}"
+        else:
+            kept.append(h.kept or 0.0)
+            label = f"{h.kept:.0%}"
+        if i < 20:
+            links.append(f'<a href="#memstep-match-{i}">{i + 1}</a> ({label})')
+    after = f"after step {records[-1].step + 1} of {view.steps}" if records else "before the first step"
+    parts = []
+    if kept:
+        parts.append(f"{len(kept)} still in memory (kept by {min(kept):.0%}-{max(kept):.0%} of the layer-head slots)")
+    if gone:
+        parts.append(f"{len(gone)} evicted from every slot (the first in step {min(gone)})")
+    if unread:
+        parts.append(f"{unread} not read")
+    count = f"{len(matches)}{'+' if len(matches) >= MAX_MATCHES else ''}"
+    return (f'<div class="memstep-search-result"><b>{count} match{"es" * (len(matches) != 1)}</b> for “{query}” '
+            f'{after}: {"; ".join(parts)}. Jump to ' + " · ".join(links) + ".</div>")
 
 
 def stats_html(view: RunView, step: int | None = None) -> str:
@@ -139,15 +221,17 @@ def stats_html(view: RunView, step: int | None = None) -> str:
         ("steps", "step", f"{len(records)} / {view.steps}"),
         ("tokens", "tokens read", f"{last.tokens_seen if last else 0:,} / {view.schedule.tokens:,}"),
         ("memory", "memory kept", _memory_kept(last)),
-        ("seconds", "prefill seconds", f"{seconds:.1f} s"),
+        ("seconds", "prefill seconds", f"{seconds:.1f} s" + (f" · CPU {sum(view.cpu_seconds[:len(records)]):.1f} s"
+                                                             if view.cpu_measured and records else "")),
         ("modeled", "peak modeled", format_bytes(modeled) if modeled is not None else "—"),
         ("measured", "peak measured", format_bytes(measured) if measured is not None else "n/a on this device"),
     ]
     kept = needle_kept(last, view.needle) if last is not None else None
     if view.needle is not None:
         items.append(("passkey", "passkey in memory", f"{kept:.0%} of slots" if kept is not None else "not read yet"))
+    now = "" if state in ("replay", "done") else view.now
     return stat_cards(items, None if state == "replay" else len(records) / max(view.steps, 1),
-                      summary=charts_text(view, records))
+                      summary=charts_text(view, records), now=now)
 
 
 def charts_text(view: RunView, records: list[StepRecord]) -> str:
@@ -192,13 +276,50 @@ def answer_markdown(view: RunView | None) -> str:
         lines += ["", f"**From the full cache (reference):** {html.escape(view.full.answer or '')}"]
         if passkey:
             lines[-1] += f" &nbsp; passkey {passkey}: **{passkey_verdict(view.full.answer, passkey)}**"
-    story = passkey_story(view)
+    story = passkey_story(view) or answer_story(view)
     if story:
         lines += ["", story]
+    if view.suggests_question_aware and not view.reference_pending:
+        lines += ["", QUESTION_AWARE_HINT]
     notices = (view.result.notices or [])
     if notices:
         lines += ["", "*" + " ".join(html.escape(n) for n in notices) + "*"]
     return "\n".join(lines)
+
+
+QUESTION_AWARE_HINT = ("**Why it can miss.** The scorer keeps what the document's own chunks attend to, and the "
+                       "question is not read until the end: under a small memory a small model loses what only the "
+                       "question would have voted for. **Try question-aware** (the button below) to let the question "
+                       "vote at every step.")
+
+
+def answer_story(view: RunView) -> str | None:
+    """When the compressed memory's answer differs from the full cache's: where the full
+    cache's answer sits in the document, which step read it and which evicted it."""
+    if view.full is None or view.result is None or not view.result.question:
+        return None
+    if not answers_differ(view.result.answer, view.full.answer):
+        return None
+    chars = view.answer_chars
+    head = "**Why the answers differ.** "
+    if not chars:
+        return head + ("The full cache's answer does not appear word for word in the document, so the page cannot "
+                       "point at the tokens it came from.")
+    positions = [p for p in map(view.input_range, chars) if p]
+    histories = [history(view.records, *p) for p in positions]
+    where = view.document.source.text
+    first = chars[0][0] / max(len(where), 1)
+    quoted = html.escape(where[chars[0][0]:chars[0][1]])
+    if len(histories) == 1:
+        return (f"{head}The full cache answered from “{quoted}” ({first:.0%} into the document): it was "
+                f"{describe_history(histories[0], view.steps)}.")
+    gone = [h for h in histories if h.left is not None]
+    kept = [h.kept or 0.0 for h in histories]
+    detail = (f"{len(gone)} of them left the memory (the first in step {min(h.left for h in gone)})"
+              if gone else "none left the memory entirely")
+    return (f"{head}The full cache's answer “{quoted}” appears {len(histories)} times in the document (first at "
+            f"{first:.0%}); {detail}, and after the last step the memory keeps {max(kept):.0%} of the layer-head "
+            "slots of the best-kept one.")
 
 
 def passkey_story(view: RunView, records: list[StepRecord] | None = None) -> str | None:

@@ -39,6 +39,12 @@ def register(sub) -> None:
                    help=f"RoPE positions of memstep's runs: {' and/or '.join(ROPES)} (default compact, as the "
                         "reference code: the memory at 0..len-1, the chunk right after it; document = each token "
                         "at its position in the document)")
+    p.add_argument("--fidelity", default="memstep",
+                   help="the reference switches of memstep's runs, comma-separated: memstep (default), reference "
+                        "(all as the reference code), reference-no-<switch> / memstep-no-<switch> (one switch "
+                        "at its other value than the reference's) or memstep-with-<switch> (one switch as the "
+                        "reference's); switches: sink-scoring, "
+                        "growth-rounding, gqa-grouping, score-rows, question-place, ntk")
     p.add_argument("--chunk", type=int, default=512, help="chunk size in tokens (default 512)")
     p.add_argument("--peers", default="", help="kvpress and/or hf (the HF full cache), comma-separated")
     p.add_argument("--presses", default=",".join(PRESSES), help=f"kvpress presses (default {','.join(PRESSES)})")
@@ -74,7 +80,7 @@ def cmd_eval(args) -> int:
         raise MemstepError("--max-new-tokens and --threads must be at least 1, --continuation-tokens at least 0")
     configs = make_grid(names(args.schedules), names(args.scorers), ints(args.budgets), args.chunk,
                         names(args.peers), names(args.presses), names(args.ropes),
-                        QUESTION_AWARE[args.question_aware])
+                        QUESTION_AWARE[args.question_aware], names(args.fidelity))
     model = args.model or default_model()
     haystacks = names(args.haystacks) if args.haystacks else None
     read_haystacks(haystacks)  # a missing or empty text fails here, before the tokenizer loads

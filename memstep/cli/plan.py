@@ -31,6 +31,9 @@ def register(sub) -> None:
     p.add_argument("--attention", default="sdpa", choices=ATTENTIONS,
                    help="sdpa (fused kernels), eager, or padded (the seed paper's reference code)")
     p.add_argument("--dtype", default="bf16", choices=planner.DTYPES)
+    p.add_argument("--weights", default="dtype", choices=tuple(planner.WEIGHT_FORMATS),
+                   help="weights stored as the dtype (default), int8 or int4: their bytes only (scales not counted; "
+                        "KV cache, activations and time stay at the dtype)")
     p.add_argument("--sinks", type=int, default=4)
     p.add_argument("--question-tokens", type=int, default=0,
                    help="question-aware compression: the question's tokens, read after every chunk (default 0)")
@@ -77,7 +80,7 @@ def build_report(args) -> dict:
         raise MemstepError("--keep-maps models the padded reference code: add --attention padded")
     gpu = planner.resolve_gpu(args.gpu, args.tflops, args.bandwidth, args.gpu_memory)
     settings = _settings(args)
-    shape = planner.resolve_model(args.model, args.dtype)
+    shape = planner.with_weights(planner.resolve_model(args.model, args.dtype), args.weights)
     chosen = planner.plan(shape, gpu, schedule=args.schedule, **settings)
     rest = {k: v for k, v in settings.items() if k != "tokens"}
     longest = planner.longest_context(shape, gpu, args.schedule, **rest)
@@ -87,6 +90,7 @@ def build_report(args) -> dict:
         report[key] = planner.ratios({args.schedule: chosen}, reference).get(args.schedule)
     report["longest_context"] = longest.to_dict()
     report["longest_context_label"] = longest.label()
+    report["weights"] = args.weights
     return report
 
 

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 from memstep.cli.common import at_least, check_output_path, write_output
-from memstep.cli.schedule import add_schedule_options
+from memstep.cli.schedule import add_schedule_options, review_of
 from memstep.errors import MemstepError
-from memstep.presets import PRESETS, ROPE_MODES, apply_preset
+from memstep.presets import ATTENTIONS, PRESETS, ROPE_MODES, SWITCHES, Fidelity, apply_preset
+from memstep.question_pool import QUESTION_POOL, parse_question_pool
+
+
+def _question_pool(text: str) -> str:
+    try:  # checked before the model loads
+        parse_question_pool(text)
+    except MemstepError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def register(sub) -> None:
@@ -18,19 +28,26 @@ def register(sub) -> None:
     add_schedule_options(p)
     # names spelled out so `memstep plan/schedule` start without importing torch (scorers.py)
     p.add_argument("--scorer", default=None,
-                   help="chunk-attention (default), conv, snapkv, vatp, knorm, recency or random")
+                   help="chunk-attention (default), conv, snapkv, vatp, knorm, recency, random; as the reference "
+                        "code's pruners: random-shared (one draw for every KV head), roco, chunk-prefix, "
+                        "random-query")
     p.add_argument("--window", type=int, default=32, help="SnapKV observation window")
     p.add_argument("--kernel", type=int, default=5, help="conv scorer: keys pooled together (odd, default 5)")
     p.add_argument("--rope", default=None, choices=ROPE_MODES,
                    help="RoPE positions: compact (default; contiguous, at most sinks + M + c, as the reference "
                         "code) or document (true document positions)")
     p.add_argument("--preset", default=None, choices=sorted(PRESETS),
-                   help="reference: the paper's reference code (compact positions, conv scorer, 4 sinks); "
-                        "options given explicitly still win")
+                   help="reference: the paper's reference code exactly (compact positions, conv scorer, 4 sinks, "
+                        "padded attention, every switch below at the reference's value); options given "
+                        "explicitly still win")
     p.add_argument("--sinks", type=int, default=None, help="always-kept first tokens (default 4)")
-    p.add_argument("--attention", default="sdpa", choices=("sdpa", "padded"),
+    p.add_argument("--attention", default=None, choices=ATTENTIONS,
                    help="sdpa (default: fused, or one pass that also yields the scores) or padded (the reference "
-                        "code's queries padded to memory + chunk and (m + c)^2 maps, for measurement)")
+                        "code's queries padded to memory + chunk and (m + c)^2 maps)")
+    for name, switch in SWITCHES.items():  # growth rounding comes with the schedule's options
+        if name != "growth_rounding":
+            p.add_argument("--" + name.replace("_", "-"), default=None, choices=switch.choices,
+                           help=f"{switch.help} (default {switch.default}; --preset reference: {switch.reference})")
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--question", default=None)
     p.add_argument("--question-aware", action="store_true",
@@ -38,6 +55,9 @@ def register(sub) -> None:
                         "chunk, then dropped): keeps what the question needs")
     p.add_argument("--question-weight", type=float, default=0.75,
                    help="question-aware: the question's share of the score, in (0, 1] (default 0.75)")
+    p.add_argument("--question-pool", type=_question_pool, default=QUESTION_POOL,
+                   help="question-aware: how a key takes its neighbours' question attention: max:N, mean:N "
+                        f"(N odd) or none (default {QUESTION_POOL})")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--continuation-tokens", type=int, default=0)
     p.add_argument("--device", default="auto")
@@ -82,7 +102,8 @@ def cmd_run(args) -> int:
                       question=args.question, max_new_tokens=args.max_new_tokens,
                       continuation_tokens=args.continuation_tokens, notices=notices, rope=args.rope,
                       kernel=args.kernel, attention=args.attention, question_aware=args.question_aware,
-                      question_weight=args.question_weight)
+                      question_weight=args.question_weight, question_pool=args.question_pool, fidelity=Fidelity.from_settings(vars(args)),
+                      review=review_of(args))
     for line in run.result.notices[len(notices):]:  # what the run adds (positions beyond training)
         print(line, file=sys.stderr)
     with tqdm(total=run.schedule.steps, desc=f"{args.schedule} prefill", unit="step", file=sys.stderr,
@@ -99,6 +120,9 @@ def cmd_run(args) -> int:
         return 0
     print(f"{result.model}: {result.tokens} tokens, schedule {args.schedule}, scorer {args.scorer}, "
           f"{args.rope} RoPE positions, {result.device}/{result.dtype}")
+    changed = Fidelity.from_settings(result.fidelity).changed()
+    if changed:
+        print("as the reference code: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in changed.items()))
     print(f"{'step':>4} {'start':>6} {'chunk':>6} {'before':>6} {'budget':>6} {'after':>6} "
           f"{'seconds':>8} {'modeled':>10} {'measured':>10}")
     for s in result.steps:

@@ -4,22 +4,37 @@ from __future__ import annotations
 
 import json
 
-from memstep.schedules import GROWTHS, SCHEDULES, check_run_settings, format_table, make_schedule
+from memstep.presets import SWITCHES
+from memstep.schedules import GROWTHS, REVIEWS, SCHEDULES, check_run_settings, format_table, make_schedule
 
 
 def add_schedule_options(p, default_schedule="imdc"):
-    """--schedule, --chunk, --memory, --growth: shared by `schedule` and `run`."""
-    p.add_argument("--schedule", default=default_schedule, choices=[s for s in SCHEDULES if s != "custom"])
+    """--schedule, --chunk, --memory, --growth, --growth-rounding, --review*: shared by
+    `schedule` and `run`."""
+    p.add_argument("--schedule", default=default_schedule, choices=[s for s in SCHEDULES if s != "custom"],
+                   help="fm, im, imdc, full; fim (fixed-incremental: earlier memory never re-scored, each step adds "
+                        "its share of M) and local (nothing kept after a step), both as the reference code")
     p.add_argument("--chunk", type=int, default=512, help="chunk size in tokens (default 512)")
     p.add_argument("--memory", type=int, default=512, help="memory budget M in tokens (default 512)")
     p.add_argument("--growth", default="linear", choices=GROWTHS,
                    help="IM/IMDC growth curve; square-sqrt and double-inverse are layer-wise (the lower half "
                         "of the layers follows the first curve, the upper half the second)")
+    p.add_argument("--growth-rounding", default=None, choices=SWITCHES["growth_rounding"].choices,
+                   help=SWITCHES["growth_rounding"].help + " (default divide-first)")
+    p.add_argument("--review", default=None, choices=REVIEWS,
+                   help="re-feed chunk ceil(M / c) among the next --review-length chunks, --review-times times, "
+                        "placed uniform/exp/early/late (the reference's ReviewScheduler; FM, IM, IMDC)")
+    p.add_argument("--review-times", type=int, default=1, help="how many times a review re-feeds (default 1)")
+    p.add_argument("--review-length", type=int, default=8, help="the review's window of chunks (default 8)")
 
+
+def review_of(args) -> tuple[str, int, int] | None:
+    return (args.review, args.review_times, args.review_length) if args.review else None
 
 def cmd_schedule(args) -> int:
     check_run_settings(args.schedule, args.tokens, args.chunk, args.memory, args.sinks)  # the app's rule too
-    schedule = make_schedule(args.schedule, args.tokens, args.chunk, args.memory, args.growth, layers=args.layers)
+    schedule = make_schedule(args.schedule, args.tokens, args.chunk, args.memory, args.growth, layers=args.layers,
+                             rounding=args.growth_rounding or "divide-first", review=review_of(args))
     if args.json:
         print(json.dumps(schedule.to_dict()))
     else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 from memstep.cancel import checkpoint
@@ -20,19 +21,36 @@ CALIBRATION_FILE = ASSETS / "persuasion_excerpt.txt"
 HELD_OUT_FILE = ASSETS / "pride_and_prejudice_ch1-12.txt"
 
 
-def _paragraphs(path: Path) -> list[str]:
-    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if len(line.strip()) > 80]
+# A calibration file a user gives goes through the same reading as a document (extension,
+# size limit, decoding, binary and empty checks): one readable line for each problem.
+MIN_PARAGRAPH_CHARS = 80
 
 
-def calibration_texts(count: int = 8, path: str | Path | None = None, min_chars: int = 200) -> list[str]:
-    """``count`` paragraphs of at least ``min_chars`` characters (from the start of the file)."""
-    source = Path(path) if path else CALIBRATION_FILE
-    if not source.is_file():
-        raise MemstepError(f"calibration file not found: {source.name}")
-    texts = [p for p in _paragraphs(source) if len(p) >= min_chars][:count]
-    if not texts:
-        raise MemstepError(f"calibration file {source.name} has no paragraph of {min_chars}+ characters")
-    return texts
+def read_calibration(path: str | Path) -> str:
+    """The text of a user's calibration file (.txt/.md/.pdf/.html), read as documents are."""
+    from memstep.documents import read_document
+
+    return read_document(path)
+
+
+def paragraphs(text: str, min_chars: int = MIN_PARAGRAPH_CHARS) -> list[str]:
+    """Blocks separated by blank lines, their wrapped lines joined, of ``min_chars`` or more."""
+    blocks = re.split(r"\n\s*\n", text.replace("\r\n", "\n"))
+    joined = (" ".join(line.strip() for line in block.splitlines() if line.strip()) for block in blocks)
+    return [p for p in joined if len(p) >= min_chars]
+
+
+def calibration_texts(count: int = 8, text: str | None = None, min_chars: int = 200,
+                      name: str | None = None) -> list[str]:
+    """The first ``count`` paragraphs of at least ``min_chars`` characters of ``text`` (default:
+    the bundled Persuasion excerpt). Fewer than ``count`` is an error: the text is too short."""
+    text = CALIBRATION_FILE.read_text(encoding="utf-8") if text is None else text
+    found = paragraphs(text, min_chars)
+    if len(found) < count:
+        raise MemstepError(f"the calibration text{f' {name}' if name else ''} is too short: it has {len(found)} "
+                           f"paragraph(s) of {min_chars}+ characters (separated by blank lines) and {count} are "
+                           "needed; give a longer text or ask for fewer (--sentences)")
+    return found[:count]
 
 
 def held_out_text() -> str:

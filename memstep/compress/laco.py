@@ -10,17 +10,34 @@ are part of the same affine maps, so the same argument applies); the layer norms
 Qwen3's q/k norms) stay layer l's: a norm's gain is a scale, not a residual update, and the
 paper merges only attention and MLP. The merged-away layers are removed.
 
+With C = 2 the formula gives theta_l + (theta_{l+1} - theta_l) = theta_{l+1}: the "merged"
+layer is a copy of the upper layer (with the base layer's norms), so the search drops layers
+rather than merging them. A real merge needs C >= 3 (``C2_WARNING``).
+
 ``variant="notebook"`` is what the authors' released notebook computes in effect: it adds
 ``theta_{l+k} - theta_l`` to the already updated copy of layer l, so each step overwrites it
 and the merged layer ends with layer l+C-1's attention and MLP weights (and layer l's norms).
 
-The search (``LayerCollapse``) starts at l = H - C and walks down: merge the candidate,
-compare its final hidden states (the decoder's last hidden state, after the final norm) with
-the reference model's on a few calibration sentences by cosine similarity; above T the merge
+The search (``LayerCollapse``) follows the notebook's conventions: H is the index of the
+highest layer (HIGHEST_LAY, default the top layer, depth - 1) and L the lowest base (LOWEST_LAY,
+default 0). It starts at l = H - C, so the first window holds layers H - C .. H - 1 (with the
+default H the top layer joins a window only once a merge below has brought it within reach;
+H = depth lets the first window reach it). Each step merges the candidate, compares its final
+hidden states (the decoder's last hidden state, after the final norm) with the reference
+model's on a few calibration sentences (tokenized as the model's own inputs, BOS/special
+tokens included, as the notebook's ``tokenizer(s)``) by cosine similarity; above T the merge
 is kept and l moves down by I, otherwise by 1; it stops when l < L. The reference is the dense
 model, as in the paper's Algorithm 1 and the notebook (``reference="current"``: the model
-collapsed so far). Iterating yields one ``CandidateRecord`` per candidate; afterwards
-``result`` holds the plain-data outcome and ``build()`` the collapsed model.
+collapsed so far).
+
+Merges chain as in the paper and the notebook (``merge="chained"``): a window that takes in a
+layer merged before merges that merged layer's weights. ``merge="run"`` instead builds every
+candidate by one RDSC over the original layers of the whole run it would stand for, so an
+accepted run l <- l+1, ..., l+m is theta_l + sum_k (theta_{l+k} - theta_l) on the dense weights;
+``LacoResult.chain_difference`` measures how far the two are apart on the final groups.
+
+Iterating yields one ``CandidateRecord`` per candidate; afterwards ``result`` holds the
+plain-data outcome and ``build()`` the collapsed model.
 """
 
 from __future__ import annotations
@@ -39,15 +56,21 @@ from memstep.errors import MemstepError
 
 VARIANTS = ("paper", "notebook")
 REFERENCES = ("dense", "current")
-# Defaults for the embedded 30-layer SmolLM2-135M, chosen by trying (README, "Compress: layer
-# collapse"): merging 3 or 4 layers by the formula leaves final hidden states with cosine
-# similarity <= 0.53 (C=3) and <= 0.17 (C=4) to the dense model's at every l on this small
-# model, so only C=2 gives candidates worth keeping (0.5-0.9); I=1 lets the next candidate take
-# in the layer just merged; T=0.8 sits between the kept (>= 0.80) and the rejected (<= 0.795)
-# candidates and removes 6 of 30 layers; L=1 never merges into the first layer; H = all layers.
-DEFAULTS = dict(C=2, L=1, H=None, I=1, T=0.8)
+MERGES = ("chained", "run")
+# Defaults: the notebook's L = 0, H = the top layer's index and I = 1, with C = 3 (the smallest
+# window whose RDSC is a real merge) and T chosen by trying on the embedded 30-layer SmolLM2-135M
+# (docs/compress.md): three-layer merges score at most 0.52 there (layers 25-27) and 0.44 elsewhere;
+# T = 0.45, the notebook's value for Llama-13B, keeps that one merge (30 -> 28 layers).
+DEFAULTS = dict(C=3, L=0, H=None, I=1, T=0.45, merge="chained")
 CALIBRATION_SENTENCES = 6
 CALIBRATION_TOKENS = 128
+C2_WARNING = ("C = 2: RDSC then reduces to keeping the upper layer (theta_l + (theta_l+1 - theta_l) = "
+              "theta_l+1), so the search drops layers instead of merging them; use C >= 3 for a real merge")
+
+
+def settings_warnings(C: int) -> list[str]:
+    """What a user should know about settings that run but do not do what LaCo means."""
+    return [C2_WARNING] if C == 2 else []
 
 
 def mergeable(name: str) -> bool:
@@ -79,7 +102,8 @@ def merge_layers(layers: list[nn.Module], variant: str = "paper") -> nn.Module:
 
 
 def check_settings(C: int, L: int, H: int, I: int, T: float, layers: int) -> None:  # noqa: E741
-    """One readable line for every setting that cannot run on a ``layers``-layer model."""
+    """One readable line for every setting that cannot run on a ``layers``-layer model
+    (H: the highest layer's index as in the notebook; ``layers`` lets the first window reach the top)."""
     if C < 2:
         raise MemstepError(f"C must be at least 2 (a merge needs a base layer and one more), got {C}")
     if I < 1:
@@ -89,7 +113,8 @@ def check_settings(C: int, L: int, H: int, I: int, T: float, layers: int) -> Non
     if L < 0:
         raise MemstepError(f"L must be 0 or more, got {L}")
     if H > layers:
-        raise MemstepError(f"H={H} is above the model's {layers} layers: use H <= {layers}")
+        raise MemstepError(f"H={H} is above the model's top layer ({layers - 1}, the default): use H <= {layers} "
+                           f"(H = {layers} lets the first window reach the top layer)")
     if L > H:
         raise MemstepError(f"L={L} is above H={H}: the search walks down from H - C to L")
     if H - C < L:
@@ -144,6 +169,8 @@ class LacoResult:
     settings: dict
     candidates: list[CandidateRecord] = field(default_factory=list)
     seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+    chain_difference: dict[int, float] = field(default_factory=dict)  # merged base -> max |chained - one RDSC|
 
     @property
     def pruning_ratio(self) -> float:
@@ -157,7 +184,8 @@ class LacoResult:
         return {"event": "result", "layers_before": self.layers_before, "layers_after": self.layers_after,
                 "removed": self.removed, "pruning_ratio": self.pruning_ratio, "groups": self.groups,
                 "merges": {str(k): v for k, v in self.merges().items()}, "settings": self.settings,
-                "candidates": [c.to_dict() for c in self.candidates], "seconds": self.seconds}
+                "candidates": [c.to_dict() for c in self.candidates], "seconds": self.seconds,
+                "warnings": self.warnings, "chain_difference": {str(k): v for k, v in self.chain_difference.items()}}
 
 
 class LayerCollapse:
@@ -167,19 +195,22 @@ class LayerCollapse:
     def __init__(self, model, tokenizer, calibration: list[str], *, C: int = DEFAULTS["C"],  # noqa: E741
                  L: int = DEFAULTS["L"], H: int | None = None, I: int = DEFAULTS["I"],  # noqa: E741
                  T: float = DEFAULTS["T"], variant: str = "paper", reference: str = "dense",
-                 max_tokens: int = CALIBRATION_TOKENS):
+                 merge: str = DEFAULTS["merge"], max_tokens: int = CALIBRATION_TOKENS):
         self.dense_layers = check_decoder(model)
-        H = len(self.dense_layers) if H is None else H
+        H = len(self.dense_layers) - 1 if H is None else H
         check_settings(C, L, H, I, T, len(self.dense_layers))
         if variant not in VARIANTS:
             raise MemstepError(f"unknown LaCo variant '{variant}': use {' or '.join(VARIANTS)}")
         if reference not in REFERENCES:
             raise MemstepError(f"unknown reference '{reference}': use {' or '.join(REFERENCES)}")
+        if merge not in MERGES:
+            raise MemstepError(f"unknown merge '{merge}': use {' or '.join(MERGES)}")
         if max_tokens < 2:
             raise MemstepError(f"calibration sentences need at least 2 tokens each, got {max_tokens}")
         self.model, self.tokenizer = model, tokenizer
         self.C, self.L, self.H, self.I, self.T = C, L, H, I, T
-        self.variant, self.reference = variant, reference
+        self.variant, self.reference, self.merge = variant, reference, merge
+        self.warnings = settings_warnings(C)
         device = next(model.parameters()).device
         self.batches = calibration_batches(tokenizer, calibration, max_tokens, device)
         self.layers = list(self.dense_layers)  # the model collapsed so far
@@ -190,15 +221,17 @@ class LayerCollapse:
     @property
     def settings(self) -> dict:
         return {"C": self.C, "L": self.L, "H": self.H, "I": self.I, "T": self.T, "variant": self.variant,
-                "reference": self.reference, "calibration_sentences": len(self.batches),
+                "reference": self.reference, "merge": self.merge, "calibration_sentences": len(self.batches),
                 "calibration_tokens": sum(b.shape[1] for b in self.batches)}
 
     def _score(self, l: int, end: int) -> float:  # noqa: E741
         """Build the candidate merging layers l..end-1 of the model so far; its similarity."""
         checkpoint()  # Stop / cancel ends the search between candidates
         started = time.perf_counter()
-        layers = self.layers[:l] + [merge_layers(self.layers[l:end], self.variant)] + self.layers[end:]
-        groups = self.groups[:l] + [[i for g in self.groups[l:end] for i in g]] + self.groups[end:]
+        group = [i for g in self.groups[l:end] for i in g]
+        members = self.layers[l:end] if self.merge == "chained" else [self.dense_layers[i] for i in group]
+        layers = self.layers[:l] + [merge_layers(members, self.variant)] + self.layers[end:]
+        groups = self.groups[:l] + [group] + self.groups[end:]
         # the layers below l are the dense model's: only l and above run
         hidden = self.stack.final_hidden(layers, [g[0] for g in groups], start=l)
         self._candidate = (layers, groups, hidden, time.perf_counter() - started)
@@ -226,7 +259,20 @@ class LayerCollapse:
         kept = {g[0] for g in self.groups}
         self.result = LacoResult(len(self.dense_layers), len(self.layers),
                                  sorted(set(range(len(self.dense_layers))) - kept), [list(g) for g in self.groups],
-                                 self.settings, records, time.perf_counter() - began)
+                                 self.settings, records, time.perf_counter() - began, list(self.warnings),
+                                 self.chain_difference())
+
+    def chain_difference(self) -> dict[int, float]:
+        """For each merged layer: the largest absolute difference, over its attention and MLP
+        weights, between it and one RDSC over the original layers of its group (0 for a group
+        merged at once; a chain of merges adds differences of differences)."""
+        out = {}
+        for layer, group in zip(self.layers, self.groups):
+            if len(group) > 1:
+                whole = merge_layers([self.dense_layers[i] for i in group], self.variant)
+                out[group[0]] = max(((p.float() - whole.get_parameter(n).float()).abs().max().item()
+                                     for n, p in layer.named_parameters() if mergeable(n)), default=0.0)
+        return out
 
     def run(self) -> LacoResult:
         for _ in self:

@@ -176,10 +176,11 @@ def mean_similarity(reference: list[torch.Tensor], candidate: list[torch.Tensor]
 
 
 def calibration_batches(tokenizer, texts: list[str], max_tokens: int, device) -> list[torch.Tensor]:
-    """One (1, tokens) id tensor per text, cut to ``max_tokens``."""
+    """One (1, tokens) id tensor per text, tokenized as the model's own inputs (the tokenizer's
+    BOS/special tokens included, as LaCo's notebook calls ``tokenizer(s)``), cut to ``max_tokens``."""
     out = []
     for text in texts:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
+        ids = tokenizer(text, add_special_tokens=True)["input_ids"][:max_tokens]
         if ids:
             out.append(torch.tensor([ids], device=device))
     if not out:

@@ -1,6 +1,7 @@
 """What a compressed model keeps and what it saves, on the same measures for every model:
-held-out perplexity, passkey accuracy on a small grid, parameters, weight and KV bytes,
-and the prefill seconds of one document (a full prefill through memstep's runner)."""
+held-out perplexity, passkey accuracy on a small grid, a short greedy generation (does the
+model still write, or repeat itself?), parameters, weight and KV bytes, and the prefill
+seconds of one document (a full prefill through memstep's runner)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ PASSKEY_CASES = 4
 PERPLEXITY_WINDOWS = 8
 PERPLEXITY_TOKENS = 256
 PREFILL_TOKENS = 2048
+SAMPLE_PROMPT = "Write two sentences about the sea."
+SAMPLE_TOKENS = 40
 
 
 @dataclass
@@ -33,7 +36,8 @@ class Probe:
         return {"perplexity_windows": len(self.windows),
                 "perplexity_tokens": sum(len(w) for w in self.windows),
                 "passkey_cases": [{"tokens": d.length_tokens, "depth": d.depth} for d in self.passkeys],
-                "prefill_tokens": len(self.prefill_ids)}
+                "prefill_tokens": len(self.prefill_ids), "sample_prompt": SAMPLE_PROMPT,
+                "sample_tokens": SAMPLE_TOKENS}
 
 
 def make_probe(tokenizer, *, windows: int = PERPLEXITY_WINDOWS, window_tokens: int = PERPLEXITY_TOKENS,
@@ -79,6 +83,25 @@ def prefill_seconds(lm: LoadedModel, ids: list[int], repeats: int = 1) -> tuple[
     return wall, cpu
 
 
+def generation_sample(lm: LoadedModel, prompt: str = SAMPLE_PROMPT, tokens: int = SAMPLE_TOKENS) -> str:
+    """The model's greedy answer to ``prompt`` (through its chat template when it has one)."""
+    import torch
+
+    tok = lm.tokenizer
+    if getattr(tok, "chat_template", None):
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      return_dict=True)["input_ids"]
+    else:
+        ids = tok(prompt)["input_ids"]
+    x = torch.tensor([list(ids)], device=next(lm.model.parameters()).device)
+    eos = lm.model.generation_config.eos_token_id
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if isinstance(eos, list) else eos)
+    with torch.inference_mode():
+        out = lm.model.generate(input_ids=x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=tokens,
+                                pad_token_id=pad, temperature=None, top_p=None, top_k=None)
+    return tok.decode(out[0, x.shape[1]:], skip_special_tokens=True).strip()
+
+
 def measure(lm: LoadedModel, probe: Probe, repeats: int = 1) -> dict:
     """Costs and quality of one model on ``probe``."""
     answers = passkey_answers(lm, probe.passkeys)
@@ -87,7 +110,7 @@ def measure(lm: LoadedModel, probe: Probe, repeats: int = 1) -> dict:
     return {**model_costs(lm.model),
             "perplexity": perplexity(lm.model, probe.windows),
             "passkey_accuracy": sum(correct) / len(correct) if correct else None,
-            "passkey_correct": correct, "passkey_answers": answers,
+            "passkey_correct": correct, "passkey_answers": answers, "sample": generation_sample(lm),
             "prefill_seconds": wall, "prefill_cpu_seconds": cpu}
 
 

@@ -40,6 +40,7 @@ class Config:
     rope: str | None = None  # memstep with eviction only: compact | document (full: no eviction, same)
     question_aware: bool = False  # memstep: the question's attention scores each step; kvpress: the
     # question at the end of the compressed context (so SnapKV's window holds it)
+    fidelity: str | None = None  # memstep: a set of the reference switches (presets.fidelity_variant); None: memstep's
 
     @property
     def label(self) -> str:
@@ -51,7 +52,8 @@ class Config:
         if self.schedule == "full":
             return "memstep full"
         name = self.schedule if self.growth in (None, "linear") else f"{self.schedule}-{self.growth}"
-        return f"{name} {self.scorer} M={self.budget}" + (f" {self.rope}" if self.rope else "") + aware
+        ways = f" [{self.fidelity}]" if self.fidelity else ""
+        return f"{name} {self.scorer} M={self.budget}" + (f" {self.rope}" if self.rope else "") + aware + ways
 
     @property
     def is_peer(self) -> bool:
@@ -63,6 +65,8 @@ class Config:
         data = asdict(self)
         if not data["question_aware"]:
             del data["question_aware"]
+        if data["fidelity"] is None:  # memstep's own ways: the keys of the cells from before the axis
+            del data["fidelity"]
         return data
 
     @classmethod
@@ -71,6 +75,7 @@ class Config:
         "rope" field) ran at true document positions, so it reads as rope "document"."""
         fields = {k: data.get(k) for k in ("kind", "schedule", "growth", "scorer", "budget", "chunk", "rope")}
         fields["question_aware"] = bool(data.get("question_aware"))
+        fields["fidelity"] = data.get("fidelity")
         if fields["kind"] == "memstep" and fields["schedule"] != "full" and fields["rope"] is None:
             fields["rope"] = "document"
         return cls(**fields)
@@ -110,12 +115,17 @@ def _split_schedule(name: str) -> tuple[str, str | None]:
 
 
 def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES,
-              ropes=("compact",), question_aware=(False,)) -> list[Config]:
-    """memstep configurations (schedule x scorer x budget x rope x question-aware; 'full'
-    once: without eviction neither axis changes anything), then the peers: each kvpress
-    press at each budget (and question-aware setting), and the HF full cache.
-    Question-aware memstep configurations take the attention-based scorers only."""
+              ropes=("compact",), question_aware=(False,), fidelities=(None,)) -> list[Config]:
+    """memstep configurations (schedule x scorer x budget x rope x question-aware x the
+    reference switches; 'full' once: without eviction neither axis changes anything), then the
+    peers: each kvpress press at each budget (and question-aware setting), and the HF full
+    cache. Question-aware memstep configurations take the attention-based scorers only."""
+    from memstep.presets import fidelity_variant
     from memstep.scorers import SCORERS  # here, not at the top: `memstep --help` needs no torch
+
+    fidelities = [None if f in (None, "memstep") else f for f in fidelities]
+    for variant in fidelities:
+        fidelity_variant(variant)  # an unknown one fails here, before any work
 
     for scorer in scorers:
         if scorer not in SCORERS:
@@ -142,9 +152,9 @@ def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES
         if schedule == "full":
             configs.append(Config("memstep", "full"))
             continue
-        configs += [Config("memstep", schedule, growth, scorer, budget, chunk, rope, aware)
-                    for aware in question_aware for budget in budgets for scorer in scorers for rope in ropes
-                    if not aware or scorer in ATTENTION_SCORERS]
+        configs += [Config("memstep", schedule, growth, scorer, budget, chunk, rope, aware, ways)
+                    for ways in fidelities for aware in question_aware for budget in budgets for scorer in scorers
+                    for rope in ropes if not aware or scorer in ATTENTION_SCORERS]
     if "kvpress" in peers:
         configs += [Config("kvpress", "full", None, press, budget, question_aware=aware)
                     for aware in question_aware for budget in budgets for press in presses]

@@ -87,7 +87,9 @@ def tradeoff_figure(summary: dict, length: int | None = None):
         fig.add_trace(go.Scatter(
             x=[r["peak_rss_bytes"] / 2**20 for r in group], y=[100 * r["accuracy"] for r in group],
             error_y=_wilson_bars(group),
-            mode="markers+text", textposition="top center", textfont={"size": 10},  # labelled markers
+            # no labels on the points: configurations that cost the same would print over each other
+            # (hover names them; the table below lists them all)
+            mode="markers",
             name=kind if kind != "hf" else "HF full cache",
             marker={"symbol": [_symbol(r) for r in group], "color": KIND_COLORS[kind], "opacity": 0.75,
                     "size": [10 + 30 * (r["seconds"] or 0) / slowest for r in group],
@@ -97,10 +99,10 @@ def tradeoff_figure(summary: dict, length: int | None = None):
             hovertemplate="%{text}<br>peak %{x:.0f} MiB<br>accuracy %{y:.0f}%<br>%{customdata[0]:.1f} s"
                           "<br>NLL gap %{customdata[1]:.3f}<extra></extra>"))
     fig.update_layout(title=_title(f"Quality vs peak memory vs seconds<br>at {length} tokens<br><sup>marker size = "
-                                   "seconds; bars: 95% Wilson interval;<br>memstep open = document RoPE positions</sup>"),
+                                   "seconds; bars: 95% Wilson interval;<br>memstep open = document RoPE positions;<br>hover a point for its name</sup>"),
                       legend=FOOT,
                       xaxis_title="peak resident memory of the worker (MiB)", yaxis_title="passkey accuracy (%)",
-                      yaxis_range=[-5, 105], height=540, margin={"l": 60, "r": 20, "t": 110, "b": 50})
+                      yaxis_range=[-5, 105], height=560, margin={"l": 60, "r": 20, "t": 130, "b": 90})
     return fig
 
 
@@ -133,8 +135,12 @@ def intervals_figure(summary: dict, lengths: list[int] | None = None):
     # three short lines each: side by side they must fit a phone's narrow panels
     titles = [t for n in lengths for t in (f"{n} tokens:<br>accuracy %<br>(95% Wilson)",
                                            f"{n} tokens:<br>NLL gap<br>(95% t)")]
+    # 36 px a row: two-line names at 10 px stay apart even when a phone's wrapped legend takes more
+    # of the figure's height; between lengths, room for the next row's three-line titles
+    height = 260 + 36 * sum(counts) + 90 * len(lengths)
     fig = make_subplots(rows=len(lengths), cols=2, shared_yaxes=True, horizontal_spacing=0.03,
-                        vertical_spacing=0.5 / len(lengths), row_heights=counts, subplot_titles=titles)
+                        vertical_spacing=min(0.3, 120 / height) if len(lengths) > 1 else 0.0,
+                        row_heights=counts, subplot_titles=titles)
     shown = set()
     for i, length in enumerate(lengths, start=1):
         at = [r for r in rows if r["length"] == length]
@@ -153,7 +159,7 @@ def intervals_figure(summary: dict, lengths: list[int] | None = None):
     fig.update_annotations(font_size=10)
     fig.update_layout(title=_title("Quality with 95% intervals<br><sup>passkey accuracy; NLL gap to the full cache;"
                                    "<br>filled = compact RoPE positions, open = document</sup>"),
-                      height=240 + 28 * sum(counts) + 90 * len(lengths), margin={"l": 20, "r": 20, "t": 150, "b": 40},
+                      height=height, margin={"l": 20, "r": 20, "t": 150, "b": 70},
                       legend=FOOT)
     return fig
 

@@ -103,8 +103,13 @@ def goals_text(summary: dict) -> str:
                      f"baseline x{_num(g['working_ratio'])}: {_verdict(g.get('met_above_baseline'))}")
     if not goals["imdc_vs_kvpress_memory"]:
         lines.append("- not measured (no IMDC and kvpress rows at the same budget and length)")
-    lines += ["", "Configurations a peer beats on both quality and cost (lower accuracy, or equal accuracy and "
-              "higher NLL; and more peak memory and more seconds):", ""]
+    return "\n".join(lines + ["", dominated_text(summary)])
+
+
+def dominated_text(summary: dict) -> str:
+    """The configurations a peer beats on both quality and cost."""
+    lines = ["Configurations a peer beats on both quality and cost (lower accuracy, or equal accuracy and "
+             "higher NLL; and more peak memory and more seconds):", ""]
     for d in summary["dominated"]:
         lines.append(f"- {d['length']} tokens: **{d['label']}** ({100 * d['accuracy']:.0f}%, {_mib(d['peak_rss_bytes'])} MiB, "
                      f"{d['seconds']:.1f} s) loses to {d['beaten_by']} ({100 * d['peer_accuracy']:.0f}%, "
@@ -115,7 +120,9 @@ def goals_text(summary: dict) -> str:
 
 
 def markdown(summary: dict, plots_prefix: str | None = None) -> str:
-    parts = [results_table(summary), "", contrasts_text(summary), "", goals_text(summary)]
+    """The README's results block: the table, the paired contrasts and the configurations a peer
+    beats (the development goals are printed by `memstep eval`, not written into the README)."""
+    parts = [results_table(summary), "", contrasts_text(summary), "", dominated_text(summary)]
     if plots_prefix is not None:
         parts += ["", f"![passkey accuracy and NLL gap with 95% intervals]({plots_prefix}intervals.png)", "",
                   f"![passkey heatmaps]({plots_prefix}heatmaps.png)", "",

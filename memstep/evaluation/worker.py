@@ -23,27 +23,42 @@ def retention_per_layer(kept_positions: np.ndarray, positions: range) -> list[fl
 
 
 def run_case(lm, config: dict, settings: dict, case: dict) -> dict:
+    from memstep.presets import fidelity_variant
     from memstep.runner import DocumentRun
 
     continuation = case["continuation_ids"]
+    fidelity = fidelity_variant(config.get("fidelity"))
     # RoPE positions: memstep's full cache (no eviction) has none set, and both modes agree there
     positions = {"rope": config["rope"]} if config.get("rope") else {}
-    run = DocumentRun(
-        lm, case["document_ids"] + continuation, schedule=config["schedule"],
-        chunk=config.get("chunk") or 512, memory=config.get("budget") or 512,
-        growth=config.get("growth") or "linear", scorer=config.get("scorer") or "chunk-attention",
-        sinks=settings["sinks"], seed=case["seed"], window=settings["window"],
-        question=case["question"], max_new_tokens=settings["max_new_tokens"],
-        continuation_tokens=len(continuation), question_aware=bool(config.get("question_aware")), **positions)
+    if fidelity.ntk == "dynamic" and positions.get("rope") == "document":
+        fidelity = fidelity.with_memstep("ntk")  # dynamic NTK rescales compact positions only
+
+    def prefill(question, held_out):
+        return DocumentRun(
+            lm, case["document_ids"] + held_out, schedule=config["schedule"],
+            chunk=config.get("chunk") or 512, memory=config.get("budget") or 512,
+            growth=config.get("growth") or "linear", scorer=config.get("scorer") or "chunk-attention",
+            sinks=settings["sinks"], seed=case["seed"], window=settings["window"],
+            question=question, max_new_tokens=settings["max_new_tokens"],
+            continuation_tokens=len(held_out), question_aware=bool(config.get("question_aware")),
+            fidelity=fidelity, **positions)
+
     began = time.perf_counter()
-    result = run.run()
+    nll = None
+    if fidelity.question_place == "prompt" and continuation:
+        # the question ends the prompt, so the continuation is scored in a prefill of its own
+        nll = prefill(None, continuation).run().continuation_nll
+        result = prefill(case["question"], []).run()
+    else:
+        result = prefill(case["question"], continuation).run()
+        nll = result.continuation_nll
     seconds = time.perf_counter() - began
     offset = result.prefix_tokens
     start, end = case["passkey_tokens"]
     last = result.steps[-1]
     return {
         "answer": result.answer,
-        "continuation_nll": result.continuation_nll,
+        "continuation_nll": nll,
         "prefill_seconds": result.seconds,
         "seconds": seconds,
         "memory_entries": int(last.memory_after),

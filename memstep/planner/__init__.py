@@ -9,12 +9,14 @@ and a roofline time per step, GPU and model presets, and the comparisons of sche
 - ``step_model``: FLOPs, bytes moved and roofline seconds of one step;
 - ``plans``: a schedule planned step by step, and comparisons;
 - ``search``: the longest context that fits;
-- ``report``: summary rows and the text of a plan.
+- ``report``: summary rows and the text of a plan;
+- ``needs``: what it takes (fewest GPUs, longest context on one), int8/int4 weights in bytes.
 """
 
 from memstep.planner.catalogue import (DTYPES, GIB, GPU_ALIASES, GPU_PRESETS, MAX_GPU_FIGURE, MAX_MODEL_SIZE, MIB,
                                        MODEL_NAMES, MODEL_PRESETS, RESERVED_BYTES, Gpu, dtype_name, read_config,
                                        resolve_gpu, resolve_model)
+from memstep.planner.needs import WEIGHT_FORMATS, WEIGHT_LABELS, Need, QuantizedShape, what_it_takes, with_weights
 from memstep.planner.plans import PLAN_SCHEDULES, Plan, StepPlan, compare, plan, plan_schedule, ratios
 from memstep.planner.report import format_presets, format_report, summary_rows
 from memstep.planner.search import LONGEST_CAP_STEPS, LONGEST_CAP_TOKENS, Longest, longest_context
@@ -27,6 +29,7 @@ from memstep.planner.step_model import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_EF
 __all__ = [
     "DTYPES", "GIB", "GPU_ALIASES", "GPU_PRESETS", "MAX_GPU_FIGURE", "MAX_MODEL_SIZE", "MIB", "MODEL_NAMES",
     "MODEL_PRESETS", "RESERVED_BYTES", "Gpu", "dtype_name", "read_config", "resolve_gpu", "resolve_model",
+    "WEIGHT_FORMATS", "WEIGHT_LABELS", "Need", "QuantizedShape", "what_it_takes", "with_weights",
     "PLAN_SCHEDULES", "Plan", "StepPlan", "compare", "plan", "plan_schedule", "ratios",
     "format_presets", "format_report", "summary_rows",
     "LONGEST_CAP_STEPS", "LONGEST_CAP_TOKENS", "Longest", "longest_context",

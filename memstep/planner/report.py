@@ -46,7 +46,9 @@ def format_report(report: dict, all_steps: bool = False) -> str:
     s, m, gpu = report["schedule"], report["model"], report["gpu"]
     growth = f" ({s['growth']} growth)" if s["growth"] else ""
     sizes = f", chunk {s['chunk']}, memory {s['memory']}" if "chunk" in s else ""
-    lines = [f"{m['name']} ({report['dtype']}) on {gpu['name']}: {s['name'].upper()}{growth}, "
+    weights = report.get("weights")
+    quantized = f", {weights} weights (bytes only)" if weights and weights != "dtype" else ""
+    lines = [f"{m['name']} ({report['dtype']}{quantized}) on {gpu['name']}: {s['name'].upper()}{growth}, "
              f"{s['tokens']:,} tokens in {s['steps']:,} steps{sizes}, {report['attention']} attention, "
              f"{report['sinks']} sinks, {report['rope']} RoPE positions"
              + (f", question-aware ({report['question_tokens']} question tokens read per step)"

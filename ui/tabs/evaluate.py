@@ -1,5 +1,6 @@
-"""The Evaluate tab: the latest `memstep eval` results (heatmaps, the quality vs peak
-memory vs seconds trade-off with peers marked, the table and the goals).
+"""The Evaluate tab: the latest `memstep eval` results, the takeaway first (what each kind of
+memory answers, with its 95% interval), then the intervals, the quality vs peak memory vs
+seconds trade-off with peers marked, the table, the heatmaps and the paired differences.
 
 Pure functions (which results are latest, table rows, headline, figures from
 ``memstep.evaluation.plots``) are tested without a browser; ``build_tab`` wires them into
@@ -15,10 +16,10 @@ from pathlib import Path
 import gradio as gr
 
 from memstep.evaluation.plots import heatmap_figure, intervals_figure, tradeoff_figure
-from memstep.evaluation.report import accuracy_text, contrasts_text, goals_text, plus_minus, retention_text
+from memstep.evaluation.report import accuracy_text, contrasts_text, plus_minus, retention_text
 from memstep.evaluation.store import SUMMARY, load_summary
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # ui/tabs/evaluate.py -> the repository
 # `memstep eval`'s default output, then the committed `make bench` results.
 RESULT_FOLDERS = (ROOT / "results" / "local", ROOT / "results")
 TABLE_HEADERS = ["length", "configuration", "kind", "passkey accuracy (95% CI)", "passkey kept", "NLL gap (95% CI)",
@@ -54,6 +55,7 @@ def table_rows(summary: dict) -> list[list]:
 
 
 def headline(found: tuple[Path, dict] | None) -> str:
+    """Where the results come from and how to read their numbers (a note under the takeaway)."""
     if found is None:
         return ("**No evaluation results yet.** Run `memstep eval` (results in `results/local/`) or "
                 "`make bench` (the default grid, committed in `results/`), then press Reload.")
@@ -72,36 +74,90 @@ def headline(found: tuple[Path, dict] | None) -> str:
             "worker right after loading the model); peers are kvpress presses and the plain HF full cache.")
 
 
+def _best(rows: list[dict]) -> dict | None:
+    """The row that answers most (then: least memory above its baseline)."""
+    return max(rows, key=lambda r: (r["accuracy"], -(r.get("working_rss_bytes") or 0)), default=None)
+
+
+def _range(rows: list[dict]) -> str:
+    """'0/12 to 1/12' or 'all 0/12' over rows of one length."""
+    counts = sorted({accuracy_text(r).split(" ")[0] for r in rows}, key=lambda t: int(t.split("/")[0]))
+    return f"all {counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+
+
+def takeaway(summary: dict) -> str:
+    """The results in a few lines, per length: the full cache, memstep's compressed memories
+    with and without the question, and the best peer, each with its 95% interval."""
+    lines = []
+    for length in lengths(summary):
+        rows = [r for r in summary["rows"] if r["length"] == length]
+        config = lambda r: r.get("config", {})  # noqa: E731
+        ours = [r for r in rows if config(r).get("kind") == "memstep"]
+        full = next((r for r in ours if config(r).get("schedule") == "full"), None)
+        aware = [r for r in ours if config(r).get("schedule") != "full" and config(r).get("question_aware")]
+        agnostic = [r for r in ours if config(r).get("schedule") != "full" and not config(r).get("question_aware")]
+        peers = [r for r in rows if config(r).get("kind") not in ("memstep", "hf")]
+        parts = []
+        if full:
+            parts.append(f"the full cache answers {accuracy_text(full)}")
+        if aware:
+            parts.append(f"memstep's compressed memories with the question voting ({len(aware)}) "
+                         + _summary(aware))
+        if agnostic:
+            parts.append(f"query-agnostic ones ({len(agnostic)}) " + _summary(agnostic))
+        if peers:
+            best = _best(peers)
+            parts.append(f"the best peer, {best['label']}, {accuracy_text(best)}")
+        cases = max((r["cells"] for r in rows), default=0)
+        lines.append(f"- **{length:,} tokens** ({cases} cases per configuration): " + "; ".join(parts) + ".")
+    if not lines:
+        return ""
+    return ("**What the results say.** Passkeys answered out of the cases run (k/n, 95% Wilson interval: with "
+            "a dozen cases a row of misses means *rarely*, not *never*):\n\n" + "\n".join(lines))
+
+
+def _summary(rows: list[dict]) -> str:
+    """'all 12/12 (95% CI 76-100%)' or '0/12 to 1/12 (best: imdc snapkv ..., 1/12 (8%, 95% CI 1-35%))'."""
+    spread = _range(rows)
+    best = _best(rows)
+    interval = accuracy_text(best).split(", ", 1)[1].rstrip(")")
+    if spread.startswith("all"):
+        return f"{spread} ({interval})"
+    return f"{spread} (best: {best['label']}, {accuracy_text(best)})"
+
+
+EMPTY = {"rows": [], "heatmaps": {}, "dominated": []}
+
+
 def show(length=None):
     """Everything the tab shows, for the latest results (and the trade-off at ``length``)."""
     found = latest_results(result_folders())
-    if found is None:
-        empty = {"rows": [], "heatmaps": {}, "goals": {"imdc_vs_fm_accuracy": [], "imdc_vs_kvpress_memory": []},
-                 "dominated": []}
-        return (headline(None), heatmap_figure(empty), tradeoff_figure(empty), [], "",
-                gr.update(choices=[], value=None), intervals_figure(empty))
-    _, summary = found
+    summary = found[1] if found else EMPTY
     choices = lengths(summary)
     length = int(length) if length in choices else (choices[-1] if choices else None)
-    return (headline(found), heatmap_figure(summary), tradeoff_figure(summary, length), table_rows(summary),
-            contrasts_text(summary) + "\n\n" + goals_text(summary), gr.update(choices=choices, value=length),
-            intervals_figure(summary))
+    return (takeaway(summary), headline(found), intervals_figure(summary), tradeoff_figure(summary, length),
+            table_rows(summary), heatmap_figure(summary), contrasts_text(summary) if found else "",
+            gr.update(choices=choices, value=length))
 
 
 def build_tab() -> dict:
     """The Evaluate tab's outputs, built inside an open ``with gr.Tab("Evaluate"):``."""
     first = show()
-    status = gr.Markdown(first[0], elem_id="eval-status")
+    lead = gr.Markdown(first[0], elem_id="eval-takeaway")
+    status = gr.Markdown(first[1], elem_id="eval-status", elem_classes="memstep-note")
+    intervals = gr.Plot(first[2], show_label=False, elem_id="eval-intervals")
     with gr.Row():
-        length = gr.Dropdown(first[5]["choices"], value=first[5]["value"], label="trade-off at length (tokens)")
-        reload = gr.Button("Reload", variant="secondary")
-    tradeoff = gr.Plot(first[2], show_label=False, elem_id="eval-tradeoff")
-    table = gr.Dataframe(first[3], headers=TABLE_HEADERS, interactive=False, wrap=True, elem_id="eval-table")
-    intervals = gr.Plot(first[6], show_label=False, elem_id="eval-intervals")
-    heatmaps = gr.Plot(first[1], show_label=False, elem_id="eval-heatmaps")
-    goals = gr.Markdown(first[4], elem_id="eval-goals")
-    outputs = [status, heatmaps, tradeoff, table, goals, length, intervals]
+        length = gr.Dropdown(first[7]["choices"], value=first[7]["value"], label="trade-off at length (tokens)",
+                             elem_id="eval-length")
+        reload = gr.Button("Reload", variant="secondary", elem_id="eval-reload")
+    tradeoff = gr.Plot(first[3], show_label=False, elem_id="eval-tradeoff")
+    table = gr.Dataframe(first[4], headers=TABLE_HEADERS, interactive=False, wrap=True, elem_id="eval-table")
+    with gr.Accordion("Passkey accuracy by needle depth and length, per configuration", open=False):
+        heatmaps = gr.Plot(first[5], show_label=False, elem_id="eval-heatmaps")
+    with gr.Accordion("Paired differences on the same cases", open=False):
+        contrasts = gr.Markdown(first[6], elem_id="eval-contrasts")
+    outputs = [lead, status, intervals, tradeoff, table, heatmaps, contrasts, length]
     reload.click(show, [length], outputs, api_visibility="private")
     length.input(show, [length], outputs, api_visibility="private", show_progress="hidden")
-    return {"status": status, "heatmaps": heatmaps, "tradeoff": tradeoff, "table": table, "goals": goals,
-            "intervals": intervals}
+    return {"takeaway": lead, "status": status, "heatmaps": heatmaps, "tradeoff": tradeoff, "table": table,
+            "contrasts": contrasts, "intervals": intervals}

@@ -19,14 +19,18 @@ from memstep.memory import ATTENTIONS, PART_LABELS, PARTS
 from memstep.schedules import GROWTHS, MAX_SIZE_TOKENS
 
 from ui.inputs import whole_number
+from ui.theme import AXIS_LINE, FONT, GRID, INK_FAINT
 
 GIB = 1 << 30
 MAX_BARS = 300  # more steps than this are drawn as stacked areas over sampled steps
 MAX_POINTS = 1200  # sampled steps per schedule for long schedules (each bin keeps its peak step)
 SHARED_SCALE_RATIO = 4.0  # side-by-side panels share a y axis unless one peak dwarfs another
 LIMIT_SHOWN_ABOVE = 2.0  # the GPU limit line is drawn when it is at most this far above the bars
-NOTE_Y = -0.24  # notes under the plots, below the x-axis titles
-FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
+NOTE_SHIFT_PX = -56  # notes under the plots, below the x-axis titles (pixels: any height)
+NOTE_LEFT_PX = -52  # from near the figure's left edge, not the plot's: a phone has no width to spare
+NOTE_WIDTH = 46  # characters per line of a note: a phone's width
+TITLE_ROOM = 136  # the figure's title and the panels' three-line titles above the plots
+FOOT_ROOM = 196  # x-axis titles, the note (up to three lines) and the legend (wrapping on a phone) below
 PART_COLORS = {"weights": "#cbd5e1", "kv_memory": "#3b82f6", "kv_chunk": "#f59e0b", "attention": "#8b5cf6",
                "activations": "#14b8a6"}
 TIME_COLORS = {"linear": "#0d9488", "attention": "#8b5cf6", "scorer": "#ec4899", "overhead": "#94a3b8"}
@@ -37,7 +41,10 @@ TABLE_HEADERS = ["schedule", "steps", "peak", "KV peak", "fits", "time", "TFLOP"
                  "peak vs full", "time vs full", "longest context that fits"]
 TABLE_WIDTHS = ["11%", "5%", "9%", "9%", "5%", "7%", "7%", "7%", "7%", "7%", "7%", "19%"]
 DEFAULTS = dict(model="llama-2-7b", gpu="a100-80gb", dtype="bf16", tokens=32768, chunk=1024, memory=1024,
-                growth="linear", attention="sdpa", sinks=4, schedules=["fm", "imdc", "full"])
+                growth="linear", attention="sdpa", sinks=4, schedules=["fm", "imdc", "full"], weights="dtype")
+WEIGHT_CHOICES = [("as dtype", "dtype"), ("int8", "int8"), ("int4", "int4")]
+WEIGHTS_INFO = ("int8/int4: the weights' bytes only (1 or ½ byte per parameter, scales not counted); the KV cache, "
+                "activations and time stay at the dtype")
 
 
 # ---- pure figure and table builders ----------------------------------------------------------
@@ -75,17 +82,34 @@ def _panels(plans: dict[str, planner.Plan], peaks: list[float], titles: list[str
     own = [SCHEDULE_LABELS.get(name, name) for i, name in enumerate(plans) if groups.count(groups[i]) == 1]
     scale = f" ({', '.join(own)} on {'its' if len(own) == 1 else 'their'} own scale)" if len(set(groups)) > 1 else ""
     fig.update_layout(template="plotly_white", height=height, font=FONT, barmode="stack", bargap=0.15,
-                      # below the Plot's label badge; the legend's row(s) under it, above the panels' titles
-                      title=dict(text=title + scale, x=0.0, xanchor="left", y=1.0, yanchor="top", pad=dict(t=34),
-                                 font=dict(size=14)),
-                      margin=dict(l=64, r=24, t=204, b=88), hovermode="closest",
-                      legend=dict(orientation="h", yref="container", yanchor="top", y=1 - 62 / height,
-                                  xanchor="right", x=1.0, font=dict(size=11)))
-    fig.update_xaxes(title_text="step", showline=True, linecolor="#9ca3af")
-    fig.update_yaxes(showline=True, linecolor="#9ca3af", gridcolor="#eef0f3", zeroline=False, rangemode="tozero")
+                      # the title at the top; the legend at the foot, under the note, where it may wrap to
+                      # several rows on a phone without covering the panels' titles
+                      title=dict(text=title + ("<br>" + scale.strip() if scale else ""), x=0.0, xanchor="left", xref="container",
+                                 y=1.0, yanchor="top", yref="container", pad=dict(t=12, l=12), font=dict(size=14)),
+                      margin=dict(l=64, r=24, t=TITLE_ROOM, b=FOOT_ROOM), hovermode="closest",
+                      legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.0, xref="container",
+                                  xanchor="left", x=0.0, font=dict(size=11)))
+    fig.update_xaxes(title_text="step", showline=True, linecolor=AXIS_LINE)
+    fig.update_yaxes(showline=True, linecolor=AXIS_LINE, gridcolor=GRID, zeroline=False, rangemode="tozero")
     fig.update_yaxes(title_text=ytitle, row=1, col=1)
-    fig.update_annotations(font=dict(size=12))
+    # the panels' titles clear of the top y tick labels, which a phone's narrow panels bring close
+    fig.update_annotations(font=dict(size=12), yshift=10)
     return fig, groups
+
+
+def _wrap(text: str, width: int) -> str:
+    """Plain text broken into lines of about ``width`` characters (<br>): the chart is built
+    without knowing the screen, and a phone has 390 px."""
+    import textwrap
+
+    return "<br>".join(textwrap.wrap(text, width, break_long_words=False)) or text
+
+
+def _note(fig: go.Figure, text: str, color: str = INK_FAINT) -> None:
+    """A note under the panels, below the x-axis titles."""
+    fig.add_annotation(text=_wrap(text, NOTE_WIDTH), x=0, y=0, xref="paper", yref="paper", xanchor="left",
+                       yanchor="top", yshift=NOTE_SHIFT_PX, xshift=NOTE_LEFT_PX, align="left", showarrow=False,
+                       font=dict(size=11, color=color))
 
 
 def _title(name: str, plan: planner.Plan, detail: str) -> str:
@@ -108,7 +132,7 @@ def _add_stack(fig: go.Figure, col: int, x: list[int], series: dict[str, list[fl
                           row=1, col=col)
 
 
-def plan_memory_figure(plans: dict[str, planner.Plan], include_weights: bool = False, height: int = 500) -> go.Figure:
+def plan_memory_figure(plans: dict[str, planner.Plan], include_weights: bool = False, height: int = 560) -> go.Figure:
     """Per-step modeled peak memory stacked by component, one panel per schedule, with the
     GPU's usable memory (less the weights when they are not drawn) as a red line when it is
     near the bars. The weights are the same for every schedule and usually dwarf the rest,
@@ -120,8 +144,8 @@ def plan_memory_figure(plans: dict[str, planner.Plan], include_weights: bool = F
     shift = 0 if include_weights else weights
     peaks = [(p.peak_bytes - shift) / GIB for p in plans.values()]
     ytitle = "GiB" if include_weights else "GiB above the weights"
-    titles = [_title(n, p, f"peak {p.peak_bytes / GIB:,.2f} GiB" + ("" if p.fits else
-              f" <span style='color:{LIMIT_COLOR}'>does not fit</span>")) for n, p in plans.items()]
+    titles = [_title(n, p, f"{p.peak_bytes / GIB:,.2f} GiB" + ("" if p.fits else
+              f"<br><span style='color:{LIMIT_COLOR}'>does not fit</span>")) for n, p in plans.items()]
     fig, groups = _panels(plans, peaks, titles, ytitle, "Peak memory per step (modeled)", height)
     gpu = next(iter(plans.values())).gpu
     limit = (gpu.usable_bytes - shift) / GIB
@@ -139,26 +163,22 @@ def plan_memory_figure(plans: dict[str, planner.Plan], include_weights: bool = F
     note = f"{gpu.name}: {gpu.usable_bytes / GIB:,.1f} GiB usable"
     if weights > gpu.usable_bytes:  # never a negative limit: say what it takes instead
         first = next(iter(plans.values()))
-        note = (f"<span style='color:{LIMIT_COLOR}'>The weights alone ({weights / GIB:,.1f} GiB) exceed the "
-                f"{gpu.usable_bytes / GIB:,.1f} GiB usable on one {gpu.name}: at least {first.gpus_needed} GPUs "
-                "needed</span>")
-    elif not include_weights:
+        _note(fig, f"The weights alone ({weights / GIB:,.1f} GiB) exceed the {gpu.usable_bytes / GIB:,.1f} GiB "
+                   f"usable on one {gpu.name}: at least {first.gpus_needed} GPUs needed", LIMIT_COLOR)
+        return fig
+    if not include_weights:
         note += f", {limit:,.1f} GiB of it left after the weights ({weights / GIB:,.2f} GiB, not drawn)"
-    if drawn:
-        note = f"<span style='color:{LIMIT_COLOR}'>- - -</span> " + note
-    elif limit > 0:
-        note += "; far above the bars, so not drawn"
-    fig.add_annotation(text=note, x=0, y=NOTE_Y, xref="paper", yref="paper", xanchor="left", yanchor="top",
-                       showarrow=False, font=dict(size=11, color="#6b7280"))
+    note += ": the dashed red line" if drawn else ("; far above the bars, so not drawn" if limit > 0 else "")
+    _note(fig, note)
     return fig
 
 
-def plan_time_figure(plans: dict[str, planner.Plan], height: int = 460) -> go.Figure:
+def plan_time_figure(plans: dict[str, planner.Plan], height: int = 540) -> go.Figure:
     """Per-step roofline milliseconds stacked by component, one panel per schedule."""
     if not plans:
         return go.Figure().update_layout(title="choose at least one schedule", height=height)
     peaks = [max(s.seconds for s in p.steps) * 1e3 for p in plans.values()]
-    titles = [_title(n, p, f"total {p.seconds:,.2f} s") for n, p in plans.items()]
+    titles = [_title(n, p, f"{p.seconds:,.2f} s total") for n, p in plans.items()]
     fig, _ = _panels(plans, peaks, titles, "ms per step", "Time per step (roofline)", height)
     for col, (name, plan) in enumerate(plans.items(), start=1):
         idx = sampled_steps(plan)
@@ -167,10 +187,8 @@ def plan_time_figure(plans: dict[str, planner.Plan], height: int = 460) -> go.Fi
         _add_stack(fig, col, x, series, planner.TIME_LABELS, TIME_COLORS, "ms",
                    len(idx) <= MAX_BARS and len(idx) == len(plan.steps), col == 1)
     first = next(iter(plans.values()))
-    note = (f"{first.gpu.name}, {first.dtype}: {first.efficiency:g} of peak FLOP/s and "
-            f"{first.bandwidth_efficiency:g} of bandwidth; each component is the slower of compute and memory")
-    fig.add_annotation(text=note, x=0, y=NOTE_Y, xref="paper", yref="paper", xanchor="left", yanchor="top",
-                       showarrow=False, font=dict(size=11, color="#6b7280"))
+    _note(fig, f"{first.gpu.name}, {first.dtype}: {first.efficiency:g} of peak FLOP/s and "
+               f"{first.bandwidth_efficiency:g} of bandwidth; each component is the slower of compute and memory")
     return fig
 
 
@@ -208,6 +226,31 @@ def headline(plans: dict[str, planner.Plan]) -> str:
     return "\n\n".join(lines)
 
 
+def what_it_takes(needs: list[planner.Need], gpu: planner.Gpu, dtype: str, tokens: int) -> str:
+    """The answer panel: per schedule, the fewest GPUs of the chosen kind that hold the plan and
+    the longest context one of them holds, with the weights as the dtype, int8 and int4."""
+    if not needs:
+        return ""
+    labels = {"dtype": dtype, "int8": "int8", "int4": "int4"}
+    lines = [f"**What it takes** on {gpu.name} ({gpu.usable_bytes / GIB:,.1f} GiB usable) for {tokens:,} tokens, "
+             f"weights as {dtype} / int8 / int4 (bytes only):"]
+    for name in dict.fromkeys(n.schedule for n in needs):
+        rows = [n for n in needs if n.schedule == name]
+        counts = [f"{n.gpus}" for n in rows]
+        unit = "GPU" + "s" * (max(n.gpus for n in rows) > 1)
+        gpus = f"{counts[0]} {unit} with any weights" if len(set(counts)) == 1 else f"{' / '.join(counts)} {unit}"
+        labels_ = [n.longest.label() for n in rows]
+        longest = (f"{labels_[0]} with any weights" if len(set(labels_)) == 1 else
+                   " / ".join(label.replace("no limit (fits ", "no limit (").replace(" tokens)", ")")
+                              for label in labels_))
+        split = next((n for n in rows if n.weights == "dtype" and n.longest_split is not None), None)
+        more = (f"; on {split.gpus} of them with {labels['dtype']} weights: {split.longest_split.label()}"
+                if split else "")
+        lines.append(f"- **{SCHEDULE_LABELS.get(name, name)}**: {gpus}; "
+                     f"longest context on one: {longest}{more}")
+    return "\n".join(lines)
+
+
 # ---- the handler ---------------------------------------------------------------------------------
 def _whole(value, label: str, minimum: int) -> int:
     return whole_number(value, label, minimum)
@@ -215,8 +258,9 @@ def _whole(value, label: str, minimum: int) -> int:
 
 def compute(model: str, config_file, gpu: str, dtype: str, tokens, chunk, memory, growth: str, attention: str,
             schedules: list[str], sinks=4, keep_maps: bool = False, tflops=None, bandwidth=None,
-            gpu_memory=None, rope: str = "compact") -> tuple[dict[str, planner.Plan], dict[str, planner.Longest]]:
-    """Plans and longest contexts for the tab's settings (raises MemstepError on bad input)."""
+            gpu_memory=None, rope: str = "compact", weights: str = "dtype"
+            ) -> tuple[dict[str, planner.Plan], dict[str, planner.Longest], list[planner.Need]]:
+    """Plans, longest contexts and what it takes for the tab's settings (MemstepError on bad input)."""
     if not schedules:
         raise MemstepError("choose at least one schedule to plan")
     if model == "config":
@@ -228,24 +272,37 @@ def compute(model: str, config_file, gpu: str, dtype: str, tokens, chunk, memory
                     growth=growth, attention=attention, dtype=dtype, sinks=_whole(sinks, "sinks", 0),
                     keep_maps=bool(keep_maps) and attention == "padded", rope=rope)
     device = planner.resolve_gpu(gpu, tflops or None, bandwidth or None, gpu_memory or None)
-    shape = planner.resolve_model(model, dtype)
+    base = planner.resolve_model(model, dtype)
+    shape = planner.with_weights(base, weights)
     order = [s for s in planner.PLAN_SCHEDULES if s in schedules]
     plans = planner.compare(shape, device, schedules=order, **settings)
     rest = {k: v for k, v in settings.items() if k != "tokens"}
     longest = {name: planner.longest_context(shape, device, name, **rest) for name in plans}
-    return plans, longest
+    needs = planner.what_it_takes(base, device, order, settings)
+    return plans, longest, needs
 
 
 def on_plan(model, config_file, gpu, dtype, tokens, chunk, memory, growth, attention, schedules, sinks,
-            keep_maps, include_weights, tflops, bandwidth, gpu_memory, rope="compact"):
-    """Gradio handler: figures, table and headline; bad input shows a toast and keeps the page."""
+            keep_maps, include_weights, tflops, bandwidth, gpu_memory, rope="compact", weights="dtype"):
+    """Gradio handler: headline, what it takes, figures and table; bad input shows a toast and
+    keeps the page."""
     try:
-        plans, longest = compute(model, config_file, gpu, dtype, tokens, chunk, memory, growth, attention,
-                                 schedules, sinks, keep_maps, tflops, bandwidth, gpu_memory, rope)
+        plans, longest, needs = compute(model, config_file, gpu, dtype, tokens, chunk, memory, growth, attention,
+                                        schedules, sinks, keep_maps, tflops, bandwidth, gpu_memory, rope, weights)
     except MemstepError as err:
         raise gr.Error(str(err), print_exception=False) from None
-    return (headline(plans), plan_memory_figure(plans, include_weights), plan_time_figure(plans),
-            summary_table(plans, longest))
+    first = next(iter(plans.values()))
+    return (headline(plans), what_it_takes(needs, first.gpu, first.dtype, first.schedule.tokens),
+            plan_memory_figure(plans, include_weights), plan_time_figure(plans), summary_table(plans, longest))
+
+
+# Every chart of the tab saved as PNG in the browser (Plotly's own export: nothing on the server).
+CHARTS_PNG_JS = """() => {
+  for (const id of ["plan-memory", "plan-time"]) {
+    const chart = document.querySelector(`#${id} .js-plotly-plot`);
+    if (chart && window.Plotly) window.Plotly.downloadImage(chart, {format: "png", filename: `memstep-${id}`, scale: 2});
+  }
+}"""
 
 
 def build_tab() -> dict:
@@ -254,67 +311,77 @@ def build_tab() -> dict:
     gpu_choices = [(g.name, k) for k, g in planner.GPU_PRESETS.items()] + [("custom", "custom")]
     gr.Markdown("Predict every step's peak memory and time for a real model on a GPU, up to millions of "
                 "tokens: no model is loaded, the numbers come from `memstep.planner` (the same memory "
-                "formula the engine reports per step).")
+                "formula the engine reports per step). Every change replans at once.", elem_classes="memstep-note")
     with gr.Row():
-        model = gr.Dropdown(model_choices, value=DEFAULTS["model"], label="model")
-        gpu = gr.Dropdown(gpu_choices, value=DEFAULTS["gpu"], label="GPU")
-        dtype = gr.Radio(list(planner.DTYPES), value=DEFAULTS["dtype"], label="dtype")
+        model = gr.Dropdown(model_choices, value=DEFAULTS["model"], label="model", elem_id="plan-model",
+                            min_width=150)
+        gpu = gr.Dropdown(gpu_choices, value=DEFAULTS["gpu"], label="GPU", elem_id="plan-gpu", min_width=150)
+        dtype = gr.Radio(list(planner.DTYPES), value=DEFAULTS["dtype"], label="dtype", elem_id="plan-dtype",
+                         min_width=150)
+        weights = gr.Radio(WEIGHT_CHOICES, value=DEFAULTS["weights"], label="weights", info=WEIGHTS_INFO,
+                           elem_id="plan-weights", min_width=200)
     with gr.Row():
         tokens = gr.Number(DEFAULTS["tokens"], label="context (tokens)", precision=0, minimum=1,
-                           maximum=MAX_SIZE_TOKENS)
+                           maximum=MAX_SIZE_TOKENS, elem_id="plan-tokens", min_width=110)
         chunk = gr.Number(DEFAULTS["chunk"], label="chunk (tokens)", precision=0, minimum=1,
-                           maximum=MAX_SIZE_TOKENS)
+                          maximum=MAX_SIZE_TOKENS, elem_id="plan-chunk", min_width=110)
         memory = gr.Number(DEFAULTS["memory"], label="memory M (tokens)", precision=0, minimum=1,
-                           maximum=MAX_SIZE_TOKENS)
-        sinks = gr.Number(DEFAULTS["sinks"], label="sinks", precision=0, minimum=0, maximum=1024)
-        growth = gr.Dropdown(list(GROWTHS), value=DEFAULTS["growth"], label="growth (IM, IMDC)")
+                           maximum=MAX_SIZE_TOKENS, elem_id="plan-memory-size", min_width=110)
+        sinks = gr.Number(DEFAULTS["sinks"], label="sinks", precision=0, minimum=0, maximum=1024, min_width=110)
+        growth = gr.Dropdown(list(GROWTHS), value=DEFAULTS["growth"], label="growth (IM, IMDC)", min_width=150)
     with gr.Row():
-        attention = gr.Radio(list(ATTENTIONS), value=DEFAULTS["attention"], label="attention",
-                             info="padded = the seed paper's reference code: (memory + chunk)² maps")
         schedules = gr.CheckboxGroup([(SCHEDULE_LABELS[s], s) for s in planner.PLAN_SCHEDULES],
                                      value=DEFAULTS["schedules"], label="schedules side by side",
-                                     elem_id="plan-schedules")
-        keep_maps = gr.Checkbox(False, label="padded: count every layer's maps (reference code as written)")
-        rope = gr.Radio(["compact", "document"], value="compact", label="RoPE positions",
+                                     elem_id="plan-schedules", min_width=200)
+        attention = gr.Radio(list(ATTENTIONS), value=DEFAULTS["attention"], label="attention",
+                             info="padded = the seed paper's reference code: (memory + chunk)² maps", min_width=200)
+        rope = gr.Radio(["compact", "document"], value="compact", label="RoPE positions", min_width=200,
                         info="compact: contiguous, at most sinks + M + c (the reference); document: true positions")
-        include_weights = gr.Checkbox(False, label="draw the weights")
-    with gr.Accordion("your own model config.json or GPU numbers", open=False):
+    with gr.Row():
+        include_weights = gr.Checkbox(False, label="draw the weights", elem_id="plan-include-weights",
+                                      min_width=200)
+        keep_maps = gr.Checkbox(False, label="padded: count every layer's maps (the reference code as written)",
+                                elem_id="plan-keep-maps", min_width=200)
+    with gr.Accordion("your own config.json or GPU", open=False):
         with gr.Row():
             config_file = gr.File(label="config.json (choose model 'config.json (upload)')", file_types=[".json"],
                                   type="filepath")
             with gr.Column():
                 tflops = gr.Number(None, label="peak TFLOP/s (dense, 16-bit; empty: the preset's)", minimum=0,
-                                      maximum=planner.MAX_GPU_FIGURE)
+                                   maximum=planner.MAX_GPU_FIGURE)
                 bandwidth = gr.Number(None, label="memory bandwidth in GB/s (empty: the preset's)", minimum=0,
                                       maximum=planner.MAX_GPU_FIGURE)
                 gpu_memory = gr.Number(None, label="GPU memory in GiB (empty: the preset's)", minimum=0,
-                                      maximum=planner.MAX_GPU_FIGURE)
-    button = gr.Button("Plan", variant="primary")
+                                       maximum=planner.MAX_GPU_FIGURE)
 
     inputs = [model, config_file, gpu, dtype, tokens, chunk, memory, growth, attention, schedules, sinks,
-              keep_maps, include_weights, tflops, bandwidth, gpu_memory, rope]
-    try:  # the defaults are known to plan; show them before the first click
+              keep_maps, include_weights, tflops, bandwidth, gpu_memory, rope, weights]
+    try:  # the defaults are known to plan; show them before the first change
         first = on_plan(DEFAULTS["model"], None, DEFAULTS["gpu"], DEFAULTS["dtype"], DEFAULTS["tokens"],
                         DEFAULTS["chunk"], DEFAULTS["memory"], DEFAULTS["growth"], DEFAULTS["attention"],
                         DEFAULTS["schedules"], DEFAULTS["sinks"], False, False, None, None, None)
     except gr.Error:
-        first = ("", None, None, [])
-    summary = gr.Markdown(first[0])
-    memory_plot = gr.Plot(first[1], label="memory per step", elem_id="plan-memory")
-    time_plot = gr.Plot(first[2], label="time per step", elem_id="plan-time")
-    table = gr.Dataframe(first[3], headers=TABLE_HEADERS, label="peaks, totals and ratios", interactive=False,
+        first = ("", "", None, None, [])
+    summary = gr.Markdown(first[0], elem_id="plan-headline")
+    needs = gr.Markdown(first[1], elem_id="plan-needs", container=True)
+    memory_plot = gr.Plot(first[2], show_label=False, elem_id="plan-memory")
+    time_plot = gr.Plot(first[3], show_label=False, elem_id="plan-time")
+    charts_png = gr.Button("Charts as PNG", elem_id="plan-png", variant="secondary", size="sm")
+    table = gr.Dataframe(first[4], headers=TABLE_HEADERS, label="peaks, totals and ratios", interactive=False,
                          wrap=True, elem_id="plan-table", column_widths=TABLE_WIDTHS)
-    outputs = [summary, memory_plot, time_plot, table]
-    # planning is arithmetic: no queue slot to wait for, and only the latest change matters
-    # (bounded by memstep.schedules.MAX_STEPS; a shared limit keeps bursts from taking every worker)
+    outputs = [summary, needs, memory_plot, time_plot, table]
+    # planning is arithmetic (a fraction of a second): every change replans, in place and without
+    # greying the results; only the latest change matters, and a shared limit keeps bursts from
+    # taking every worker (bounded by memstep.schedules.MAX_STEPS)
     quick = dict(api_visibility="private", concurrency_id="plan", concurrency_limit=PLAN_CONCURRENCY,
-                 trigger_mode="always_last")
-    button.click(on_plan, inputs, outputs, **quick)
+                 trigger_mode="always_last", show_progress="hidden")
     triggers = [c.change for c in (model, config_file, gpu, dtype, growth, attention, schedules, keep_maps,
-                                   include_weights, rope)]
+                                   include_weights, rope, weights)]
     triggers += [n.submit for n in (tokens, chunk, memory, sinks, tflops, bandwidth, gpu_memory)]
-    gr.on(triggers, on_plan, inputs, outputs, show_progress="hidden", **quick)
+    triggers += [n.blur for n in (tokens, chunk, memory, sinks, tflops, bandwidth, gpu_memory)]
+    gr.on(triggers, on_plan, inputs, outputs, **quick)
+    charts_png.click(None, None, None, js=CHARTS_PNG_JS)
     return dict(zip(["model", "config_file", "gpu", "dtype", "tokens", "chunk", "memory", "growth", "attention",
-                     "schedules", "sinks", "keep_maps", "include_weights", "tflops", "bandwidth", "gpu_memory", "rope"],
-                    inputs)) | {"button": button, "summary": summary, "memory_plot": memory_plot,
-                                "time_plot": time_plot, "table": table}
+                     "schedules", "sinks", "keep_maps", "include_weights", "tflops", "bandwidth", "gpu_memory", "rope",
+                     "weights"], inputs)) | {"summary": summary, "needs": needs, "memory_plot": memory_plot,
+                                             "time_plot": time_plot, "table": table}

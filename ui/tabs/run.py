@@ -4,7 +4,7 @@ text), streamed step by step. The event functions are in ui/handlers.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gradio as gr
 
@@ -14,7 +14,7 @@ from memstep.presets import PRESETS, ROPE_HELP
 from memstep.schedules import GROWTHS
 from memstep.scorers import SCORERS
 
-from ui import handlers
+from ui import handlers, legend
 from ui.documents import DEFAULT_EXAMPLE, EXAMPLES, MAX_UPLOAD_BYTES
 from ui.runs import DEFAULT_MAX_TOKENS
 from ui.summary import stat_cards
@@ -38,33 +38,44 @@ attention holds, and the red arrow marks their peak. The dark line is the memory
 the dotted line the schedule's budget. FM keeps a fixed memory; IM grows it along the growth curve;
 IMDC also shrinks the chunks as memory grows, so memory + chunk stays flat (a lower peak than FM).
 
-**Retained tokens.** One row per step (step 1 at the top), one column per token position (prompt
-head, then the document; long documents are binned). Grey: not read yet. White: read, then evicted
-from every layer and KV head. Blue: kept; the darker, the more of the layers × KV heads keep it. A
-new row adds the chunk just read (outlined in orange) and shows what survived of everything before.
-Orange and red ticks above the map mark the sinks and the hidden passkey.
+{retained}
 
 **Memory per step.** The modeled peak bytes of each step, stacked by component: KV of the memory,
 KV of the chunk, the attention and scorer working set, and activations. The weights are constant and
 left out so the schedule's effect stays visible. On CUDA a line shows the peak the device measured;
 on a CPU there is no such counter and only the model is shown.
 
-**Seconds per step.** Wall-clock time of each step (forward pass and eviction).
+**Seconds per step.** Bars: wall-clock seconds of each step (forward pass and eviction); diamonds:
+the CPU seconds the app's process spent on it (on a CPU run). On a machine shared with other jobs wall
+seconds follow the load, CPU seconds much less: the chart says when the load is above the cores.
 
-**Text.** The document shaded by the memory after the chosen step: the darker a token, the more
-layer-head slots still hold it.
-"""
+{text}
+""".format(retained=legend.map_guide(), text=legend.text_guide())
 
 
 @dataclass
 class RunTab:
-    """The Run tab's inputs that other tabs read (Compare runs on the same document and model)."""
+    """The Run tab's inputs that other tabs read (Compare runs on the same document and model),
+    and the controls a link sets (ui/share.py)."""
 
     doc_state: gr.State
     model: gr.Dropdown
     question: gr.Textbox
     sinks: gr.Number
     max_tokens: gr.Number
+    controls: dict = field(default_factory=dict)  # name -> component, for the page's link
+
+
+# Every chart of the tab saved as PNG in the browser (Plotly's own export, drawn again from its
+# layout, so light even in dark mode): nothing to install on the server, works on a Space.
+CHARTS_PNG_JS = """() => {
+  for (const id of ["sizes-plot", "retained-plot", "memory-plot", "seconds-plot", "layers-plot"]) {
+    const chart = document.querySelector(`#${id} .js-plotly-plot`);
+    if (chart && chart.offsetParent !== null && window.Plotly) {
+      window.Plotly.downloadImage(chart, {format: "png", filename: `memstep-${id.replace("-plot", "")}`, scale: 2});
+    }
+  }
+}"""
 
 
 def _model_choices() -> list[str]:
@@ -110,12 +121,16 @@ def build_tab() -> RunTab:
                                        elem_id="max-tokens", min_width=90)
             with gr.Row():
                 preset = gr.Dropdown(["none", *PRESETS], value="none", label="Preset", elem_id="preset",
-                                     info="reference: the paper's code (conv score, compact "
-                                          "positions, 4 sinks)", min_width=140)
+                                     info="reference: the paper's code exactly (conv score, compact "
+                                          "positions, 4 sinks, every box below)", min_width=140)
                 scorer = gr.Dropdown(list(SCORERS), value="chunk-attention", label="Scorer",
                                      elem_id="scorer", min_width=140)
             rope = gr.Radio(ROPE_CHOICES, value="compact", label="RoPE positions", info=ROPE_INFO,
                             elem_id="rope")
+            with gr.Accordion("As the reference code", open=False, elem_id="reference-ways"):
+                ways = gr.CheckboxGroup(handlers.WAY_CHOICES, value=handlers.WAY_DEFAULTS, show_label=False,
+                                        info="Ticked: the reference code's way; unticked: memstep's. The "
+                                             "reference preset ticks them all.", elem_id="ways")
             model = gr.Dropdown(_model_choices(), value=default_model(),
                                 allow_custom_value=allowed_models() is None,
                                 label="Model", info="'embedded': SmolLM2-135M-Instruct shipped with "
@@ -131,6 +146,7 @@ def build_tab() -> RunTab:
         with gr.Column(scale=9):
             stats = gr.HTML(stat_cards([("state", "run", "not run yet")]), elem_id="stats")
             preview_note = gr.Markdown(first_note, elem_id="preview-note", elem_classes="memstep-note")
+            share = gr.HTML(elem_id="share-link", elem_classes="memstep-note")
             sizes_plot = gr.Plot(first_preview, label="Chunk and memory per step", show_label=False,
                                  elem_id="sizes-plot")
             run_hint = gr.Markdown(RUN_HINT, elem_id="run-hint", elem_classes="memstep-hint")
@@ -145,6 +161,17 @@ def build_tab() -> RunTab:
                 layers_plot = gr.Plot(show_label=False, elem_id="layers-plot", visible=False)
                 with gr.Column(elem_id="answer-text"):
                     answer = gr.Markdown(answer_markdown(None), elem_id="answer", container=True)
+                    with gr.Row(elem_id="keep-row"):
+                        try_aware = gr.Button("Try question-aware", variant="primary", visible=False,
+                                              elem_id="try-question-aware", min_width=160)
+                        run_json = gr.DownloadButton("Run JSON", visible=False, elem_id="download-json",
+                                                     min_width=110, variant="secondary")
+                        steps_csv = gr.DownloadButton("Steps CSV", visible=False, elem_id="download-csv",
+                                                      min_width=110, variant="secondary")
+                        charts_png = gr.Button("Charts as PNG", elem_id="download-png", min_width=120,
+                                               variant="secondary")
+                    search = gr.Textbox(label="Search the document", placeholder="a word, a name, a number…",
+                                        elem_id="search", lines=1, max_lines=1)
                     text = gr.HTML(elem_id="retained-text")
             with gr.Accordion("How to read these views", open=False):
                 gr.Markdown(GUIDE)
@@ -161,21 +188,35 @@ def build_tab() -> RunTab:
                   [doc_state, question, doc_info, upload, example],
                   concurrency_limit=None, api_visibility="private")
 
-    preset.input(handlers.choose_preset, [preset], [scorer, rope, sinks], concurrency_limit=None,
+    preset.input(handlers.choose_preset, [preset], [scorer, rope, sinks, ways], concurrency_limit=None,
                  api_visibility="private")
     run_outputs = [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, answer, replay_step,
-                   view_state, run_views, run_hint, layers_plot]
-    run.click(handlers.run_document,
-              [doc_state, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens, question,
-               full_reference, rope, question_aware], run_outputs,
-              concurrency_id="prefill", concurrency_limit=1, show_progress="minimal",
-              show_progress_on=[stats], api_visibility="private")
+                   view_state, run_views, run_hint, layers_plot, try_aware, run_json, steps_csv]
+    run_inputs = [doc_state, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens, question,
+                  full_reference, rope, question_aware, ways]
+    searching = dict(trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
+                     api_visibility="private")
+    running = dict(concurrency_id="prefill", concurrency_limit=1, show_progress="minimal", show_progress_on=[stats],
+                   api_visibility="private")
+    run.click(handlers.run_document, run_inputs, run_outputs, **running).then(
+        handlers.search_text, [search, replay_step, view_state], [text], **searching)
+    try_aware.click(handlers.try_question_aware, None, [question_aware], api_visibility="private").then(
+        handlers.run_document, run_inputs, run_outputs, **running)
+    search.change(handlers.search_text, [search, replay_step, view_state], [text], **searching)
+    charts_png.click(None, None, None, js=CHARTS_PNG_JS)
+    link_inputs = [example, doc_state, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope,
+                   question_aware, question, model]
+    gr.on([c.change for c in link_inputs], handlers.share_link, link_inputs, [share], trigger_mode="always_last",
+          concurrency_limit=None, show_progress="hidden", api_visibility="private")
     stop.click(handlers.stop_run, None, None, concurrency_limit=None, api_visibility="private")
-    replay_step.input(handlers.replay, [replay_step, view_state],
+    replay_step.input(handlers.replay, [replay_step, view_state, search],
                       [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, layers_plot],
                       trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
                       api_visibility="private")
-    return RunTab(doc_state, model, question, sinks, max_tokens)
+    controls = dict(example=example, schedule=schedule, growth=growth, chunk=chunk, memory=memory, sinks=sinks,
+                    max_tokens=max_tokens, scorer=scorer, rope=rope, question_aware=question_aware, model=model,
+                    doc_state=doc_state, question=question, doc_info=doc_info, share=share)
+    return RunTab(doc_state, model, question, sinks, max_tokens, controls)
 
 
 def _chunk_limit(document) -> int:

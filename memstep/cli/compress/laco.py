@@ -10,25 +10,29 @@ import sys
 from pathlib import Path
 
 from memstep.cli.common import add_force_option, at_least, output_folder, saved_into
-from memstep.errors import MemstepError
 
 # Mirrors memstep.compress.laco.DEFAULTS (kept literal so the parser needs no torch import).
-C, L, I, T = 2, 1, 1, 0.8  # noqa: E741
+C, L, I, T = 3, 0, 1, 0.45  # noqa: E741
 
 
 def register(sub) -> None:
     p = sub.add_parser(
         "laco", help="layer collapse (LaCo): merge rear layers into earlier ones, measured against baselines",
-        description="LaCo (Yang et al., EMNLP 2024 Findings): from l = H - C down to L, merge layers l..l+C-1 "
-                    "into layer l (theta_l + sum_k (theta_{l+k} - theta_l) on attention and MLP weights), keep the "
-                    "merge when the cosine similarity of the final hidden states with the dense model's on the "
-                    "calibration sentences is above T (then l -= I, else l -= 1). Then measure held-out perplexity, "
-                    "passkey accuracy, sizes and prefill seconds of the dense model, LaCo, and block-influence and "
-                    "uniform layer removal at the same number of layers.")
+        description="LaCo (Yang et al., EMNLP 2024 Findings), with its notebook's conventions: from l = H - C "
+                    "down to L, merge layers l..l+C-1 into layer l (theta_l + sum_k (theta_{l+k} - theta_l) on "
+                    "attention and MLP weights), keep the merge when the cosine similarity of the final hidden "
+                    "states with the dense model's on the calibration sentences is above T (then l -= I, else "
+                    "l -= 1). Then measure held-out perplexity, passkey accuracy, a generation sample, sizes and "
+                    "prefill seconds of the dense model, LaCo, and block-influence and uniform layer removal at "
+                    "the same number of layers.")
     p.add_argument("--model", default=None, help="'embedded' (default), a hub id or a folder")
-    p.add_argument("--C", type=int, default=C, help=f"layers per merge: the base and C-1 above it (default {C})")
-    p.add_argument("--L", type=int, default=L, help=f"lowest base layer tried (default {L})")
-    p.add_argument("--H", type=int, default=None, help="upper bound: the first candidate is H - C (default: all layers)")
+    p.add_argument("--C", type=int, default=C, help=f"layers per merge: the base and C-1 above it (default {C}; "
+                                                     "C = 2 only copies the upper layer)")
+    p.add_argument("--L", type=int, default=L, help=f"lowest base layer tried (the notebook's LOWEST_LAY, default {L})")
+    p.add_argument("--H", type=int, default=None,
+                   help="the highest layer's index (the notebook's HIGHEST_LAY): the first candidate merges layers "
+                        "H-C .. H-1 (default: the top layer's index; the model's depth lets the first window reach "
+                        "the top layer)")
     p.add_argument("--I", type=int, default=I, help=f"step down after an accepted merge (default {I})")
     p.add_argument("--T", type=float, default=T, help=f"similarity threshold in (0, 1] (default {T})")
     p.add_argument("--variant", default="paper", choices=("paper", "notebook"),
@@ -36,8 +40,12 @@ def register(sub) -> None:
                         "layer's weights)")
     p.add_argument("--reference", default="dense", choices=("dense", "current"),
                    help="compare candidates with the dense model (paper) or with the model collapsed so far")
-    p.add_argument("--calibration", default=None,
-                   help="a text file of calibration paragraphs (default: Persuasion, bundled)")
+    p.add_argument("--merge", default="chained", choices=("chained", "run"),
+                   help="chained: a window that takes in a merged layer merges its merged weights (paper and "
+                        "notebook); run: one RDSC over the original layers of the whole run (default chained)")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="your own text (.txt, .md, .pdf, .html): its paragraphs, separated by blank lines, are the "
+                        "calibration sentences (default: Persuasion, bundled)")
     p.add_argument("--sentences", type=int, default=None, help="calibration paragraphs used (default 6)")
     p.add_argument("--calibration-tokens", type=int, default=None, help="tokens per paragraph, at most (default 128)")
     p.add_argument("--no-eval", action="store_true", help="search (and save) only: no perplexity, passkey, timing")
@@ -57,11 +65,21 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_laco)
 
 
+def calibration_from_args(args, count: int) -> list[str]:
+    """The calibration sentences: the bundled text's, or the paragraphs of the user's file, read
+    and checked (type, size, binary, empty, too short) before any model loads."""
+    from memstep.compress.data import MIN_PARAGRAPH_CHARS, calibration_texts, read_calibration
+
+    if not args.calibration:
+        return calibration_texts(count)
+    text = read_calibration(args.calibration)
+    return calibration_texts(count, text, min_chars=MIN_PARAGRAPH_CHARS, name=Path(args.calibration).name)
+
+
 def build_run(args, lm=None):
-    """The CollapseRun the arguments describe (settings checked before any model work where possible)."""
+    """The CollapseRun the arguments describe (settings and calibration checked before any model loads)."""
     from memstep.compress.collapse_run import CollapseRun
-    from memstep.compress.data import calibration_texts
-    from memstep.compress.laco import CALIBRATION_SENTENCES, CALIBRATION_TOKENS, check_settings
+    from memstep.compress.laco import CALIBRATION_SENTENCES, CALIBRATION_TOKENS, check_settings, settings_warnings
     from memstep.compress.quality import PASSKEY_CASES, PASSKEY_TOKENS, PERPLEXITY_WINDOWS, PREFILL_TOKENS, make_probe
     from memstep.models import load_model
 
@@ -70,17 +88,17 @@ def build_run(args, lm=None):
     # the depth is known once the model is loaded (checked again then); check the rest now
     H = args.L + args.C if args.H is None else args.H
     check_settings(args.C, args.L, H, args.I, args.T, H)
-    if args.calibration and not Path(args.calibration).is_file():
-        raise MemstepError(f"calibration file not found: {args.calibration}")
-    texts = calibration_texts(args.sentences or CALIBRATION_SENTENCES, args.calibration,
-                              **({"min_chars": 80} if args.calibration else {}))
+    texts = calibration_from_args(args, args.sentences or CALIBRATION_SENTENCES)
+    for warning in settings_warnings(args.C):
+        print(f"memstep: warning: {warning}", file=sys.stderr)
     lm = lm or load_model(args.model, args.device, args.dtype)
     probe = None if args.no_eval else make_probe(
         lm.tokenizer, windows=args.perplexity_windows or PERPLEXITY_WINDOWS, passkey_cases=args.passkey_cases or PASSKEY_CASES,
         passkey_tokens=args.passkey_tokens or PASSKEY_TOKENS, prefill_tokens=args.prefill_tokens or PREFILL_TOKENS)
     return CollapseRun(lm, texts, variants=(args.variant,), probe=probe, baselines=not args.no_baselines,
                        output=args.output, repeats=args.repeats, C=args.C, L=args.L, H=args.H, I=args.I, T=args.T,
-                       reference=args.reference, max_tokens=args.calibration_tokens or CALIBRATION_TOKENS)
+                       reference=args.reference, merge=args.merge,
+                       max_tokens=args.calibration_tokens or CALIBRATION_TOKENS)
 
 
 def _mib(n) -> str:
@@ -93,7 +111,11 @@ def format_report(report: dict) -> str:
     lines = [f"LaCo ({variant}) on {report['model']}: {search['layers_before']} -> {search['layers_after']} layers, "
              f"removed {search['removed'] or 'none'} ({search['pruning_ratio']:.1%})"]
     for base, merged in search["merges"].items():
-        lines.append(f"  layer {base} <- {', '.join(map(str, merged))}")
+        diff = search["chain_difference"].get(base, 0.0)
+        chained = f" (chained merges: up to {diff:.3g} per weight from one RDSC over the group)" if diff > 1e-6 else ""
+        lines.append(f"  layer {base} <- {', '.join(map(str, merged))}{chained}")
+    for warning in search["warnings"]:
+        lines.append(f"warning: {warning}")
     if report["saved"]:
         lines.append(f"saved to {report['saved']}")
     models = report["models"]
@@ -106,6 +128,10 @@ def format_report(report: dict) -> str:
         lines.append(f"{row['label']:<28} {row['layers']:>6} {row['params']:>12,} {_mib(row['weight_bytes']):>12} "
                      f"{row['kv_bytes_per_token'] / 1024:>7.1f} KiB {row['perplexity']:>10.2f} {acc:>8} "
                      f"{row['prefill_seconds']:>9.2f} {row['prefill_cpu_seconds']:>7.2f}")
+    samples = [(row["label"], row["sample"]) for row in models.values() if row.get("sample") is not None]
+    if samples:
+        lines.append(f"generation sample (greedy, {report['probe'].get('sample_prompt', 'prompt')!r}):")
+        lines += [f"  {label}: {text!r}" for label, text in samples]
     probe = report["probe"]
     lines.append(f"perplexity: {probe['perplexity_tokens']} held-out tokens (Pride and Prejudice); passkey: "
                  f"{len(probe['passkey_cases'])} cases at ~{probe['passkey_cases'][0]['tokens']} tokens; prefill: "

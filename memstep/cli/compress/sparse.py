@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from memstep.cli.common import add_force_option, output_folder, saved_into
+from memstep.errors import MemstepError
 
 SHOWN_MATRICES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
 def register(sub) -> None:
-    from memstep.compress.sparse.config import METHODS, OPTIMIZERS, RECONSTRUCTIONS, SOURCES, SparseConfig
+    from memstep.compress.sparse.config import (MASK_DATA, METHODS, OPTIMIZERS, RECONSTRUCTIONS, SOURCES, TRAINABLE,
+                                                SparseConfig)
 
     d = SparseConfig()
     p = sub.add_parser(
@@ -26,10 +29,23 @@ def register(sub) -> None:
     p.add_argument("--sparsity", type=float, default=d.sparsity, help="unstructured sparsity in (0, 1) (default 0.5)")
     p.add_argument("--nm", default=None, help="N:M sparsity instead, e.g. 2:4 or 4:8")
     p.add_argument("--reconstruct", default=d.reconstruct,
-                   help=f"{' | '.join(RECONSTRUCTIONS)} (default {d.reconstruct})")
-    p.add_argument("--calibration", default=d.calibration,
-                   help=f"{' | '.join(SOURCES)}: bundled text (Persuasion), text the dense model generates, "
-                        f"or half of each (default {d.calibration})")
+                   help=f"{' | '.join(RECONSTRUCTIONS)} (cr: br+gp+cr) (default {d.reconstruct})")
+    p.add_argument("--calibration", default=d.calibration, metavar="SOURCE",
+                   help=f"{' | '.join(SOURCES)} | FILE: real text (bundled Persuasion, or --calibration-text), text "
+                        f"the dense model generates, half of each, or your own text file (.txt, .md, .pdf, .html; "
+                        f"short for --calibration text --calibration-text FILE) (default {d.calibration})")
+    p.add_argument("--calibration-text", default=None, metavar="FILE",
+                   help="your own text as the real calibration text (default: Persuasion, bundled)")
+    p.add_argument("--mask-data", default=d.mask_data, choices=MASK_DATA,
+                   help="the windows the masks' statistics come from: real text only, as the reference code, or "
+                        f"all calibration windows, self-generated ones included (default {d.mask_data})")
+    p.add_argument("--self-length", type=int, default=d.self_length,
+                   help=f"tokens of each self-generated text, cut into --seq-len windows (default {d.self_length}; "
+                        "the reference code: 2048)")
+    p.add_argument("--train", default=d.train_params, choices=TRAINABLE,
+                   help="what BR/CR trains: norms = every block parameter (surviving linear weights, biases, norm "
+                        f"gains) as the reference code; linear = the surviving linear weights only (default "
+                        f"{d.train_params})")
     p.add_argument("--samples", type=int, default=d.samples, help=f"calibration samples (default {d.samples})")
     p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"tokens per sample (default {d.seq_len})")
     p.add_argument("--held-out-samples", type=int, default=d.held_out_samples,
@@ -49,21 +65,70 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_sparse)
 
 
+def calibration_source(args) -> tuple[str, str | None]:
+    """(source, the user's text file or None) from --calibration and --calibration-text."""
+    from memstep.compress.sparse.config import SOURCES
+
+    if args.calibration in SOURCES:
+        return args.calibration, args.calibration_text
+    if not Path(args.calibration).suffix:
+        raise MemstepError(f"unknown calibration '{args.calibration}': choose one of {', '.join(SOURCES)} or give a "
+                           "text file (.txt, .md, .pdf, .html)")
+    if args.calibration_text:
+        raise MemstepError(f"--calibration {args.calibration} and --calibration-text both name a file: give one")
+    return "text", args.calibration
+
+
+def real_windows_needed(config) -> int:
+    """How many windows of real text the settings read (0: none, e.g. self-generated with magnitude)."""
+    if config.calibration == "text":
+        return config.samples
+    if config.calibration == "both":
+        return config.samples // 2
+    return config.samples if config.mask_data == "real" and config.method != "magnitude" else 0
+
+
+def read_calibration_text(path: str | None, config) -> str | None:
+    """The user's calibration text, checked before any model loads: type, size, binary and
+    empty as for documents, and long enough for the windows asked (a token takes at least one
+    byte, so fewer bytes than tokens needed can never fill them; the exact count follows once
+    the tokenizer is loaded)."""
+    from memstep.compress.data import read_calibration
+
+    if path is None:
+        return None
+    text = read_calibration(path)
+    needed = real_windows_needed(config) * config.seq_len
+    size = len(text.encode("utf-8"))
+    if size < needed:
+        raise MemstepError(f"the calibration text {Path(path).name} is too short: {size:,} bytes cannot hold "
+                           f"{needed:,} tokens ({real_windows_needed(config)} windows of {config.seq_len}); give a "
+                           "longer text or lower --samples or --seq-len")
+    return text
+
+
 def config_from_args(args):
     from memstep.compress.sparse.config import SparseConfig
 
-    return SparseConfig(method=args.method, sparsity=args.sparsity, nm=args.nm, reconstruct=args.reconstruct,
-                        calibration=args.calibration, samples=args.samples, seq_len=args.seq_len,
-                        held_out_samples=args.held_out_samples, optimizer=args.optimizer, lr=args.lr,
-                        steps=args.steps, batch_size=args.batch_size, damp=args.damp,
-                        block_columns=args.block_columns, seed=args.seed).validate()
+    source, path = calibration_source(args)
+    reconstruct = {"cr": "br+gp+cr"}.get(args.reconstruct, args.reconstruct)  # CR always runs with GP
+    return SparseConfig(method=args.method, sparsity=args.sparsity, nm=args.nm, reconstruct=reconstruct,
+                        calibration=source, calibration_file=Path(path).name if path else None,
+                        mask_data=args.mask_data, samples=args.samples, seq_len=args.seq_len,
+                        self_length=args.self_length, held_out_samples=args.held_out_samples, optimizer=args.optimizer,
+                        lr=args.lr, steps=args.steps, batch_size=args.batch_size, damp=args.damp,
+                        block_columns=args.block_columns, seed=args.seed, train_params=args.train).validate()
 
 
 def format_result(result) -> str:
     s = result.settings
     pattern = f"{s['nm']}" if s["nm"] else f"{s['sparsity']:.0%} unstructured"
-    lines = [f"{result.model}: {s['method']} {pattern}, reconstruction {s['reconstruct']}, calibration "
-             f"{s['calibration']} ({s['samples']} x {s['seq_len']} tokens), {result.seconds:.0f} s",
+    source = s["calibration"] + (f" ({s['calibration_file']})" if s.get("calibration_file") else "")
+    masks = (f", masks from {result.mask_tokens:,} tokens of real text" if result.mask_tokens
+             and s.get("mask_data") == "real" and s["calibration"] != "text" else "")
+    lines = [f"{result.model}: {s['method']} {pattern}, reconstruction {s['reconstruct']} (training "
+             f"{s.get('train_params', 'linear')}), calibration {source} ({s['samples']} x {s['seq_len']} tokens{masks}), "
+             f"{result.seconds:.0f} s",
              f"{'block':>5} {'calib err':>10} {'(masked)':>10} {'held err':>10} {'(masked)':>10} "
              f"{'sparsity':>8} {'seconds':>8}"]
     for r in result.records:
@@ -93,10 +158,11 @@ def cmd_sparse(args) -> int:
     from memstep.models import load_model
 
     config = config_from_args(args)
+    text = read_calibration_text(calibration_source(args)[1], config)
     hf_logging.disable_progress_bar()
     lm = load_model(args.model, args.device, "float32")
     output_folder(args, lm.model)  # room on its disk for the pruned model
-    run = SparsePruning(lm, config, output=args.output)
+    run = SparsePruning(lm, config, output=args.output, calibration_text=text)
     blocks = len(lm.model.model.layers)
     with tqdm(total=blocks, desc=f"{config.method} {config.reconstruct}", unit="block", file=sys.stderr,
               disable=args.quiet) as bar, saved_into(args):

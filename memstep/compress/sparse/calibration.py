@@ -1,28 +1,64 @@
-"""Calibration token windows: bundled public-domain text, text the dense model generates
-itself, or both; and the held-out windows the errors and perplexities are checked on.
+"""Calibration token windows: real text (the bundled novel or the user's own file), text the
+dense model generates itself, or both; and the held-out windows the errors and perplexities
+are checked on.
 
-Self-generation follows the seed paper's recipe (after LLM-QAT): each sample starts from a
-random vocabulary token and the dense model samples the rest (temperature 1, no top-k or
-top-p cut), so the calibration data comes from the model's own distribution.
+Self-generation follows the reference code (LOG-postech/rethinking-LLM-pruning, generate_data.py,
+after LLM-QAT): each text starts from a random vocabulary token and the model continues it
+greedily to 5 tokens; that start is kept only if langdetect reads it as English (otherwise a
+new first token is drawn); the rest is sampled at temperature 1 with transformers' default
+top-k of 50 (what the reference's ``generate()`` used), up to ``self_length`` tokens (the
+reference: 2048); each long text is then cut into windows of ``seq_len`` tokens. Two choices
+differ from the reference, to keep the cost known on a CPU: first tokens are drawn among the
+non-special tokens, and the end-of-text token is held off until a text is full (the reference
+lets a text end early and skips those shorter than a window).
+
+The masks' statistics come from real text only unless asked (``mask_data="all"``), as in the
+reference, where self-generated samples only join the reconstruction.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 
 from memstep.cancel import checkpoint, stop_on_cancel
-from memstep.compress.data import calibration_texts, held_out_text, token_windows
-from memstep.compress.sparse.config import SOURCES
+from memstep.compress.data import CALIBRATION_FILE, held_out_text, paragraphs, token_windows
+from memstep.compress.sparse.config import SOURCES, SparseConfig
 from memstep.errors import MemstepError
 
+GREEDY_TOKENS = 5  # the first token and its greedy continuation, checked for the language
+TOP_K = 50
+LANGUAGE = "en"
+MAX_STARTS = 64  # batches of first tokens drawn before the language filter gives up
 
-def text_windows(tokenizer, samples: int, seq_len: int) -> list[list[int]]:
-    """``samples`` windows of ``seq_len`` tokens from the calibration novel (Persuasion)."""
-    text = "\n".join(calibration_texts(count=10_000))
-    windows = token_windows(tokenizer, text, seq_len, samples)
+
+@dataclass
+class CalibrationSet:
+    """Every calibration window, reconstruction's first: ``windows[:recon]`` are trained on,
+    ``windows[stats[0]:stats[1]]`` feed the masks' statistics (Wanda's norms, SparseGPT's
+    Hessian), ``generated`` of them are self-generated."""
+
+    windows: list[list[int]]
+    recon: int
+    stats: tuple[int, int]
+    generated: int = 0
+
+
+def bundled_text() -> str:
+    """The bundled calibration novel (Persuasion), its paragraphs of 200+ characters."""
+    return "\n".join(paragraphs(CALIBRATION_FILE.read_text(encoding="utf-8"), 200))
+
+
+def text_windows(tokenizer, samples: int, seq_len: int, text: str | None = None,
+                 name: str | None = None) -> list[list[int]]:
+    """``samples`` consecutive windows of ``seq_len`` tokens from ``text`` (default: the bundled novel)."""
+    windows = token_windows(tokenizer, bundled_text() if text is None else text, seq_len, samples)
     if len(windows) < samples:
-        raise MemstepError(f"the calibration text holds only {len(windows)} windows of {seq_len} tokens: "
-                           "ask for fewer --samples or a shorter --seq-len")
+        raise MemstepError(f"the calibration text{f' {name}' if name else ''} is too short: it holds {len(windows)} "
+                           f"window(s) of {seq_len} tokens and {samples} are needed; give a longer text or lower "
+                           "--samples or --seq-len")
     return windows
 
 
@@ -40,44 +76,104 @@ def first_token_pool(tokenizer, vocab_size: int) -> torch.Tensor:
     return torch.tensor([i for i in range(min(vocab_size, len(tokenizer))) if i not in special])
 
 
-def self_generated_windows(model, tokenizer, samples: int, seq_len: int, seed: int = 0,
-                           batch_size: int = 16) -> list[list[int]]:
-    """``samples`` sequences of exactly ``seq_len`` tokens sampled from ``model`` itself."""
-    device = next(model.parameters()).device
-    generator = torch.Generator().manual_seed(seed)
-    pool = first_token_pool(tokenizer, model.config.vocab_size)
-    starts = pool[torch.randint(len(pool), (samples,), generator=generator)]
+def is_language(text: str, language: str = LANGUAGE) -> bool:
+    """langdetect's reading of ``text`` (seeded, so the same text always gets the same answer)."""
+    from langdetect import DetectorFactory, LangDetectException, detect
+
+    DetectorFactory.seed = 0
+    try:
+        return detect(text) == language
+    except LangDetectException:  # no letters to go by
+        return False
+
+
+def _pad_id(model, tokenizer) -> int:
     eos = model.generation_config.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if isinstance(eos, list) else eos)
-    windows: list[list[int]] = []
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if isinstance(eos, list) else eos)
+
+
+def english_starts(model, tokenizer, count: int, generator: torch.Generator, batch_size: int = 16) -> list[list[int]]:
+    """``count`` starts of GREEDY_TOKENS tokens: a random first token, its greedy continuation,
+    kept when the decoded start reads as English."""
+    device = next(model.parameters()).device
+    pool = first_token_pool(tokenizer, model.config.vocab_size)
+    starts: list[list[int]] = []
+    for _ in range(MAX_STARTS):
+        checkpoint()
+        firsts = pool[torch.randint(len(pool), (batch_size,), generator=generator)].reshape(-1, 1).to(device)
+        out = model.generate(input_ids=firsts, attention_mask=torch.ones_like(firsts), do_sample=False,
+                             max_new_tokens=GREEDY_TOKENS - 1, min_new_tokens=GREEDY_TOKENS - 1,
+                             pad_token_id=_pad_id(model, tokenizer), temperature=None, top_p=None, top_k=None)
+        for ids in out.tolist():
+            if len(starts) < count and is_language(tokenizer.decode(ids, skip_special_tokens=True)):
+                starts.append(ids)
+        if len(starts) == count:
+            return starts
+    raise MemstepError(f"the model wrote no {LANGUAGE} start in {MAX_STARTS * batch_size} tries: "
+                       "use text calibration (--calibration text or FILE)")
+
+
+def self_generated_windows(model, tokenizer, samples: int, seq_len: int, seed: int = 0, length: int = 512,
+                           batch_size: int = 16) -> list[list[int]]:
+    """``samples`` windows of ``seq_len`` tokens cut from texts of ``length`` tokens the model writes."""
+    per_text = max(1, length // seq_len)
+    texts = math.ceil(samples / per_text)
+    generator = torch.Generator().manual_seed(seed)
     rng_state = torch.random.get_rng_state()
     torch.manual_seed(seed)  # generate() samples from the global generator; restored below
+    windows: list[list[int]] = []
     try:
         with torch.inference_mode():
-            for first in range(0, samples, batch_size):
+            starts = english_starts(model, tokenizer, texts, generator, batch_size)
+            device = next(model.parameters()).device
+            rest = length - GREEDY_TOKENS
+            for first in range(0, texts, batch_size):
                 checkpoint()
-                ids = starts[first:first + batch_size].reshape(-1, 1).to(device)
+                ids = torch.tensor(starts[first:first + batch_size], device=device)
                 out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                                     temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=seq_len - 1,
-                                     min_new_tokens=seq_len - 1, pad_token_id=pad,
+                                     temperature=1.0, top_k=TOP_K, top_p=1.0, max_new_tokens=rest,
+                                     min_new_tokens=rest, pad_token_id=_pad_id(model, tokenizer),
                                      stopping_criteria=stop_on_cancel())
                 checkpoint()  # a cancelled generate stops early: its short windows are not kept
-                windows += out[:, :seq_len].tolist()
+                for text in out.tolist():
+                    windows += [text[i:i + seq_len] for i in range(0, per_text * seq_len, seq_len)]
     finally:
         torch.random.set_rng_state(rng_state)
-    return windows
+    return windows[:samples]
 
 
-def calibration_windows(model, tokenizer, source: str, samples: int, seq_len: int,
-                        seed: int = 0) -> list[list[int]]:
-    """``text``: all from the novel; ``self``: all generated; ``both``: half and half
-    (the generated half gets the odd one)."""
+def calibration_set(model, tokenizer, config: SparseConfig, text: str | None = None,
+                    generated: list[list[int]] | None = None) -> CalibrationSet:
+    """The windows ``config`` asks for. ``text``: the user's calibration text (the bundled novel
+    when None). ``self`` with masks from real text reads ``samples`` real windows for the masks
+    alone; ``both`` takes half real windows and half self-generated ones. ``generated``: windows
+    the model wrote before with the same settings (the first ones needed are taken)."""
+    source, samples, seq_len = config.calibration, config.samples, config.seq_len
     if source not in SOURCES:
         raise MemstepError(f"unknown calibration source '{source}': choose one of {', '.join(SOURCES)}")
+    name = config.calibration_file
+
+    def generate(count):
+        if generated is not None and len(generated) >= count:
+            return generated[:count]
+        return self_generated_windows(model, tokenizer, count, seq_len, config.seed, config.self_length)
+
     if source == "text":
-        return text_windows(tokenizer, samples, seq_len)
+        return CalibrationSet(text_windows(tokenizer, samples, seq_len, text, name), samples, (0, samples))
     if source == "self":
-        return self_generated_windows(model, tokenizer, samples, seq_len, seed)
-    half = samples // 2
-    return text_windows(tokenizer, half, seq_len) + self_generated_windows(model, tokenizer, samples - half,
-                                                                           seq_len, seed)
+        windows = generate(samples)
+        if config.mask_data == "all" or config.method == "magnitude":
+            return CalibrationSet(windows, samples, (0, samples), samples)
+        real = text_windows(tokenizer, samples, seq_len, text, name)
+        return CalibrationSet(windows + real, samples, (samples, 2 * samples), samples)
+    half = samples // 2  # both: the generated half gets the odd one
+    real = text_windows(tokenizer, half, seq_len, text, name) if half else []
+    stats = (0, half) if config.mask_data == "real" and half else (0, samples)
+    return CalibrationSet(real + generate(samples - half), samples, stats, samples - half)
+
+
+def calibration_windows(model, tokenizer, source: str, samples: int, seq_len: int, seed: int = 0) -> list[list[int]]:
+    """The reconstruction windows of ``source`` with the other settings at their defaults."""
+    config = SparseConfig(calibration=source, samples=samples, seq_len=seq_len, seed=seed)
+    found = calibration_set(model, tokenizer, config)
+    return found.windows[:found.recon]

@@ -9,6 +9,13 @@ from memstep.errors import MemstepError
 
 METHODS = ("magnitude", "wanda", "sparsegpt")
 SOURCES = ("text", "self", "both")
+# What reconstruction trains: "norms" = every parameter of the block (surviving linear weights,
+# biases and the norms' gains), as the reference code (LOG-postech/rethinking-LLM-pruning) does;
+# "linear" = the surviving linear weights only.
+TRAINABLE = ("norms", "linear")
+# Which calibration windows the masks' statistics come from: "real" text only (the reference's
+# masks never see self-generated data), or "all" windows reconstruction uses.
+MASK_DATA = ("real", "all")
 
 
 @dataclass(frozen=True)
@@ -59,8 +66,11 @@ class TrainOptions:
     steps: int = 20
     batch_size: int = 4
     seed: int = 0
+    train: str = "norms"
 
     def validate(self) -> "TrainOptions":
+        if self.train not in TRAINABLE:
+            raise MemstepError(f"unknown --train '{self.train}': choose {' or '.join(TRAINABLE)}")
         if self.optimizer not in OPTIMIZERS:
             raise MemstepError(f"unknown optimizer '{self.optimizer}': choose one of {', '.join(OPTIMIZERS)}")
         if not self.lr > 0:
@@ -84,8 +94,11 @@ class SparseConfig:
     nm: str | None = None  # "2:4": N:M instead of unstructured
     reconstruct: str = "br+gp"
     calibration: str = "text"
+    calibration_file: str | None = None  # the name of the user's text (the text itself is passed apart)
+    mask_data: str = "real"
     samples: int = 16
     seq_len: int = 128
+    self_length: int = 512  # tokens per self-generated text, cut into windows (the reference: 2048)
     held_out_samples: int = 8
     optimizer: str = "adam"
     lr: float = 1e-3
@@ -94,6 +107,7 @@ class SparseConfig:
     damp: float = 0.01  # SparseGPT: damping, a fraction of the Hessian's mean diagonal
     block_columns: int = 128  # SparseGPT: columns per block of the OBS update
     seed: int = 0
+    train_params: str = "norms"
 
     @property
     def pattern(self) -> Pattern:
@@ -101,7 +115,7 @@ class SparseConfig:
 
     @property
     def train(self) -> TrainOptions:
-        return TrainOptions(self.optimizer, self.lr, self.steps, self.batch_size, self.seed)
+        return TrainOptions(self.optimizer, self.lr, self.steps, self.batch_size, self.seed, self.train_params)
 
     def validate(self) -> "SparseConfig":
         if self.method not in METHODS:
@@ -110,7 +124,13 @@ class SparseConfig:
             raise MemstepError(f"unknown reconstruction '{self.reconstruct}': choose one of "
                                f"{', '.join(RECONSTRUCTIONS)}")
         if self.calibration not in SOURCES:
-            raise MemstepError(f"unknown calibration '{self.calibration}': choose one of {', '.join(SOURCES)}")
+            raise MemstepError(f"unknown calibration '{self.calibration}': choose one of {', '.join(SOURCES)} "
+                               "or give a text file (.txt, .md, .pdf, .html)")
+        if self.mask_data not in MASK_DATA:
+            raise MemstepError(f"unknown --mask-data '{self.mask_data}': choose {' or '.join(MASK_DATA)}")
+        if self.calibration != "text" and self.self_length < self.seq_len:
+            raise MemstepError(f"--self-length ({self.self_length}) must be at least --seq-len ({self.seq_len}): "
+                               "each self-generated text is cut into windows of --seq-len tokens")
         if self.samples < 1 or self.held_out_samples < 1:
             raise MemstepError("--samples and --held-out-samples must be at least 1")
         if self.seq_len < 2:

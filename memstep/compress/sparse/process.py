@@ -13,7 +13,8 @@ For every decoder block, in order:
    same inputs); BR+GP (the target is the dense *model's* output at this block: inputs come
    from the pruned model, targets from the dense one); BR+GP+CR (the window of this block and
    the previous one trained together towards the dense model's output, so the windows overlap
-   and stitch the blocks);
+   and stitch the blocks; as in the reference code, block 0 is first trained alone and, after
+   the last window, the last block alone once more: blocks + 1 trainings in all);
 4. the pruned model's hidden states move on to the next block, and the dense model's too.
 
 ``SparsePruning`` is iterable: it yields one BlockRecord per block as it goes (the CLI's
@@ -33,7 +34,7 @@ from memstep.cancel import checkpoint
 from memstep.compress.data import perplexity, save_model
 from memstep.compress.sparse.blocks import (decoder_layers, embed, layer_kwargs, linear_layers,
                                             normalized_error, run_block)
-from memstep.compress.sparse.calibration import calibration_windows, held_out_windows
+from memstep.compress.sparse.calibration import calibration_set, held_out_windows
 from memstep.compress.sparse.config import RECONSTRUCTIONS, SparseConfig  # noqa: F401 (re-exported)
 from memstep.compress.sparse.masks import magnitude_mask, sparsegpt_prune, wanda_mask
 from memstep.compress.sparse.records import BlockRecord, SparseResult
@@ -42,29 +43,38 @@ from memstep.compress.sparse.sparsity import count_sparsity, pruned_matrices, ve
 from memstep.errors import MemstepError
 
 def _collect_inputs(block, x: torch.Tensor, kwargs: list[dict], idx: int, batch_size: int, want_grams: bool,
-                    keep_inputs: bool):
+                    keep_inputs: bool, stats: tuple[int, int] | None = None, recon: int | None = None):
     """Run the (dense) block on x; return its outputs, each linear layer's input Gram matrix X^T X
-    and, when ``keep_inputs``, the inputs themselves (samples, tokens, in) for LR."""
+    over the samples ``x[stats[0]:stats[1]]`` (all by default) and, when ``keep_inputs``, the
+    inputs themselves (samples, tokens, in) of the first ``recon`` samples, for LR."""
     grams: dict[str, torch.Tensor] = {}
     inputs: dict[str, list] = {}
+    stats = stats or (0, x.shape[0])
+    recon = x.shape[0] if recon is None else recon
+    batch = {"stats": False, "recon": False}  # what the batch running now feeds
 
     def hook(name):
         def record(module, args):
             inp = args[0].detach()
-            flat = inp.reshape(-1, inp.shape[-1]).float()
-            if want_grams:
+            if want_grams and batch["stats"]:
+                flat = inp.reshape(-1, inp.shape[-1]).float()
                 grams[name] = grams.get(name, 0) + flat.T @ flat
-            if keep_inputs:
+            if keep_inputs and batch["recon"]:
                 inputs.setdefault(name, []).append(inp)
         return record
 
+    # batches never straddle a boundary, so each one either feeds the statistics or not
+    bounds = sorted({0, x.shape[0], *stats, recon} & set(range(x.shape[0] + 1)))
     handles = [lin.register_forward_pre_hook(hook(name)) for name, lin in linear_layers(block).items()]
+    outs = []
     try:
-        out = run_block([block], x, kwargs, idx, batch_size)
+        for a, b in zip(bounds, bounds[1:]):
+            batch["stats"], batch["recon"] = stats[0] <= a < stats[1], a < recon
+            outs.append(run_block([block], x[a:b], kwargs, idx, batch_size))
     finally:
         for h in handles:
             h.remove()
-    return out, grams, {name: torch.cat(parts) for name, parts in inputs.items()}
+    return torch.cat(outs), grams, {name: torch.cat(parts) for name, parts in inputs.items()}
 
 
 def prune_block(block, grams: dict, tokens: int, config: SparseConfig) -> dict[str, torch.Tensor]:
@@ -89,11 +99,14 @@ class SparsePruning:
     """Iterate to prune ``lm`` (a memstep LoadedModel, changed in place) block by block."""
 
     def __init__(self, lm, config: SparseConfig, output: str | None = None, info: dict | None = None,
-                 dense_perplexity: dict | None = None):
+                 dense_perplexity: dict | None = None, calibration_text: str | None = None, calibration=None):
         """``dense_perplexity``: {"calibration": x, "held_out": y} measured before on the same windows
-        (a benchmark reuses it across runs); measured here when None."""
+        (a benchmark reuses it across runs); measured here when None. ``calibration_text``: the
+        user's own calibration text (the bundled novel when None). ``calibration``: a
+        CalibrationSet made before for the same settings (a benchmark reuses self-generated text)."""
         self.lm, self.config, self.output = lm, config.validate(), output
         self.dense_perplexity = dense_perplexity
+        self.calibration_text, self.calibration = calibration_text, calibration
         self.info = info or {}
         self.records: list[BlockRecord] = []
         self.result: SparseResult | None = None
@@ -103,32 +116,36 @@ class SparsePruning:
         started = time.perf_counter()
         layers = decoder_layers(model)
         model.requires_grad_(False)
-        calib = calibration_windows(model, tok, cfg.calibration, cfg.samples, cfg.seq_len, cfg.seed)
+        self.calibration = self.calibration or calibration_set(model, tok, cfg, self.calibration_text)
+        windows, n = self.calibration.windows, self.calibration.recon
+        calib = windows[:n]  # reconstruction's windows; any after them only feed the masks
         held = held_out_windows(tok, cfg.held_out_samples, cfg.seq_len)
         ppl_dense = self.dense_perplexity or {"calibration": perplexity(model, calib),
                                               "held_out": perplexity(model, held)}
         kwargs = layer_kwargs(model, cfg.seq_len)
-        xp = xd = embed(model, calib)  # calibration: pruned model's / dense model's hidden states
+        xp = xd = embed(model, windows)  # calibration: pruned model's / dense model's hidden states
         hp = hd = embed(model, held)  # held-out: the same
         xp_prev = hp_prev = None
         masks: list[dict] = []
         bs = max(1, cfg.batch_size)
-        tokens = xp.shape[0] * xp.shape[1]
+        stats = self.calibration.stats
+        tokens = (stats[1] - stats[0]) * xp.shape[1]
         for idx, block in enumerate(layers):
             checkpoint()
             t0 = time.perf_counter()
             dense = copy.deepcopy(block)
             # the dense block on the pruned model's inputs: BR's target, the masks' statistics, LR's inputs
             y_local, grams, inputs = _collect_inputs(dense, xp, kwargs, idx, bs, cfg.method != "magnitude",
-                                                       cfg.reconstruct == "lr")
+                                                       cfg.reconstruct == "lr", stats, n)
             yd = run_block([dense], xd, kwargs, idx, bs)  # the dense model's output at this block
             hyd = run_block([dense], hd, kwargs, idx, bs)
             masks.append(prune_block(block, grams, tokens, cfg))
             xp_masked = run_block([block], xp, kwargs, idx, bs)
             hp_masked = run_block([block], hp, kwargs, idx, bs)
-            err_cal_masked, err_held_masked = normalized_error(xp_masked, yd), normalized_error(hp_masked, hyd)
+            err_cal_masked, err_held_masked = normalized_error(xp_masked[:n], yd[:n]), normalized_error(hp_masked, hyd)
             t1 = time.perf_counter()
-            losses, window = self._reconstruct(idx, block, dense, masks, inputs, kwargs, xp, xp_prev, y_local, yd)
+            losses, steps = self._reconstruct(idx, block, dense, masks, inputs, kwargs, xp, xp_prev, y_local, yd)
+            window = sorted({i for step in steps for i in step})
             if cfg.reconstruct == "none":
                 xp_next, hp_next = xp_masked, hp_masked
             elif window[0] < idx:  # CR changed the previous block too: re-run the window from its input
@@ -142,8 +159,8 @@ class SparsePruning:
             zeros = sum(int((lin.weight == 0).sum()) for lin in linear_layers(block).values())
             weights = sum(lin.weight.numel() for lin in linear_layers(block).values())
             record = BlockRecord(
-                block=idx, blocks=len(layers), window=window,
-                error_calibration_masked=err_cal_masked, error_calibration=normalized_error(xp_next, yd),
+                block=idx, blocks=len(layers), window=window, steps=steps,
+                error_calibration_masked=err_cal_masked, error_calibration=normalized_error(xp_next[:n], yd[:n]),
                 error_held_out_masked=err_held_masked, error_held_out=normalized_error(hp_next, hyd),
                 sparsity=zeros / weights, matrices=matrices, losses=losses,
                 seconds_mask=t1 - t0, seconds_reconstruct=t2 - t1, seconds=t2 - t0)
@@ -162,6 +179,7 @@ class SparsePruning:
             perplexity={k: {"dense": ppl_dense[k], "pruned": ppl_pruned[k]} for k in ppl_dense},
             sparsity=all_zeros / all_weights, matrices=matrices,
             calibration_tokens=len(calib) * cfg.seq_len, held_out_tokens=len(held) * cfg.seq_len,
+            mask_tokens=tokens if cfg.method != "magnitude" else 0, generated_windows=self.calibration.generated,
             calibration_preview=[tok.decode(ids[:48]) for ids in calib[-2:]],
             seconds=time.perf_counter() - started)
         if self.output:
@@ -174,21 +192,28 @@ class SparsePruning:
                 raise MemstepError(f"the saved model in {self.output} lost zeros: its sparsity does not match")
 
     def _reconstruct(self, idx, block, dense, masks, inputs, kwargs, xp, xp_prev, y_local, yd):
-        """Apply the configured reconstruction; returns (step losses, the window of blocks changed)."""
-        cfg, opts = self.config, self.config.train
+        """Apply the configured reconstruction on the reconstruction windows; returns (step losses,
+        the windows of blocks trained, in order)."""
+        cfg, opts, n = self.config, self.config.train, self.calibration.recon
         if cfg.reconstruct == "none":
-            return [], [idx]
+            return [], [[idx]]
         if cfg.reconstruct == "lr":
             dense_layers = linear_layers(dense)
             losses = []
             for name, linear in linear_layers(block).items():
                 checkpoint()
                 losses += train_layer(linear, dense_layers[name].weight, inputs[name], masks[idx][name], opts)[-1:]
-            return losses, [idx]
+            return losses, [[idx]]
         if cfg.reconstruct == "br":
-            return train_blocks([block], idx, kwargs, [masks[idx]], xp, y_local, opts), [idx]
+            return train_blocks([block], idx, kwargs, [masks[idx]], xp[:n], y_local[:n], opts), [[idx]]
         if cfg.reconstruct == "br+gp" or idx == 0:
-            return train_blocks([block], idx, kwargs, [masks[idx]], xp, yd, opts), [idx]
+            return train_blocks([block], idx, kwargs, [masks[idx]], xp[:n], yd[:n], opts), [[idx]]
         layers = decoder_layers(self.lm.model)  # br+gp+cr: the window (idx-1, idx)
-        return (train_blocks([layers[idx - 1], block], idx - 1, kwargs, masks[idx - 1:idx + 1], xp_prev, yd, opts),
-                [idx - 1, idx])
+        losses = train_blocks([layers[idx - 1], block], idx - 1, kwargs, masks[idx - 1:idx + 1], xp_prev[:n], yd[:n],
+                              opts)
+        if idx < len(layers) - 1:
+            return losses, [[idx - 1, idx]]
+        # the reference's last round: the last block alone, on its input from the final previous block
+        x_last = run_block([layers[idx - 1]], xp_prev[:n], kwargs, idx - 1, max(1, cfg.batch_size))
+        losses += train_blocks([block], idx, kwargs, [masks[idx]], x_last, yd[:n], opts)
+        return losses, [[idx - 1, idx], [idx]]

@@ -4,7 +4,9 @@
   calibration inputs X, in mini-batches of samples like BR.
 - BR (block-wise) and CR (cross-block, a window of consecutive blocks): train the blocks'
   surviving weights on mini-batches so their output matches a target (the dense block's
-  output; with GP the dense *model's* output, see process.py).
+  output; with GP the dense *model's* output, see process.py). ``train="norms"`` trains every
+  parameter of the blocks as the reference code does (the surviving linear weights, biases and
+  the norms' gains); ``train="linear"`` only the surviving linear weights.
 
 Zeros stay zeros: gradients of pruned weights are masked before each step (so Adam's moments
 never move them) and the mask is re-applied after each step.
@@ -23,21 +25,25 @@ def make_optimizer(params: list, options: TrainOptions):
     linearly to zero over the steps."""
     if options.optimizer == "sgd":
         opt = torch.optim.SGD(params, lr=options.lr, momentum=0.9)
-    elif options.optimizer == "adamw":
-        opt = torch.optim.AdamW(params, lr=options.lr)
+    elif options.optimizer == "adamw":  # the reference's AdamW: betas (0.9, 0.95), no weight decay
+        opt = torch.optim.AdamW(params, lr=options.lr, betas=(0.9, 0.95), weight_decay=0.0)
     else:
         opt = torch.optim.Adam(params, lr=options.lr)
     return opt, torch.optim.lr_scheduler.LinearLR(opt, 1.0, 0.0, total_iters=options.steps)
 
 
 def _masked_step(opt, sched, pairs) -> None:
+    """One step; a pair's keep mask (None: a parameter that is not pruned) zeroes its gradient
+    and, after the step, its pruned entries."""
     for weight, keep in pairs:
-        weight.grad.mul_(keep)
+        if keep is not None and weight.grad is not None:
+            weight.grad.mul_(keep)
     opt.step()
     sched.step()
     with torch.no_grad():
         for weight, keep in pairs:
-            weight.mul_(keep)
+            if keep is not None:
+                weight.mul_(keep)
 
 
 def _fit(pairs: list, samples: int, options: TrainOptions, seed: int, batch_loss) -> list[float]:
@@ -72,12 +78,17 @@ def _fit(pairs: list, samples: int, options: TrainOptions, seed: int, batch_loss
 def train_blocks(blocks: list, first: int, kwargs: list[dict], masks: list[dict], x: torch.Tensor,
                  target: torch.Tensor, options: TrainOptions) -> list[float]:
     """BR (one block) or CR (a window): train the surviving linear weights of ``blocks`` (decoder
-    layers ``first``, ``first+1``, ...) so that blocks(x) matches ``target``. Returns the
-    normalized error of each step's mini-batch."""
+    layers ``first``, ``first+1``, ...), and with ``options.train == "norms"`` every other
+    parameter of theirs too, so that blocks(x) matches ``target``. Returns the normalized error
+    of each step's mini-batch."""
     pairs = []
     for block, keeps in zip(blocks, masks):
         block.requires_grad_(False)
-        pairs += [(linear.weight, keeps[name]) for name, linear in linear_layers(block).items()]
+        weights = [(linear.weight, keeps[name]) for name, linear in linear_layers(block).items()]
+        pairs += weights
+        if options.train == "norms":
+            masked = {id(weight) for weight, _ in weights}
+            pairs += [(param, None) for param in block.parameters() if id(param) not in masked]
 
     def batch_loss(idx):
         h = x[idx]

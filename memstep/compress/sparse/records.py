@@ -14,7 +14,8 @@ class BlockRecord:
     Figure 3 quantity), the first position of each window (the attention sink) left out (see
     blocks.normalized_error). ``*_masked`` is the same right after masking, before reconstruction.
     With CR the window (block-1, block) was reconstructed together, so the values describe
-    both blocks' final weights."""
+    both blocks' final weights; ``steps`` lists the windows trained at this block, in order (the
+    last block under CR: the window, then the block alone)."""
 
     block: int
     blocks: int
@@ -29,6 +30,7 @@ class BlockRecord:
     seconds_mask: float = 0.0
     seconds_reconstruct: float = 0.0
     seconds: float = 0.0
+    steps: list[list[int]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -49,7 +51,9 @@ class SparseResult:
     calibration_preview: list[str]  # the first calibration samples, decoded (see what self-generation made)
     seconds: float
     output: str | None = None
-    verified: bool | None = None  # the saved folder's zeros recounted equal the model's
+    verified: bool | None = None
+    mask_tokens: int = 0  # calibration tokens the masks' statistics came from (0: magnitude needs none)
+    generated_windows: int = 0  # self-generated windows among the calibration  # the saved folder's zeros recounted equal the model's
 
     @property
     def final_error(self) -> dict:

@@ -13,7 +13,7 @@ SECTIONS = [("Layer collapse (LaCo)", laco), ("Pruning + reconstruction", sparse
 
 
 def build_tab(model_box=None, tabs=None) -> None:
-    with gr.Tabs():
+    with gr.Tabs(overflow_behavior="wrap"):  # both sections reachable on a phone, no "..." menu
         for title, section in SECTIONS:
             with gr.Tab(title):
                 section.build_section(model_box, tabs)

@@ -16,13 +16,15 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from memstep.cancel import Cancelled
-from memstep.compress.laco import CALIBRATION_SENTENCES, CALIBRATION_TOKENS, DEFAULTS, REFERENCES, VARIANTS
+from memstep.compress.laco import (CALIBRATION_SENTENCES, CALIBRATION_TOKENS, DEFAULTS, MERGES, REFERENCES,
+                                    VARIANTS)
 from memstep.errors import MemstepError
 
 from ui import compressed, estimates, jobs
 from ui.inputs import choice, flag, real
 
 FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
+LEGEND_ROOM = 70  # the legend at the foot of a figure may wrap to three rows on a phone
 ACCEPT, REJECT, THRESHOLD = "#16a34a", "#94a3b8", "#dc2626"
 MAP_COLORS = {"kept": "#e2e8f0", "base": "#16a34a", "merged": "#f59e0b", "removed": "#ef4444"}
 MAX_SENTENCES, MAX_TOKENS = 16, 256  # bounds one request's calibration work
@@ -67,12 +69,16 @@ def similarity_figure(candidates: list[dict], threshold: float, depth: int | Non
                   annotation_text=f"T = {threshold:g}", annotation_position="top left",
                   annotation_font=dict(color=THRESHOLD, size=11))
     top = max(depth or 1, 1) - 1
-    fig.update_layout(template="plotly_white", height=height, font=FONT, margin=dict(l=60, r=20, t=60, b=50),
-                      title=dict(text="LaCo search: similarity of each candidate to the dense model", x=0,
-                                 font=dict(size=14)),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1))
-    fig.update_xaxes(title_text="base layer l (original numbering; the search walks right)",
-                     range=[top + 0.5, -0.5], dtick=max(1, (top + 1) // 15), showline=True, linecolor="#9ca3af")
+    # laid out for a phone too: a two-line title at the top, the legend at the foot, ticks Plotly spaces
+    fig.update_layout(template="plotly_white", height=height + LEGEND_ROOM, font=FONT,
+                      margin=dict(l=60, r=20, t=76, b=76 + LEGEND_ROOM),
+                      title=dict(text="LaCo search: similarity of each<br>candidate to the dense model", x=0.0,
+                                 xref="container", xanchor="left", y=1.0, yref="container", yanchor="top",
+                                 pad=dict(t=14, l=12), font=dict(size=14)),
+                      legend=dict(orientation="h", yref="container", y=0.0, yanchor="bottom", xref="container",
+                                  x=0.0, xanchor="left"))
+    fig.update_xaxes(title_text="base layer l (original numbering;<br>the search walks right)",
+                     range=[top + 0.5, -0.5], tickmode="auto", nticks=10, showline=True, linecolor="#9ca3af")
     low = min([c["similarity"] for c in candidates] + [threshold, 0.0])
     fig.update_yaxes(title_text="mean cosine similarity", range=[min(low - 0.05, 0), 1.05], gridcolor="#eef0f3")
     return fig
@@ -96,11 +102,19 @@ def layer_rows(depth: int, groups: list[list[int]] | None, baselines: dict[str, 
     return rows
 
 
+def _method_label(name: str) -> str:
+    """A method's name on short lines: the map's columns are a phone's width divided by four."""
+    import textwrap
+
+    return "<br>".join(textwrap.wrap(name, 11, break_long_words=False)) or name
+
+
 def layer_map_figure(depth: int, groups: list[list[int]] | None, baselines: dict[str, list[int]] | None = None,
                      height: int | None = None) -> go.Figure:
-    """One row per method, one cell per original layer: green a LaCo base that absorbed
-    layers (+n), orange a layer merged into the base it points to (→b), red a layer a
-    baseline removes (×), grey a layer kept as it was."""
+    """One column per method, one row per original layer (layer 0 at the top): green a LaCo
+    base that absorbed layers (+n), orange a layer merged into the base it points to (→b), red
+    a layer a baseline removes (×), grey a layer kept as it was. Layers run down the figure so
+    each cell is wide enough for its text on a phone as on a laptop."""
     rows = layer_rows(depth, groups, baselines or {})
     names = list(MAP_COLORS)
     code = {name: i for i, name in enumerate(names)}
@@ -108,21 +122,26 @@ def layer_map_figure(depth: int, groups: list[list[int]] | None, baselines: dict
     for i, name in enumerate(names):
         scale += [[i / len(names), MAP_COLORS[name]], [(i + 1) / len(names), MAP_COLORS[name]]]
     fig = go.Figure(go.Heatmap(
-        z=[[code[s] for s in state] for _, state, _ in rows], x=list(range(depth)), y=[r[0] for r in rows],
-        text=[t for _, _, t in rows], texttemplate="%{text}", textfont=dict(size=11),
-        colorscale=scale, zmin=-0.5, zmax=len(names) - 0.5, showscale=False, xgap=2, ygap=4,
-        customdata=[state for _, state, _ in rows],
-        hovertemplate="%{y}, layer %{x}: %{customdata} %{text}<extra></extra>"))
+        z=[[code[state[layer]] for _, state, _ in rows] for layer in range(depth)], x=[r[0] for r in rows],
+        y=list(range(depth)), text=[[text[layer] for _, _, text in rows] for layer in range(depth)],
+        texttemplate="%{text}", textfont=dict(size=11), colorscale=scale, zmin=-0.5, zmax=len(names) - 0.5,
+        showscale=False, xgap=4, ygap=2, customdata=[[state[layer] for _, state, _ in rows] for layer in range(depth)],
+        hovertemplate="%{x}, layer %{y}: %{customdata} %{text}<extra></extra>"))
     for name, label in (("base", "LaCo: merged into (+n layers)"), ("merged", "LaCo: merged away (→ base)"),
                         ("removed", "baseline: removed"), ("kept", "kept as is")):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=label,
                                  marker=dict(color=MAP_COLORS[name], size=11, symbol="square")))
-    fig.update_layout(template="plotly_white", height=height or 130 + 46 * max(1, len(rows)), font=FONT,
-                      margin=dict(l=190, r=20, t=60, b=40), title=dict(text="Layer map", x=0, font=dict(size=14)),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1),
+    fig.update_layout(template="plotly_white", height=height or 190 + LEGEND_ROOM + 18 * depth, font=FONT,
+                      margin=dict(l=60, r=20, t=110, b=20 + LEGEND_ROOM),
+                      title=dict(text="Layer map", x=0.0, xref="container", xanchor="left", y=1.0, yref="container",
+                                 yanchor="top", pad=dict(t=14, l=12), font=dict(size=14)),
+                      legend=dict(orientation="h", yref="container", y=0.0, yanchor="bottom", xref="container",
+                                  x=0.0, xanchor="left"),
                       plot_bgcolor="white")
-    fig.update_xaxes(title_text="original layer", dtick=1 if depth <= 40 else 5, showgrid=False, zeroline=False)
-    fig.update_yaxes(autorange="reversed", showgrid=False, zeroline=False)
+    fig.update_xaxes(side="top", showgrid=False, zeroline=False, tickmode="array", tickvals=[r[0] for r in rows],
+                     ticktext=[_method_label(r[0]) for r in rows])
+    fig.update_yaxes(title_text="original layer", autorange="reversed", tickmode="auto", nticks=16, showgrid=False,
+                     zeroline=False)
     return fig
 
 
@@ -163,7 +182,7 @@ def folder_name(model_name: str, settings: dict) -> str:
     base = re.sub(r"[^a-z0-9]+", "-", model_name.split("/")[-1].lower()).strip("-") or "model"
     s = settings
     return (f"{base}-laco-{s['variant']}-{s['reference']}-C{s['C']}L{s['L']}H{s['H']}I{s['I']}T{s['T']:g}"
-            f"-cal{s['sentences']}x{s['tokens']}")
+            f"-cal{s['sentences']}x{s['tokens']}" + ("-run" if s.get("merge") == "run" else ""))
 
 
 def _int(value, name: str, low: int, high: int | None = None) -> int:
@@ -182,12 +201,13 @@ def _int(value, name: str, low: int, high: int | None = None) -> int:
 
 
 def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, evaluate,  # noqa: E741
-             request: gr.Request = None):
+             merge="chained", request: gr.Request = None):
     """Stream (status, similarity plot, layer map, table, load button, saved model). The work runs
     in a job of its own (ui/jobs.py): Stop, a cancelled request or a visitor gone end it within
     seconds. A run estimated over a minute starts on the second press."""
     from memstep.compress.collapse_run import LABELS, CollapseRun
     from memstep.compress.data import calibration_texts
+    from memstep.compress.laco import settings_warnings
     from memstep.compress.quality import make_probe
     from memstep.engine import model_shape
 
@@ -200,11 +220,12 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
                         sentences=_int(sentences, "calibration sentences", 1, MAX_SENTENCES),
                         tokens=_int(tokens, "tokens per sentence", 2, MAX_TOKENS),
                         variant=choice(variant, "merge", VARIANTS, "paper"),
-                        reference=choice(reference, "compare candidates with", REFERENCES, "dense"))
+                        reference=choice(reference, "compare candidates with", REFERENCES, "dense"),
+                        merge=choice(merge, "merge into a merged layer", MERGES, "chained"))
         variant, reference, evaluate = settings["variant"], settings["reference"], flag(evaluate, "measure")
         settings["T"] = real(T, "T")
         lm = get_model(model_spec, session)
-        settings["H"] = settings["H"] or len(lm.model.model.layers)
+        settings["H"] = settings["H"] or len(lm.model.model.layers) - 1  # 0: the top layer's index, as the notebook
         probe = make_probe(lm.tokenizer, **APP_PROBE) if evaluate else None
         texts = calibration_texts(settings["sentences"])
         shape, needed = model_shape(lm.model), compressed.weight_bytes(lm.model)
@@ -220,11 +241,13 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
         forget(str(reservation.path))  # an earlier model of that name, loaded, is about to be replaced
         run = CollapseRun(lm, texts, variants=(variant,), probe=probe, output=reservation.path, repeats=APP_REPEATS,
                           C=settings["C"], L=settings["L"], H=settings["H"], I=settings["I"], T=settings["T"],
-                          reference=reference, max_tokens=settings["tokens"])
+                          reference=reference, merge=settings["merge"], max_tokens=settings["tokens"])
     except MemstepError as err:
         if reservation is not None:
             reservation.release()
         raise gr.Error(str(err), print_exception=False) from None
+    for warning in settings_warnings(settings["C"]):
+        gr.Warning(warning)
     search = run.searches[variant]
     depth, total = len(search.dense_layers), max(1, search.H - search.C - search.L + 1)
     measured_total = 4 if evaluate else 0
@@ -318,13 +341,16 @@ def build_section(model_box=None, tabs=None) -> dict:
                               elem_id="laco-i")
             with gr.Row():
                 L = gr.Number(DEFAULTS["L"], label="L · lowest base layer", precision=0, minimum=0, elem_id="laco-l")
-                H = gr.Number(0, label="H · top (0: all layers)", precision=0, minimum=0, elem_id="laco-h")
+                H = gr.Number(0, label="H · top layer index (0: the last)", precision=0, minimum=0, elem_id="laco-h")
             T = gr.Slider(0.01, 1.0, value=DEFAULTS["T"], step=0.01, label="T · similarity threshold", elem_id="laco-t")
             variant = gr.Radio([("paper formula", "paper"), ("released notebook", "notebook")], value="paper",
                                label="merge", elem_id="laco-variant",
                                info="notebook: what the authors' code computes (the last merged layer's weights)")
             reference = gr.Radio([("dense model", "dense"), ("model so far", "current")], value="dense",
                                  label="compare candidates with", elem_id="laco-reference")
+            merge = gr.Radio([("chained (paper)", "chained"), ("one RDSC per run", "run")], value="chained",
+                             label="merge into a merged layer", elem_id="laco-merge",
+                             info="run: a window that takes in a merged layer merges the original layers anew")
             with gr.Row():
                 sentences = gr.Number(CALIBRATION_SENTENCES, label=f"calibration sentences (≤ {MAX_SENTENCES})",
                                       precision=0, minimum=1, maximum=MAX_SENTENCES, elem_id="laco-sentences")
@@ -355,7 +381,7 @@ def build_section(model_box=None, tabs=None) -> dict:
                                  label="quality and cost against the dense model and the baselines")
     folder = gr.State(None)
     model_input = model_box if model_box is not None else gr.State(None)
-    running = start.click(run_laco, [model_input, C, L, H, I, T, variant, reference, sentences, tokens, evaluate],
+    running = start.click(run_laco, [model_input, C, L, H, I, T, variant, reference, sentences, tokens, evaluate, merge],
                           [status, sim_plot, map_plot, table, load, folder], concurrency_id="prefill",
                           concurrency_limit=1, show_progress="minimal", show_progress_on=[status],
                           api_visibility="private")

@@ -68,14 +68,22 @@ def error_figure(runs: list[dict], blocks: int | None = None) -> go.Figure:
                 x=x, y=[getattr(r, key) for r in records], mode="lines+markers", name=f"{TECHNIQUE_LABELS[t]}, {split}",
                 line=dict(color=TECHNIQUE_COLORS[t], dash=dash, width=2), marker=dict(size=4),
                 hovertemplate=f"{TECHNIQUE_LABELS[t]} ({split})<br>block %{{x}}: error %{{y:.4g}}<extra></extra>"))
-    fig.update_layout(template="plotly_white", height=450, font=FONT, hovermode="closest",
-                      title=dict(text="Reconstruction error after each block (pruned vs dense hidden states)",
-                                 x=0.0, xanchor="left", y=0.985, yanchor="top", font=dict(size=14)),
-                      margin=dict(l=64, r=24, t=118, b=56),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0.0,
-                                  font=dict(size=11)))
+    # laid out for a phone too: a two-line title at the top, the legend (it wraps) at the foot
+    fig.update_layout(template="plotly_white", height=520, font=FONT, hovermode="closest",
+                      title=dict(text="Reconstruction error after each block<br>(pruned vs dense hidden states)",
+                                 x=0.0, xanchor="left", xref="container", y=1.0, yanchor="top", yref="container",
+                                 pad=dict(t=14, l=12), font=dict(size=14)),
+                      margin=dict(l=64, r=24, t=80, b=130),
+                      legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.0, xref="container",
+                                  xanchor="left", x=0.0, font=dict(size=11)))
+    if not fig.data:  # nothing pruned yet: a hint instead of empty log axes
+        fig.update_xaxes(visible=False)
+        fig.update_yaxes(visible=False)
+        fig.add_annotation(text="Prune to see the error after each block", x=0.5, y=0.5, xref="paper",
+                           yref="paper", showarrow=False, font=dict(size=13, color="#4b5563"))
+        return fig
     fig.update_xaxes(title_text="decoder block", range=[-0.5, blocks - 0.5] if blocks else None,
-                     tickmode="linear", tick0=0, dtick=max(1, (blocks or 1) // 15), showline=True,
+                     tickmode="auto", nticks=16, showline=True,
                      linecolor="#9ca3af")
     fig.update_yaxes(title_text="||pruned − dense||² / ||dense||²", type="log", showline=True,
                      linecolor="#9ca3af", gridcolor="#eef0f3", tickvals=LOG_TICKS,
@@ -112,7 +120,8 @@ def table_rows(runs: list[dict]) -> list[list]:
 
 
 # ---- handlers --------------------------------------------------------------------------------
-def make_config(method, pattern, sparsity, calibration, samples, seq_len, steps, lr, technique) -> SparseConfig:
+def make_config(method, pattern, sparsity, calibration, samples, seq_len, steps, lr, technique,
+                train="norms") -> SparseConfig:
     """The settings of one run, with the app's caps; MemstepError on a bad value."""
     samples, seq_len, steps = (number(v, name, 0, 1 << 20) for v, name in
                                ((samples, "samples"), (seq_len, "tokens per sample"), (steps, "steps")))
@@ -131,7 +140,7 @@ def make_config(method, pattern, sparsity, calibration, samples, seq_len, steps,
     return SparseConfig(method=method, sparsity=sparsity, nm=nm, reconstruct=technique,
                         calibration=calibration, samples=samples, seq_len=seq_len,
                         held_out_samples=HELD_OUT_SAMPLES, steps=steps, lr=lr,
-                        batch_size=min(4, samples)).validate()
+                        batch_size=min(4, samples), train_params=train).validate()
 
 
 def _source_model(spec, session: str = ""):
@@ -153,7 +162,7 @@ def _private_copy(lm):
     return LoadedModel(copy.deepcopy(lm.model), lm.tokenizer, lm.name, lm.device, lm.dtype)
 
 
-def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq_len, steps, lr,
+def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq_len, steps, lr, train="norms",
           request: gr.Request = None):
     """Stream (status, figure, table, saved-model dropdown) while each technique prunes the model.
     The work runs in a job of its own (ui/jobs.py): Stop, a cancelled request or a visitor gone end
@@ -169,7 +178,7 @@ def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq
         techniques = [t for t in RECONSTRUCTIONS if t in names(techniques, "techniques", RECONSTRUCTIONS)]
         if not techniques:
             raise MemstepError("tick at least one reconstruction technique")
-        configs = [make_config(method, pattern, sparsity, calibration, samples, seq_len, steps, lr, t)
+        configs = [make_config(method, pattern, sparsity, calibration, samples, seq_len, steps, lr, t, train)
                    for t in techniques]
         lm = _source_model(spec, session)
         shape, needed = model_shape(lm.model), compressed.weight_bytes(lm.model)
@@ -284,6 +293,8 @@ def build_section(model_box=None, tabs=None) -> None:
                 steps = gr.Number(DEFAULTS["steps"], label=f"Steps per block (1-{MAX_STEPS})", precision=0, elem_id="sparse-steps", min_width=80)
                 lr = gr.Number(DEFAULTS["lr"], label="Learning rate (Adam)", elem_id="sparse-lr",
                                min_width=80)
+            train = gr.Radio([("every block parameter (reference)", "norms"), ("linear weights only", "linear")],
+                             value="norms", label="Reconstruction trains", elem_id="sparse-train")
             with gr.Row():
                 start = gr.Button("Prune", variant="primary", elem_id="sparse-run",
                                   interactive=compressed.compress_enabled())
@@ -298,7 +309,7 @@ def build_section(model_box=None, tabs=None) -> None:
                 pruned = gr.Dropdown([], label="Pruned model", elem_id="sparse-pruned", scale=4)
                 load = gr.Button("Load into the Run tab", elem_id="sparse-load", scale=1)
     running = start.click(prune, [model_box if model_box is not None else gr.State(None), method, pattern, sparsity,
-                                  techniques, calibration, samples, seq_len, steps, lr],
+                                  techniques, calibration, samples, seq_len, steps, lr, train],
                           [status, plot, table, pruned], concurrency_id="prefill", concurrency_limit=1,
                           show_progress="minimal", show_progress_on=[status], api_visibility="private")
     stop.click(stop_pruning, None, [status], cancels=[running], concurrency_limit=None, api_visibility="private")

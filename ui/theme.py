@@ -1,0 +1,63 @@
+"""The page's ink: the few neutral colours every chart and note is drawn with, in light
+mode, and what each becomes in dark mode.
+
+Charts are drawn on the server in the light colours. In dark mode the page's CSS repaints
+exactly these colours (Plotly writes them inline as ``fill: rgb(r, g, b)``), so every chart
+of every tab follows the theme without knowing it, and a chart saved as PNG (drawn again
+from its layout) stays light, ready for a paper or a slide. Coloured marks (blue, orange,
+red) keep their colours in both modes.
+"""
+
+from __future__ import annotations
+
+FONT_FAMILY = "Inter, 'Segoe UI', system-ui, sans-serif"
+INK = "#1f2937"  # chart text
+INK_SOFT = "#4b5563"  # notes, axis notes
+INK_FAINT = "#6b7280"  # captions
+GRID = "#eef0f3"
+AXIS_LINE = "#9ca3af"
+PAPER = "#ffffff"
+PLOTLY_TEMPLATE_INK = "#2a3f5f"  # plotly_white's own text colour (charts that set none)
+PLOTLY_TEMPLATE_GRID = "#ebf0f8"
+FONT = dict(family=FONT_FAMILY, size=12, color=INK)
+
+# light colour -> its dark-mode counterpart (text fills, strokes, backgrounds)
+DARK = {
+    INK: "#e5e7eb",
+    INK_SOFT: "#cbd5e1",
+    INK_FAINT: "#a3aab5",
+    "#111827": "#f3f4f6",
+    "#374151": "#d1d5db",
+    PLOTLY_TEMPLATE_INK: "#e5e7eb",
+    "#000000": "#e5e7eb",
+}
+DARK_STROKES = {GRID: "#334155", PLOTLY_TEMPLATE_GRID: "#334155", AXIS_LINE: "#64748b", "#e5e7eb": "#475569"}
+# dark lines and markers (the kept-memory line, the measured peak) become light ones
+DARK_MARKS = {"#1e3a8a": "#93c5fd", "#111827": "#e5e7eb"}
+DARK_BACKGROUND = "#0b0f19"  # Gradio's dark body background
+
+
+def _rgb(color: str) -> str:
+    """'#1f2937' as Plotly writes it inline: 'rgb(31, 41, 55)'."""
+    r, g, b = (int(color[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
+
+
+def dark_css() -> str:
+    """CSS that repaints the charts' ink in dark mode (Gradio sets the class ``dark``)."""
+    plot = ".dark .js-plotly-plot"
+    rules = [f"{plot} .main-svg {{ background: transparent !important; }}",
+             # the paper and plot backgrounds, legend and annotation boxes drawn white
+             f"{plot} rect[style*='fill: {_rgb(PAPER)}'] {{ fill: transparent !important; }}",
+             f"{plot} .bg[style*='fill: rgba(255, 255, 255'] {{ fill: transparent !important; }}",
+             f"{plot} .hovertext rect {{ fill: #1f2937 !important; }}",
+             f"{plot} .hovertext text {{ fill: #f3f4f6 !important; }}"]
+    for light, dark in DARK.items():
+        rules.append(f"{plot} text[style*='fill: {_rgb(light)}'], {plot} tspan[style*='fill: {_rgb(light)}'] "
+                     f"{{ fill: {dark} !important; }}")
+    for light, dark in DARK_STROKES.items():
+        rules.append(f"{plot} path[style*='stroke: {_rgb(light)}'] {{ stroke: {dark} !important; }}")
+    for light, dark in DARK_MARKS.items():
+        rules.append(f"{plot} path[style*='stroke: {_rgb(light)}'] {{ stroke: {dark} !important; }}")
+        rules.append(f"{plot} path.point[style*='fill: {_rgb(light)}'] {{ fill: {dark} !important; }}")
+    return "\n".join(rules) + "\n"
