@@ -224,8 +224,8 @@ def served(tmp_path_factory):
     mp.undo()
 
 
-LACO = ["embedded", 2, 1, 0, 1, 0.8, "paper", "dense", 6, 128, True]
-SPARSE = ["embedded", "wanda", "unstructured", 0.5, ["br+gp"], "text", 16, 128, 20, 1e-3]
+LACO = ["embedded", 2, 1, 0, 1, 0.8, "paper", "dense", 6, 128, True, "chained"]
+SPARSE = ["embedded", "wanda", "unstructured", 0.5, ["br+gp"], "text", 16, 128, 20, 1e-3, "norms"]
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 import pytest
-from test_models import tiny_lm_folder  # noqa: F401  (fixture)
+from test_models import deep_lm_folder, tiny_lm_folder  # noqa: F401  (fixtures)
 
 from memstep.errors import MemstepError
 from memstep.outputs import MARKER
@@ -58,9 +58,9 @@ def test_compression_is_off_in_a_public_app_unless_switched_on(store, monkeypatc
     public(monkeypatch, compress=False)
     assert not compressed.compress_enabled()
     with pytest.raises(gr.Error, match="Compression is off"):
-        next(laco.run_laco("embedded", 2, 1, 0, 1, 0.8, "paper", "dense", 2, 16, False, request("a")))
+        next(laco.run_laco("embedded", 2, 1, 0, 1, 0.8, "paper", "dense", 2, 16, False, request=request("a")))
     with pytest.raises(gr.Error, match="Compression is off"):
-        next(sparse.prune("embedded", "wanda", "unstructured", 0.5, ["none"], "text", 2, 16, 1, 1e-3, request("a")))
+        next(sparse.prune("embedded", "wanda", "unstructured", 0.5, ["none"], "text", 2, 16, 1, 1e-3, request=request("a")))
     monkeypatch.setenv("MEMSTEP_SPACE_COMPRESS", "1")
     assert compressed.compress_enabled()
     monkeypatch.delenv("SPACE_ID")
@@ -130,16 +130,16 @@ def test_a_reservation_replaces_only_memsteps_own_model_of_that_name(store):
         compressed.Reservation(None, "../escape", MIB)
 
 
-def test_long_runs_ask_for_a_second_press(store, monkeypatch, tiny_lm_folder):  # noqa: F811
+def test_long_runs_ask_for_a_second_press(store, monkeypatch, deep_lm_folder):  # noqa: F811
     monkeypatch.setattr(estimates, "CONFIRM_SECONDS", 0)
-    args = (str(tiny_lm_folder), 2, 0, 0, 1, 0.01, "paper", "dense", 2, 16, False)
-    first = list(laco.run_laco(*args, request("s")))
+    args = (str(deep_lm_folder), 2, 0, 0, 1, 0.01, "paper", "dense", 2, 16, False)
+    first = list(laco.run_laco(*args, request=request("s")))
     assert len(first) == 1 and "press Collapse again" in first[0][0] and "estimated" in first[0][0]
     assert not list(store.glob("*"))  # nothing ran, nothing saved
-    other = list(laco.run_laco(*args[:9], 8, False, request("s")))  # other settings: asked again
+    other = list(laco.run_laco(*args[:9], 8, False, request=request("s")))  # other settings: asked again
     assert len(other) == 1 and "again" in other[0][0]
-    list(laco.run_laco(*args, request("s")))  # asked for these settings...
-    second = list(laco.run_laco(*args, request("s")))  # ...and pressed again: it runs
+    list(laco.run_laco(*args, request=request("s")))  # asked for these settings...
+    second = list(laco.run_laco(*args, request=request("s")))  # ...and pressed again: it runs
     assert second[-1][0].count("done") and second[-1][5] and Path(second[-1][5]).is_dir()
 
 
@@ -169,7 +169,7 @@ def test_the_estimate_counts_the_work(monkeypatch):
 
 
 @pytest.mark.slow
-def test_load_into_run_in_a_public_app_then_run_with_the_token(tmp_path, monkeypatch, tiny_lm_folder):  # noqa: F811
+def test_load_into_run_in_a_public_app_then_run_with_the_token(tmp_path, monkeypatch, deep_lm_folder):  # noqa: F811
     """Through the served app's queue, as the page does: a session collapses the tiny model, loads it
     into Run (the public app's model box now offers it, for this session) and runs it; another
     session cannot; no message carries a server path."""
@@ -181,13 +181,13 @@ def test_load_into_run_in_a_public_app_then_run_with_the_token(tmp_path, monkeyp
 
     root = tmp_path / "compressed"
     monkeypatch.setenv("MEMSTEP_COMPRESSED", str(root))
-    monkeypatch.setenv("MEMSTEP_ALLOWED_MODELS", str(tiny_lm_folder))
+    monkeypatch.setenv("MEMSTEP_ALLOWED_MODELS", str(deep_lm_folder))
     monkeypatch.setenv("MEMSTEP_SPACE_COMPRESS", "1")
     demo = build_app()
     with serve(demo) as url:
         owner = QueueClient(url)
-        owner.join(_event(demo, laco.run_laco), [str(tiny_lm_folder), 2, 0, 0, 1, 0.01, "paper", "dense", 2, 16,
-                                                   False])
+        owner.join(_event(demo, laco.run_laco), [str(deep_lm_folder), 2, 0, 0, 1, 0.01, "paper", "dense", 2, 16,
+                                                   False, "chained"])
         done = owner.wait_for(lambda m: m.get("msg") == "process_completed", 120)
         assert done["success"], done
         owner.messages.clear()
@@ -197,7 +197,8 @@ def test_load_into_run_in_a_public_app_then_run_with_the_token(tmp_path, monkeyp
         token = box["value"]
         assert token in [value for _, value in box["choices"]] and str(root) not in json.dumps(box)
         owner.messages.clear()
-        run_data = [None, token, "fm", "linear", 64, 32, "chunk-attention", 4, 200, "", False, "compact", False]
+        run_data = [None, token, "fm", "linear", 64, 32, "chunk-attention", 4, 200, "", False, "compact", False,
+                    handlers.WAY_DEFAULTS]
         owner.join(_event(demo, handlers.run_document), run_data)
         done = owner.wait_for(lambda m: m.get("msg") == "process_completed", 120)
         assert done["success"], done  # the box took the token, and the run loaded it

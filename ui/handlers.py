@@ -195,9 +195,8 @@ RUN_OUTPUTS = 15  # the Run tab's outputs of a run update (see _run_outputs)
 
 def _loading_update(model) -> tuple:
     """The first update of a run, before the model is loaded: only the status says so."""
-    spec = normalize_spec(model)
     now = ("loading the model: a few seconds (a model not on this machine downloads first)"
-           if cached_model(spec) is None else "preparing the document")
+           if cached_model(model) is None else "preparing the document")
     return (stat_cards([("state", "run", "starting")], 0.0, now=now),) + (gr.skip(),) * (RUN_OUTPUTS - 1)
 
 
