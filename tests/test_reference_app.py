@@ -28,6 +28,26 @@ def test_the_reference_preset_ticks_every_box():
     assert (scorer, rope, sinks) == ("conv", "compact", 4) and set(ways) == set(WAY_CHOICES) and PADDED_WAY in ways
 
 
+def test_the_preview_follows_the_rounding_box(monkeypatch):
+    """The preview draws the schedule with the rounding the boxes ask for (as the run will)."""
+    from memstep import schedules
+    from ui import handlers
+    from ui.documents import DocumentSource
+
+    asked = []
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs.get("rounding"))
+        return schedules.make_schedule(*args, **kwargs)
+
+    monkeypatch.setattr(handlers, "make_schedule", spy)
+    doc = DocumentSource(name="text", text=TEXT)
+    rounding = SWITCHES["growth_rounding"].label
+    handlers.preview(doc, "", "im", "sqrt", 64, 256, 4, 600, WAY_DEFAULTS)
+    handlers.preview(doc, "", "im", "sqrt", 64, 256, 4, 600, [w for w in WAY_DEFAULTS if w != rounding])
+    assert asked == ["divide-first", "multiply-first"]
+
+
 def test_settings_take_the_switches_and_refuse_bad_values():
     settings = settings_from("imdc", 256, 128, "linear", "conv", 4, "compact", False, "padded",
                              {"gqa_grouping": "Strided", "ntk": ""})

@@ -12,39 +12,58 @@ from gradio.data_classes import FileData
 from memstep.errors import MemstepError
 from memstep.passkey import answer_contains_passkey
 from memstep.presets import PRESETS, check_reference_run, preset_settings
-from memstep.schedules import make_schedule
+from memstep.schedules import LAYERWISE, MAX_SIZE_TOKENS, make_schedule
 
 from ui.documents import (EXAMPLES, MAX_UPLOAD_BYTES, DocumentSource, example, read_upload, uploaded_path,
                           with_needle)
-from ui.models import context_tokens, get_model, normalize_spec
-from ui.inputs import choice
-from ui.runs import DEFAULT_MAX_TOKENS, check_settings, prefill_stream, prepare, settings_from, whole_number
+from ui.inputs import choice, flag, number, text
+from ui.jobs import session_of
+from ui.models import context_tokens, get_model
+from ui.runs import DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, check_settings, prefill_stream, prepare, settings_from
 from ui.summary import needle_kept
 
 
 SCHEDULE_CONCURRENCY = 4
 MAX_QUESTION_CHARS = 2000
 MAX_LAYERS = 1024  # /schedule's layers (the layer-wise growths): far beyond any model
+# A layer-wise schedule holds a budget per step and layer, and its reply lists them all: the work
+# and the reply grow with steps x layers. 2^18 cells: a reply of ~2 MB in well under a second
+# (docs/hardening.md); the largest page setting (256 steps x 30 layers) is 7,680.
+MAX_SCHEDULE_CELLS = 1 << 18
 
 
-def _document(text: str, file: FileData | dict | None, example_name: str, tokenizer) -> DocumentSource:
-    for value, name in ((text, "document_text"), (example_name, "example_name")):
-        if value is not None and not isinstance(value, str):
-            raise MemstepError(f"{name} must be a text, not {type(value).__name__}")
+def check_schedule_work(settings, tokens: int, layers: int) -> None:
+    """Refuse, before any of it is done, a schedule whose steps x layers exceed MAX_SCHEDULE_CELLS."""
+    steps = 1 if settings.schedule == "full" else -(-tokens // settings.chunk)
+    cells = steps * (layers if settings.growth in LAYERWISE else 1)
+    if cells > MAX_SCHEDULE_CELLS:
+        raise MemstepError(f"this schedule has {steps:,} steps x {layers:,} layers = {cells:,} per-layer budgets, "
+                           f"over the {MAX_SCHEDULE_CELLS:,} one request may compute: use fewer layers, fewer "
+                           "steps (a larger chunk) or a growth that is not layer-wise")
+
+
+def _document(document_text, file: FileData | dict | None, example_name, tokenizer=None) -> DocumentSource | None:
+    """The document a call names (a bundled example needs the model's ``tokenizer``: without it,
+    None, once the name is checked). Pasted text is taken like an upload: the same size limit,
+    and only the prefix a run can use is ever tokenized (ui/runs.prepare)."""
+    document_text = text(document_text, "document_text", 1 << 62)
+    if len(document_text) > MAX_UPLOAD_BYTES:  # the uploads' limit; every character is at least a byte
+        raise MemstepError(f"document_text has {len(document_text):,} characters, over the {MAX_UPLOAD_BYTES:,} "
+                           f"a document may have (the {MAX_UPLOAD_BYTES / 2**20:g} MiB upload limit)")
+    example_name = text(example_name, "example_name", 200)
     if file is not None and not isinstance(file, (dict, FileData)):
         raise MemstepError("document_file must be a file: use gradio_client's handle_file(path)")
-    if text and len(text) > MAX_UPLOAD_BYTES:  # the uploads' limit; every character is at least a byte
-        raise MemstepError(f"document_text is {len(text) / 1e6:.1f} million characters, over the "
-                           f"{MAX_UPLOAD_BYTES / 1e6:.1f} MB limit for documents")
-    given = [bool(text and text.strip()), file is not None, bool(example_name)]
+    given = [bool(document_text.strip()), file is not None, bool(example_name)]
     if sum(given) != 1:
         raise MemstepError("give exactly one document: document_text, document_file or example_name "
                            f"(one of: {', '.join(EXAMPLES)})")
     if file is not None:
         return read_upload(uploaded_path(file))
     if example_name:
-        return example(example_name, tokenizer)
-    return with_needle("text", text)
+        if example_name not in EXAMPLES:
+            raise MemstepError(f"unknown example '{example_name[:80]}': choose one of {', '.join(EXAMPLES)}")
+        return None if tokenizer is None else example(example_name, tokenizer)
+    return with_needle("text", document_text)
 
 
 def prefill(document_text: str = "", document_file: FileData | None = None, example_name: str = "",
@@ -53,7 +72,7 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
             max_tokens: int = DEFAULT_MAX_TOKENS, model: str = "", full_reference: bool = False,
             rope: str = "compact", preset: str = "", question_aware: bool = False, attention: str = "sdpa",
             sink_scoring: str = "", growth_rounding: str = "", gqa_grouping: str = "", score_rows: str = "",
-            question_place: str = "", ntk: str = "") -> Iterator[dict]:
+            question_place: str = "", ntk: str = "", request: gr.Request = None) -> Iterator[dict]:
     """Prefill a document chunk by chunk under a memory schedule (full, fm, im, imdc).
 
     Give the document as text, as a file (.txt, .md, .pdf, .html) or as the name of a
@@ -70,28 +89,38 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
     ``sink_scoring`` strip or pool, ``growth_rounding`` divide-first or multiply-first,
     ``gqa_grouping`` model or strided, ``score_rows`` chunk or last-c, ``question_place`` after or
     prompt, ``ntk`` none or dynamic."""
+    session = session_of(request)
     try:
+        # strict types first: a number is a number, a yes/no is true or false (bool is bool)
+        for value, name in ((chunk, "chunk size"), (memory, "memory size"), (sinks, "sinks")):
+            number(value, name, 0, MAX_SIZE_TOKENS)
+        if max_tokens is not None:
+            number(max_tokens, "max_tokens", 1, MAX_TOKENS_LIMIT)
+        full_reference = flag(full_reference, "full_reference")
+        question = text(question, "question", MAX_QUESTION_CHARS)
         fixed = preset_settings(choice(preset, "preset", list(PRESETS), "") or None, schedule)
-        switches = dict(sink_scoring=sink_scoring, growth_rounding=growth_rounding, gqa_grouping=gqa_grouping,
-                        score_rows=score_rows, question_place=question_place, ntk=ntk)
+        switches = {name: text(value, name, 40) for name, value in dict(
+            sink_scoring=sink_scoring, growth_rounding=growth_rounding, gqa_grouping=gqa_grouping,
+            score_rows=score_rows, question_place=question_place, ntk=ntk).items()}
+        attention = fixed.get("attention", text(attention, "attention", 40))
         settings = settings_from(schedule, chunk, memory, growth, fixed.get("scorer", scorer),
-                                 fixed.get("sinks", sinks), fixed.get("rope", rope), question_aware,
-                                 fixed.get("attention", attention), {k: fixed.get(k, v) for k, v in switches.items()})
+                                 fixed.get("sinks", sinks), fixed.get("rope", rope),
+                                 flag(question_aware, "question_aware"), attention,
+                                 {k: fixed.get(k, v) for k, v in switches.items()})
         if preset:
             check_reference_run(settings.schedule, settings.growth)
-        if question is not None and (not isinstance(question, str) or len(question) > MAX_QUESTION_CHARS):
-            raise MemstepError(f"question must be a text of at most {MAX_QUESTION_CHARS:,} characters")
-        lm = get_model(model)
-        document = prepare(_document(document_text, document_file, example_name, lm.tokenizer), lm.tokenizer,
-                           max_tokens, context_tokens(lm))
+        source = _document(document_text, document_file, example_name)
+        lm = get_model(model, session)
+        if source is None:
+            source = example(example_name, lm.tokenizer)
+        document = prepare(source, lm.tokenizer, max_tokens, context_tokens(lm))
         check_settings(settings, document.tokens)
         source, needle = document.source, document.needle
         passkey = source.passkey if needle is not None else None  # None when truncation cut it off
         needle = needle and (document.prefix_tokens + needle[0], document.prefix_tokens + needle[1])
         out = {}
-        with closing(prefill_stream(normalize_spec(model), document.ids, settings, question or source.question,
-                                    bool(full_reference), document.notices,
-                                    cache_reference=source.bundled)) as stream:
+        with closing(prefill_stream(model, document.ids, settings, question or source.question, full_reference,
+                                    document.notices, cache_reference=source.bundled, session=session)) as stream:
             for kind, item in stream:
                 if kind == "step":
                     yield {"event": "step", "steps": item.steps, **item.to_dict()}
@@ -114,10 +143,13 @@ def schedule(tokens: int, schedule: str = "imdc", chunk: int = 512, memory: int 
     (pure math, no model), with each step's cache entries before and after (sinks included).
     ``layers`` (30: the embedded model) matters for the layer-wise growths only."""
     try:
+        for value, name in ((chunk, "chunk size"), (memory, "memory size"), (sinks, "sinks")):
+            number(value, name, 0, MAX_SIZE_TOKENS)
         settings = settings_from(schedule, chunk, memory, growth, None, sinks)
-        tokens = whole_number(tokens, "tokens", 1)
-        layers = whole_number(layers, "layers", 1, MAX_LAYERS)
+        tokens = number(tokens, "tokens", 1, MAX_SIZE_TOKENS)
+        layers = number(layers, "layers", 1, MAX_LAYERS)
         check_settings(settings, tokens, run=False)  # schedule math: memstep.schedules.MAX_STEPS
+        check_schedule_work(settings, tokens, layers)
         plan = make_schedule(settings.schedule, tokens, settings.chunk, settings.memory, settings.growth,
                              layers=layers)
     except MemstepError as err:

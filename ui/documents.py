@@ -11,15 +11,20 @@ import dataclasses
 import functools
 import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from memstep.documents import DEFAULT_MAX_BYTES, SUPPORTED_EXTENSIONS, read_document_bytes
+from memstep.documents import _BOUNDARY_TOKENS as BOUNDARY_TOKENS  # the margin tokenize_prefix keeps
+from memstep.documents import CHARS_PER_TOKEN_GUESS, DEFAULT_MAX_BYTES, SUPPORTED_EXTENSIONS, read_document_bytes
 from memstep.errors import MemstepError
 from memstep.passkey import make_haystack, question_for, random_passkey, random_thing
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 MAX_UPLOAD_BYTES = int(os.environ.get("MEMSTEP_MAX_UPLOAD_BYTES", str(DEFAULT_MAX_BYTES)))
+UPLOAD_CONCURRENCY = max(1, int(os.environ.get("MEMSTEP_UPLOAD_CONCURRENCY", "2")))
+UPLOAD_WAIT_SECONDS = 15
+_reading = threading.BoundedSemaphore(UPLOAD_CONCURRENCY)
 PRIDE = ASSETS / "pride_and_prejudice_ch1-12.txt"
 PERSUASION = ASSETS / "persuasion_excerpt.txt"
 # memstep.passkey.needle_sentence's phrasing: "The magic number for the vault is 73915."
@@ -85,7 +90,14 @@ def read_upload(path: str | Path, max_bytes: int = MAX_UPLOAD_BYTES) -> Document
     if size > max_bytes:  # checked before reading, like memstep.documents.read_document
         raise MemstepError(f"{path.name} is {size / 1e6:.1f} MB, over the {max_bytes / 1e6:.1f} MB "
                            "upload limit. Use a shorter excerpt of it.")
-    return with_needle(path.name, read_document_bytes(path.read_bytes(), path.name, max_bytes=max_bytes))
+    # Reading a 20 MB upload (decoding, normalizing, checking for binary content) takes seconds of
+    # CPU and a few copies of the text: only a few at a time, the others are told to retry.
+    if not _reading.acquire(timeout=UPLOAD_WAIT_SECONDS):
+        raise MemstepError("The server is busy reading other documents. Try the upload again in a moment.")
+    try:
+        return with_needle(path.name, read_document_bytes(path.read_bytes(), path.name, max_bytes=max_bytes))
+    finally:
+        _reading.release()
 
 
 def _chapters(path: Path, first: int, last: int) -> str:
@@ -137,17 +149,26 @@ def example(name: str, tokenizer) -> DocumentSource:
 
 
 def token_spans(text: str, tokenizer, ids: list[int]) -> list[tuple[int, int]]:
-    """Character [start, end) of each of ``ids`` (the tokens of a prefix of ``text``)."""
+    """Character [start, end) of each of ``ids`` (the tokens of a prefix of ``text``). Like
+    memstep.documents.tokenize_prefix, only a prefix of the text is tokenized, grown 4x until
+    its tokens cover ``ids`` and a margin: a 14 MB text cut to 16 tokens costs what its first
+    few hundred characters cost, never offsets for the whole text."""
     if getattr(tokenizer, "is_fast", False):
-        encoding = tokenizer(text, add_special_tokens=False, verbose=False, return_offsets_mapping=True)
+        chars = len(ids) * CHARS_PER_TOKEN_GUESS + 256
+        while True:
+            encoding = tokenizer(text[:chars], add_special_tokens=False, verbose=False, return_offsets_mapping=True)
+            if chars >= len(text) or len(encoding["input_ids"]) > len(ids) + BOUNDARY_TOKENS:
+                break
+            chars *= 4
         if encoding["input_ids"][: len(ids)] == list(ids):
             return [tuple(span) for span in encoding["offset_mapping"][: len(ids)]]
-    # Slow tokenizers: find each token's text in order (spaces and unknown bytes may be skipped).
+    # Slow tokenizers: find each token's text in order (spaces and unknown bytes may be skipped),
+    # looking a short way ahead only.
     spans, cursor = [], 0
     for token in ids:
         piece = tokenizer.decode([token]).strip()
-        at = text.find(piece, cursor) if piece else -1
-        if at < 0 or at - cursor > 64:
+        at = text.find(piece, cursor, cursor + 64 + len(piece)) if piece else -1
+        if at < 0:
             spans.append((cursor, cursor))
             continue
         spans.append((at, at + len(piece)))

@@ -6,8 +6,10 @@ gr.Warning where the page can carry on); the app keeps serving the next request.
 
 from __future__ import annotations
 
-import functools
+import hashlib
+import threading
 import time
+from collections import OrderedDict
 from contextlib import closing
 
 import gradio as gr
@@ -22,6 +24,7 @@ from memstep.schedules import make_schedule
 from ui.documents import (DEFAULT_EXAMPLE, TOKENIZER_FREE_EXAMPLE, DocumentSource, describe, example, read_upload,
                           uploaded_path)
 from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure, schedule_figure
+from ui.inputs import flag
 from ui.models import cached_model, context_tokens, get_model, layer_count, normalize_spec, preview_tokenizer
 from ui.reference import lookup, reference_key
 from ui.runs import (MAX_NEW_TOKENS, MAX_TOKENS_LIMIT, check_settings, document_limit, prefill_stream, prepare,
@@ -86,15 +89,29 @@ def choose_upload(path: str | None, current: DocumentSource, model):
 COUNT_LIMIT = 1 << 16  # the page counts a document's tokens up to this many (beyond any context)
 
 
-@functools.lru_cache(maxsize=32)
+_COUNTS: OrderedDict = OrderedDict()  # (digest of the text, tokenizer) -> counts: a few bytes per
+COUNTS_KEPT = 64                       # document, never the (up to 20 MB) texts themselves
+_COUNTS_LOCK = threading.Lock()
+
+
 def _count_tokens(text: str, tokenizer) -> tuple[int, int]:
     """(prompt head tokens, document tokens up to COUNT_LIMIT) with this tokenizer."""
-    head = len(prompt_parts(tokenizer).head)
-    return head, len(tokenize_prefix(text, tokenizer, COUNT_LIMIT)[0])
+    key = (hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest(), tokenizer)
+    with _COUNTS_LOCK:
+        if key in _COUNTS:
+            _COUNTS.move_to_end(key)
+            return _COUNTS[key]
+    counts = len(prompt_parts(tokenizer).head), len(tokenize_prefix(text, tokenizer, COUNT_LIMIT)[0])
+    with _COUNTS_LOCK:  # previews run in parallel threads
+        _COUNTS[key] = counts
+        while len(_COUNTS) > COUNTS_KEPT:
+            _COUNTS.popitem(last=False)
+    return counts
 
 
-def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens):
-    """The schedule the run would follow, from the schedule math alone (no model work)."""
+def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens, ways=None):
+    """The schedule the run would follow, from the schedule math alone (no model work), with the
+    growth rounding the ticked reference boxes ask for."""
     try:
         settings = settings_from(schedule, chunk, memory, growth, None, sinks)
         tokenizer, exact = preview_tokenizer(model)
@@ -103,8 +120,9 @@ def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, 
         tokens = prefix + min(document, limit)
         check_settings(settings, tokens)
         layers, exact_layers = layer_count(model)
+        rounding = reference_ways(WAY_DEFAULTS if ways is None else ways)[1]["growth_rounding"]
         plan = make_schedule(settings.schedule, tokens, settings.chunk, settings.memory, settings.growth,
-                             layers=layers)
+                             layers=layers, rounding=rounding)
     except MemstepError as err:
         return (placeholder_figure(f"⚠ {err}", "Chunk and memory per step", 320),
                 f"⚠ **Cannot preview this schedule:** {err}")
@@ -124,10 +142,10 @@ def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, 
         "\n\n".join(lines)
 
 
-def preview_page(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens):
+def preview_page(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens, ways=None):
     """The preview, and the controls that follow it: Run only for a valid setting, the chunk
     slider no longer than the document (the same rule as the run)."""
-    figure, note = preview(doc, model, schedule, growth, chunk, memory, sinks, max_tokens)
+    figure, note = preview(doc, model, schedule, growth, chunk, memory, sinks, max_tokens, ways)
     valid = not note.startswith("⚠")
     try:
         tokens = preview_tokens(doc, model, max_tokens)
@@ -179,9 +197,8 @@ RUN_OUTPUTS = 15  # the Run tab's outputs of a run update (see _run_outputs)
 
 def _loading_update(model) -> tuple:
     """The first update of a run, before the model is loaded: only the status says so."""
-    spec = normalize_spec(model)
     now = ("loading the model: a few seconds (a model not on this machine downloads first)"
-           if cached_model(spec) is None else "preparing the document")
+           if cached_model(model) is None else "preparing the document")
     return (stat_cards([("state", "run", "starting")], 0.0, now=now),) + (gr.skip(),) * (RUN_OUTPUTS - 1)
 
 
@@ -212,16 +229,16 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
                                  *reference_ways(WAY_DEFAULTS if ways is None else ways))
         yield _loading_update(model)
         progress(0.0, desc="Loading the model")
-        lm = get_model(model)
+        lm = get_model(model, session)
         document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm))
         for notice in document.notices:
             gr.Warning(notice, title=ERROR_TITLE)
         # bundled examples always show the full cache's answer: computed once, then cached
-        reference = bool(full_reference) or doc.bundled
-        with closing(prefill_stream(normalize_spec(model), document.ids, settings, question,
-                                    reference, document.notices, cache_reference=doc.bundled)) as stream:
+        reference = flag(full_reference, "full reference") or doc.bundled
+        with closing(prefill_stream(model, document.ids, settings, question, reference, document.notices,
+                                    cache_reference=doc.bundled, session=session)) as stream:
             yield from _stream_run(stream, document, settings, question, reference, began, progress, session,
-                                   lm=lm, model_spec=normalize_spec(model))
+                                   lm=lm, model_spec=normalize_spec(model, session))
     except MemstepError as err:
         _fail(err)
     finally:
@@ -418,9 +435,12 @@ def _compare_outputs(runs: list[ComparedRun], status: str, cpu: bool = True):
             {"headers": compare_headers(cpu), "data": compare_rows(runs)})
 
 
-def compare(doc: DocumentSource, model, sinks, max_tokens, question, *config_values, progress=gr.Progress()):
+def compare(doc: DocumentSource, model, sinks, max_tokens, question, request: gr.Request = None, *config_values,
+            progress=gr.Progress()):
     """Run the ticked configurations one after another on the same document; stream the
-    overlaid plots and the summary table after every step, and say what runs now."""
+    overlaid plots and the summary table after every step, and say what runs now. (``request``
+    is Gradio's: it comes before the configurations, which arrive as the remaining inputs.)"""
+    session = _session(request)
     try:
         settings = [settings_from(s, c, m, g, sc, sinks, r, qa) for on, s, g, c, m, sc, r, qa
                     in _configs(config_values) if on]
@@ -429,7 +449,7 @@ def compare(doc: DocumentSource, model, sinks, max_tokens, question, *config_val
         yield ("**Loading the model**: a few seconds (a model not on this machine downloads first)…",
                gr.skip(), gr.skip(), gr.skip())
         progress(0.0, desc="Loading the model")
-        lm = get_model(model)
+        lm = get_model(model, session)
         document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm))
         cpu = cpu_time_measured(lm.device)
         asked = (question or "").strip()  # what each configuration is asked (the Run tab's question box)
@@ -460,8 +480,8 @@ def compare(doc: DocumentSource, model, sinks, max_tokens, question, *config_val
                                      "tokens)…", cpu)
         for i, (s, run) in enumerate(zip(settings, runs), start=1):
             head = f"**{run.label}** ({i} of {len(runs)})"
-            with closing(prefill_stream(normalize_spec(model), document.ids, s, question, False,
-                                        document.notices)) as stream:
+            with closing(prefill_stream(model, document.ids, s, question, False, document.notices,
+                                        session=session)) as stream:
                 for kind, item, seconds in timed(stream):
                     if kind == "step":
                         run.records.append(compact(item))

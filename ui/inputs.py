@@ -38,3 +38,48 @@ def choice(value, name: str, choices, default: str) -> str:
     if not isinstance(value, str) or value.strip().lower() not in choices:
         raise MemstepError(f"{name} must be one of {', '.join(choices)} (got {str(value)[:40]!r})")
     return value.strip().lower()
+
+
+def flag(value, name: str) -> bool:
+    """A yes/no setting: true or false (None, a control not sent, is false). Nothing else, not
+    even 1 or "x": a public API answers a wrong type with its name, not with a guess."""
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise MemstepError(f"{name} must be true or false, not {type(value).__name__}")
+    return value
+
+
+def text(value, name: str, most: int) -> str:
+    """A text field: a string of at most ``most`` characters (None is empty)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise MemstepError(f"{name} must be a text, not {type(value).__name__}")
+    if len(value) > most:
+        raise MemstepError(f"{name} must be at most {most:,} characters (got {len(value):,})")
+    return value
+
+
+def number(value, name: str, least: int, most: int) -> int:
+    """A whole number from an API call: an int (or a float with no fraction, as JSON and the
+    page's number boxes send them); no strings, no bools."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise MemstepError(f"{name} must be a whole number, not {type(value).__name__}")
+    return whole_number(value, name, least, most)
+
+
+def real(value, name: str) -> float:
+    """A finite number from a control or an API call (no strings, no bools)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise MemstepError(f"{name} must be a number (got {str(value)[:40]!r})")
+    return float(value)
+
+
+def names(value, name: str, choices) -> list[str]:
+    """A list of names, each one of ``choices`` (a checkbox group's value)."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) and v in choices for v in value):
+        raise MemstepError(f"{name} must be a list of {', '.join(choices)}")
+    return value

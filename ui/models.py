@@ -15,6 +15,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from memstep.errors import MemstepError
+from ui import compressed
 from memstep.models import (EMBEDDED, LoadedModel, looks_like_path, check_allowed, check_hub_reachable, default_model,
                             load_model, mark_prompt_form, packaged_model_folder, packaged_spec, scrub_paths)
 
@@ -27,21 +28,38 @@ _tokenizer_failures: dict[str, tuple[float, str]] = {}  # spec -> (when, message
 _lock = threading.Lock()
 
 
-def normalize_spec(spec: str | None) -> str:
+def normalize_spec(spec: str | None, session: str | None = None) -> str:
     """The spec to load: the default when empty; refused (MemstepError) when this app does not
-    offer it (memstep.models.check_allowed: an allow-list on a Space or with MEMSTEP_ALLOWED_MODELS)."""
+    offer it (memstep.models.check_allowed: an allow-list on a Space or with MEMSTEP_ALLOWED_MODELS).
+    A compressed model's token (ui/compressed.py) becomes its folder: for the session that made it
+    when ``session`` is given (a load); None only reads what is loaded already (a preview)."""
+    if compressed.is_token(spec):
+        return compressed.resolve(spec, session, check_session=session is not None)
     spec = check_allowed(spec) or default_model()
     return EMBEDDED if spec == "default" else spec
 
 
-def get_model(spec: str | None = None) -> LoadedModel:
-    """The loaded model for ``spec`` (MEMSTEP_MODEL or the embedded one when empty)."""
-    spec = normalize_spec(spec)
+# One answer for every local path that does not load, whether it exists or not: the app must
+# not tell a caller which server paths exist ("Unrecognized model in /root" vs "not found").
+NOT_A_MODEL_FOLDER = ("cannot load model '{spec}': there is no model memstep can load there (a folder with "
+                      "config.json and weights of a supported family, or a .gguf file)")
+
+
+def get_model(spec: str | None = None, session: str | None = None) -> LoadedModel:
+    """The loaded model for ``spec`` (MEMSTEP_MODEL or the embedded one when empty); a compressed
+    model's token loads for its own ``session`` only."""
+    given = spec
+    spec = normalize_spec(spec, "" if session is None and compressed.is_token(spec) else session)
     with _lock:  # one load at a time: two parallel loads of the same model would double memory
         if spec in _models:
             _models.move_to_end(spec)
             return _models[spec]
-        lm = load_model(spec)
+        try:
+            lm = load_model(spec)
+        except MemstepError as err:
+            if compressed.is_token(given) or not looks_like_path(spec):
+                raise
+            raise MemstepError(NOT_A_MODEL_FOLDER.format(spec=spec[:80])) from err
         _models[spec] = lm
         while len(_models) > CAPACITY:
             _models.popitem(last=False)
@@ -50,7 +68,19 @@ def get_model(spec: str | None = None) -> LoadedModel:
 
 
 def cached_model(spec: str | None) -> LoadedModel | None:
-    return _models.get(normalize_spec(spec))
+    try:
+        return _models.get(normalize_spec(spec))
+    except MemstepError:
+        if compressed.is_token(spec):  # a compressed model removed meanwhile: nothing loaded for it
+            return None
+        raise
+
+
+def forget(spec: str) -> None:
+    """Drop a loaded model whose folder is about to be replaced (the store reuses names)."""
+    with _lock:
+        if _models.pop(spec, None) is not None:
+            _release_memory()
 
 
 def _release_memory() -> None:

@@ -9,7 +9,6 @@ is a no-op, and without the ``spaces`` package it is not used at all.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 
@@ -22,9 +21,10 @@ from memstep.schedules import GROWTHS, SCHEDULES, check_run_settings, check_step
 from memstep.scorers import SCORERS
 
 from ui.documents import DocumentSource, needle_tokens, token_spans
-from ui.inputs import choice, whole_number
+from ui.inputs import choice, flag, whole_number
+from ui.jobs import MODEL_LOCK
 from ui.reference import lookup, reference_key, store
-from ui.models import get_model
+from ui.models import get_model, normalize_spec
 
 try:  # only on Hugging Face Spaces
     import spaces
@@ -40,7 +40,6 @@ MAX_NEW_TOKENS = 32
 MAX_RUN_STEPS = int(os.environ.get("MEMSTEP_MAX_RUN_STEPS", "256"))
 MAX_SINKS = 1024
 MAX_TOKENS_LIMIT = 1 << 20  # the max tokens field; the model's context cuts it further
-_model_in_use = threading.Lock()  # one prefill at a time in this process
 
 
 def gpu(fn):
@@ -79,14 +78,13 @@ def settings_from(schedule, chunk, memory, growth, scorer, sinks, rope="compact"
                   attention="sdpa", fidelity: dict | None = None) -> RunSettings:
     """Settings from the page's controls or an API call, each checked with a one-line reason;
     ``fidelity``: the reference switches by name (memstep.presets.SWITCHES), empty ones ignored."""
-    if not isinstance(question_aware, (bool, int, type(None))):
-        raise MemstepError(f"question_aware must be true or false, not {type(question_aware).__name__}")
+    question_aware = flag(question_aware, "question_aware")
     name = choice(schedule, "schedule", [s for s in SCHEDULES if s != "custom"], "imdc")
     return RunSettings(name, whole_number(chunk, "chunk size", 1), whole_number(memory, "memory size", 0),
                        choice(growth, "growth", GROWTHS, "linear"),
                        choice(scorer, "scorer", list(SCORERS), "chunk-attention"),
                        whole_number(sinks, "sinks", 0, MAX_SINKS), choice(rope, "RoPE positions", ROPE_MODES, "compact"),
-                       bool(question_aware) and name != "full", choice(attention, "attention", ATTENTIONS, "sdpa"),
+                       question_aware and name != "full", choice(attention, "attention", ATTENTIONS, "sdpa"),
                        Fidelity.from_settings({k: (v.strip().lower() or None) if isinstance(v, str) else v
                                                for k, v in (fidelity or {}).items()}))
 
@@ -145,16 +143,17 @@ def prepare(source: DocumentSource, tokenizer, max_tokens: int | None, context: 
 @gpu
 def prefill_stream(model_spec: str, ids: list[int], settings: RunSettings, question: str | None,
                    full_reference: bool = False, notices: list[str] | None = None,
-                   cache_reference: bool = False) -> Iterator[tuple]:
+                   cache_reference: bool = False, session: str | None = None) -> Iterator[tuple]:
     """Run the prefill and yield, as plain data: ("schedule", Schedule), one ("step",
     StepRecord) per step, ("result", RunResult) once the answer is in, then, when asked
-    and there is a question, ("full", RunResult) of the same document with the full cache."""
-    lm = get_model(model_spec)
+    and there is a question, ("full", RunResult) of the same document with the full cache.
+    ``model_spec`` as the request gave it (a compressed model's token loads for ``session``)."""
+    lm = get_model(model_spec, session)
     run = DocumentRun(lm, ids, question=question, max_new_tokens=MAX_NEW_TOKENS, notices=notices,
                       **settings.run_kwargs())
     # A stopped run finishes its current step in its worker thread while its hooks are still
     # on the model: the next run waits for that, so two runs never hook the same layers.
-    if not _model_in_use.acquire(timeout=GPU_SECONDS):
+    if not MODEL_LOCK.acquire(timeout=GPU_SECONDS):
         raise MemstepError("the model is still busy with a stopped run: try again in a moment")
     try:
         yield "schedule", run.schedule
@@ -162,9 +161,10 @@ def prefill_stream(model_spec: str, ids: list[int], settings: RunSettings, quest
             yield "step", record
         yield "result", run.result
         if full_reference and run.question:
-            yield "full", _reference(lm, model_spec, ids, settings, run.question, cache_reference)
+            yield "full", _reference(lm, normalize_spec(model_spec, session), ids, settings, run.question,
+                                     cache_reference)
     finally:
-        _model_in_use.release()
+        MODEL_LOCK.release()
 
 
 def _reference(lm, model_spec: str, ids: list[int], settings: RunSettings, question: str, cached: bool):

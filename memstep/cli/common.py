@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from memstep.errors import MemstepError
+from memstep.outputs import os_reason, shown
 
 
 class Parser(argparse.ArgumentParser):
@@ -63,7 +64,34 @@ def write_output(output: str, text: str) -> None:
     try:
         Path(output).expanduser().write_text(text)
     except OSError as err:
-        raise MemstepError(f"cannot write {output}: {err.strerror}") from err
+        raise MemstepError(f"cannot write {shown(output)}: {os_reason(err)}") from None
+
+
+def add_force_option(p) -> None:
+    p.add_argument("--force", action="store_true",
+                   help="write into an existing non-empty --output folder: files of the same names are replaced, "
+                        "nothing else in it is removed")
+
+
+def output_folder(args, model=None) -> None:
+    """A model --output folder (memstep.outputs): checked before anything loads; with the
+    loaded ``model``, also that its disk has room for the model's weights."""
+    if not args.output:
+        if args.force:
+            raise MemstepError("--force needs --output")
+        return
+    from memstep.outputs import check_free_space, check_output_folder
+
+    check_output_folder(args.output, args.force)
+    if model is not None:
+        check_free_space(args.output, sum(p.numel() * p.element_size() for p in model.parameters()))
+
+
+def saved_into(args):
+    """The block that saves the model: --force lets it write into the existing folder."""
+    from memstep.outputs import forced
+
+    return forced(args.output if args.output and args.force else None)
 
 
 def run_command(command) -> int:
@@ -84,10 +112,26 @@ def run_command(command) -> int:
         print(f"memstep: error: the request is too large for this machine ({type(err).__name__}): "
               "use smaller sizes", file=sys.stderr)
         return 2
+    # Safety nets: the commands check files before the work, but a file can still fail on the
+    # way (a name too long, permission denied, the disk full, bytes that are not text).
+    except UnicodeError as err:
+        return fail(MemstepError(f"a file is not readable text ({type(err).__name__}: "
+                                 f"{getattr(err, 'reason', err)}): give a UTF-8 text file"))
+    except OSError as err:
+        where = f" {shown(err.filename)}" if getattr(err, "filename", None) else ""
+        return fail(MemstepError(f"cannot use{where}: {os_reason(err)}"))
+
+
+MAX_MESSAGE_CHARS = 1000
 
 
 def fail(err: MemstepError) -> int:
-    print(f"memstep: error: {err}", file=sys.stderr)
+    """One line on stderr, whatever the message holds (a file name may carry newlines or
+    control characters: they are shown escaped), and exit code 2."""
+    message = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(err))
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS - 1] + "…"
+    print(f"memstep: error: {message}", file=sys.stderr)
     return 2
 
 

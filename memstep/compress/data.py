@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
 from pathlib import Path
 
+from memstep.cancel import checkpoint
 from memstep.errors import MemstepError
+from memstep.outputs import staged_folder
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 CALIBRATION_FILE = ASSETS / "persuasion_excerpt.txt"
@@ -71,6 +72,7 @@ def perplexity(model, windows: list[list[int]]) -> float:
     total, count = 0.0, 0
     with torch.inference_mode():
         for ids in windows:
+            checkpoint()
             x = torch.tensor([ids], device=device)
             logits = model(input_ids=x).logits[0, :-1].float()
             total += torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum").item()
@@ -82,14 +84,12 @@ def perplexity(model, windows: list[list[int]]) -> float:
 
 def save_model(model, tokenizer, folder: str | Path, info: dict | None = None) -> Path:
     """Save so that ``from_pretrained`` / ``memstep run --model FOLDER`` load it; ``info`` goes
-    to memstep_compress.json beside the weights (how the model was made)."""
-    folder = Path(folder)
-    partial = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    if info is not None:
-        (partial / "memstep_compress.json").write_text(json.dumps(info, indent=1))
-    shutil.rmtree(folder, ignore_errors=True)
-    partial.rename(folder)
-    return folder
+    to memstep_compress.json beside the weights (how the model was made). Written into a
+    temporary sibling and renamed when complete (memstep.outputs): an existing non-empty folder
+    is refused unless the command line forced it, and nothing memstep did not write is removed."""
+    with staged_folder(folder, info={"method": (info or {}).get("method")}) as partial:
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        if info is not None:
+            (partial / "memstep_compress.json").write_text(json.dumps(info, indent=1))
+    return Path(folder)

@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+from memstep.cancel import checkpoint
 from memstep.compress.layers import LayerInputs, build_model, calibration_batches, check_decoder, mean_similarity
 from memstep.errors import MemstepError
 
@@ -225,6 +226,7 @@ class LayerCollapse:
 
     def _score(self, l: int, end: int) -> float:  # noqa: E741
         """Build the candidate merging layers l..end-1 of the model so far; its similarity."""
+        checkpoint()  # Stop / cancel ends the search between candidates
         started = time.perf_counter()
         group = [i for g in self.groups[l:end] for i in g]
         members = self.layers[l:end] if self.merge == "chained" else [self.dense_layers[i] for i in group]

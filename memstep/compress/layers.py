@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from memstep.cancel import checkpoint
 from memstep.engine import decoder_of, model_shape
 from memstep.errors import MemstepError
 from memstep.models import check_supported
@@ -126,6 +127,7 @@ class LayerInputs:
         try:
             with torch.inference_mode():
                 for ids in batches:
+                    checkpoint()
                     self.inputs.append([None] * n)
                     self.kwargs.append([None] * n)
                     self.last_output.append(None)

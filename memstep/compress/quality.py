@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from memstep.cancel import checkpoint
 from memstep.compress.data import held_out_text, perplexity, token_windows
 from memstep.compress.layers import model_costs
 from memstep.errors import MemstepError
@@ -59,6 +60,7 @@ def passkey_answers(lm: LoadedModel, docs: list[PasskeyDoc]) -> list[str]:
 
     answers = []
     for doc in docs:
+        checkpoint()
         ids = lm.tokenizer(doc.text, add_special_tokens=False)["input_ids"]
         run = DocumentRun(lm, ids, schedule="full", chunk=len(ids), memory=len(ids), question=doc.question,
                           max_new_tokens=16)
@@ -73,6 +75,7 @@ def prefill_seconds(lm: LoadedModel, ids: list[int], repeats: int = 1) -> tuple[
 
     wall = cpu = float("inf")
     for _ in range(repeats):
+        checkpoint()
         run = DocumentRun(lm, ids, schedule="full", chunk=len(ids), memory=len(ids))
         began = time.process_time()
         wall = min(wall, run.run().seconds)

@@ -179,9 +179,9 @@ def build_tab() -> RunTab:
                 gr.Markdown(GUIDE)
 
 
-    preview_inputs = [doc_state, model, schedule, growth, chunk, memory, sinks, max_tokens]
+    preview_inputs = [doc_state, model, schedule, growth, chunk, memory, sinks, max_tokens, ways]
     gr.on([doc_state.change, model.change, schedule.change, growth.change, chunk.change, memory.change,
-           sinks.change, max_tokens.change],
+           sinks.change, max_tokens.change, ways.change],
           handlers.preview_page, preview_inputs, [sizes_plot, preview_note, run, chunk],
           trigger_mode="always_last", concurrency_limit=None, show_progress="hidden", api_visibility="private")
     example.input(handlers.choose_example, [example, model], [doc_state, question, doc_info, upload],

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from memstep.cli.common import at_least
+from memstep.cli.common import add_force_option, at_least, output_folder, saved_into
 
 # Mirrors memstep.compress.laco.DEFAULTS (kept literal so the parser needs no torch import).
 C, L, I, T = 3, 0, 1, 0.45  # noqa: E741
@@ -56,7 +56,8 @@ def register(sub) -> None:
     p.add_argument("--passkey-tokens", type=int, default=None, help="tokens per passkey document (default 1024)")
     p.add_argument("--prefill-tokens", type=int, default=None, help="tokens of the timed prefill document (default 2048)")
     p.add_argument("--repeats", type=int, default=1, help="timed prefills per model; the best counts (default 1)")
-    p.add_argument("--output", default=None, help="save the collapsed model to this folder")
+    p.add_argument("--output", default=None, help="save the collapsed model to this folder (new or empty)")
+    add_force_option(p)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
@@ -143,14 +144,16 @@ def format_report(report: dict) -> str:
 
 
 def cmd_laco(args) -> int:
+    output_folder(args)  # before any model loads
     from tqdm import tqdm
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     run = build_run(args)
+    output_folder(args, run.lm.model)  # room on its disk for the model, now that it is loaded
     search = run.searches[args.variant]
     with tqdm(total=max(1, search.H - search.C - search.L + 1), desc="LaCo search", unit="candidate",
-              file=sys.stderr, disable=args.quiet) as bar:
+              file=sys.stderr, disable=args.quiet) as bar, saved_into(args):
         for event in run:
             kind = event["event"]
             if kind == "candidate":

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from memstep.cli.common import add_force_option, output_folder, saved_into
 from memstep.errors import MemstepError
 
 SHOWN_MATRICES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -57,7 +58,8 @@ def register(sub) -> None:
     p.add_argument("--block-columns", type=int, default=d.block_columns, help="SparseGPT columns per block")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
-    p.add_argument("--output", default=None, help="save the pruned model to this folder")
+    p.add_argument("--output", default=None, help="save the pruned model to this folder (new or empty)")
+    add_force_option(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_sparse)
@@ -148,6 +150,7 @@ def format_result(result) -> str:
 
 
 def cmd_sparse(args) -> int:
+    output_folder(args)  # before anything loads
     from tqdm import tqdm
     from transformers.utils import logging as hf_logging
 
@@ -156,14 +159,13 @@ def cmd_sparse(args) -> int:
 
     config = config_from_args(args)
     text = read_calibration_text(calibration_source(args)[1], config)
-    if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
-        raise MemstepError(f"--output {args.output} exists and is not a folder")
     hf_logging.disable_progress_bar()
     lm = load_model(args.model, args.device, "float32")
+    output_folder(args, lm.model)  # room on its disk for the pruned model
     run = SparsePruning(lm, config, output=args.output, calibration_text=text)
     blocks = len(lm.model.model.layers)
     with tqdm(total=blocks, desc=f"{config.method} {config.reconstruct}", unit="block", file=sys.stderr,
-              disable=args.quiet) as bar:
+              disable=args.quiet) as bar, saved_into(args):
         for record in run:
             bar.update(1)
             bar.set_postfix(calib=f"{record.error_calibration:.4f}", held=f"{record.error_held_out:.4f}",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from memstep.cancel import checkpoint
 from memstep.errors import MemstepError
 
 
@@ -79,6 +80,7 @@ def run_block(blocks, x: torch.Tensor, kwargs: list[dict], first: int, batch_siz
     outs = []
     with torch.set_grad_enabled(grad):
         for start in range(0, x.shape[0], batch_size):
+            checkpoint()
             h = x[start:start + batch_size]
             for offset, block in enumerate(blocks):
                 h = call_block(block, h, kwargs[first + offset])

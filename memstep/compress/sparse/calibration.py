@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from memstep.cancel import checkpoint, stop_on_cancel
 from memstep.compress.data import CALIBRATION_FILE, held_out_text, paragraphs, token_windows
 from memstep.compress.sparse.config import SOURCES, SparseConfig
 from memstep.errors import MemstepError
@@ -98,6 +99,7 @@ def english_starts(model, tokenizer, count: int, generator: torch.Generator, bat
     pool = first_token_pool(tokenizer, model.config.vocab_size)
     starts: list[list[int]] = []
     for _ in range(MAX_STARTS):
+        checkpoint()
         firsts = pool[torch.randint(len(pool), (batch_size,), generator=generator)].reshape(-1, 1).to(device)
         out = model.generate(input_ids=firsts, attention_mask=torch.ones_like(firsts), do_sample=False,
                              max_new_tokens=GREEDY_TOKENS - 1, min_new_tokens=GREEDY_TOKENS - 1,
@@ -126,10 +128,13 @@ def self_generated_windows(model, tokenizer, samples: int, seq_len: int, seed: i
             device = next(model.parameters()).device
             rest = length - GREEDY_TOKENS
             for first in range(0, texts, batch_size):
+                checkpoint()
                 ids = torch.tensor(starts[first:first + batch_size], device=device)
                 out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
                                      temperature=1.0, top_k=TOP_K, top_p=1.0, max_new_tokens=rest,
-                                     min_new_tokens=rest, pad_token_id=_pad_id(model, tokenizer))
+                                     min_new_tokens=rest, pad_token_id=_pad_id(model, tokenizer),
+                                     stopping_criteria=stop_on_cancel())
+                checkpoint()  # a cancelled generate stops early: its short windows are not kept
                 for text in out.tolist():
                     windows += [text[i:i + seq_len] for i in range(0, per_text * seq_len, seq_len)]
     finally:

@@ -30,6 +30,7 @@ from dataclasses import asdict
 
 import torch
 
+from memstep.cancel import checkpoint
 from memstep.compress.data import perplexity, save_model
 from memstep.compress.sparse.blocks import (decoder_layers, embed, layer_kwargs, linear_layers,
                                             normalized_error, run_block)
@@ -130,6 +131,7 @@ class SparsePruning:
         stats = self.calibration.stats
         tokens = (stats[1] - stats[0]) * xp.shape[1]
         for idx, block in enumerate(layers):
+            checkpoint()
             t0 = time.perf_counter()
             dense = copy.deepcopy(block)
             # the dense block on the pruned model's inputs: BR's target, the masks' statistics, LR's inputs
@@ -199,6 +201,7 @@ class SparsePruning:
             dense_layers = linear_layers(dense)
             losses = []
             for name, linear in linear_layers(block).items():
+                checkpoint()
                 losses += train_layer(linear, dense_layers[name].weight, inputs[name], masks[idx][name], opts)[-1:]
             return losses, [[idx]]
         if cfg.reconstruct == "br":

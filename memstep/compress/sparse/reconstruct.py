@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from memstep.cancel import checkpoint
 from memstep.compress.sparse.blocks import call_block, linear_layers
 from memstep.compress.sparse.config import OPTIMIZERS, TrainOptions  # noqa: F401 (re-exported)
 
@@ -58,6 +59,7 @@ def _fit(pairs: list, samples: int, options: TrainOptions, seed: int, batch_loss
     try:
         with torch.enable_grad():
             for _ in range(options.steps):
+                checkpoint()
                 if len(order) < batch:  # a fresh shuffled pass over the calibration samples
                     order += torch.randperm(samples, generator=generator).tolist()
                 idx, order = order[:batch], order[batch:]

@@ -10,13 +10,18 @@ Figures and the table are pure functions of the run's events (tested without a b
 from __future__ import annotations
 
 import re
+import time
 
 import gradio as gr
 import plotly.graph_objects as go
 
-from memstep.compress.laco import CALIBRATION_SENTENCES, CALIBRATION_TOKENS, DEFAULTS
+from memstep.cancel import Cancelled
+from memstep.compress.laco import (CALIBRATION_SENTENCES, CALIBRATION_TOKENS, DEFAULTS, MERGES, REFERENCES,
+                                    VARIANTS)
 from memstep.errors import MemstepError
-from memstep.paths import compressed_root
+
+from ui import compressed, estimates, jobs
+from ui.inputs import choice, flag, real
 
 FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
 LEGEND_ROOM = 70  # the legend at the foot of a figure may wrap to three rows on a phone
@@ -173,7 +178,7 @@ def status_html(text: str, progress: float | None = None) -> str:
 
 # ---- the run --------------------------------------------------------------------------------------
 def folder_name(model_name: str, settings: dict) -> str:
-    """A folder name under compressed_root() that says what made the model."""
+    """A folder name in the app's store (ui/compressed.py) that says what made the model."""
     base = re.sub(r"[^a-z0-9]+", "-", model_name.split("/")[-1].lower()).strip("-") or "model"
     s = settings
     return (f"{base}-laco-{s['variant']}-{s['reference']}-C{s['C']}L{s['L']}H{s['H']}I{s['I']}T{s['T']:g}"
@@ -181,6 +186,8 @@ def folder_name(model_name: str, settings: dict) -> str:
 
 
 def _int(value, name: str, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):  # the page sends numbers: so must a caller
+        raise MemstepError(f"{name} must be a whole number (got {str(value)[:40]!r})")
     try:
         number = int(value)
     except (TypeError, ValueError):
@@ -194,32 +201,50 @@ def _int(value, name: str, low: int, high: int | None = None) -> int:
 
 
 def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, evaluate,  # noqa: E741
-             merge="chained"):
-    """Stream (status, similarity plot, layer map, table, load button, saved folder)."""
+             merge="chained", request: gr.Request = None):
+    """Stream (status, similarity plot, layer map, table, load button, saved model). The work runs
+    in a job of its own (ui/jobs.py): Stop, a cancelled request or a visitor gone end it within
+    seconds. A run estimated over a minute starts on the second press."""
     from memstep.compress.collapse_run import LABELS, CollapseRun
     from memstep.compress.data import calibration_texts
     from memstep.compress.laco import settings_warnings
     from memstep.compress.quality import make_probe
+    from memstep.engine import model_shape
 
-    from ui.models import get_model
+    from ui.models import forget, get_model
 
+    session, reservation = jobs.session_of(request), None
     try:
+        compressed.check_enabled()
         settings = dict(C=_int(C, "C", 2), L=_int(L, "L", 0), H=_int(H, "H", 0), I=_int(I, "I", 1),
                         sentences=_int(sentences, "calibration sentences", 1, MAX_SENTENCES),
-                        tokens=_int(tokens, "tokens per sentence", 2, MAX_TOKENS), variant=variant,
-                        reference=reference, merge=merge)
-        try:
-            settings["T"] = float(T)
-        except (TypeError, ValueError):
-            raise MemstepError(f"T must be a number in (0, 1] (got {T!r})") from None
-        lm = get_model(model_spec)
+                        tokens=_int(tokens, "tokens per sentence", 2, MAX_TOKENS),
+                        variant=choice(variant, "merge", VARIANTS, "paper"),
+                        reference=choice(reference, "compare candidates with", REFERENCES, "dense"),
+                        merge=choice(merge, "merge into a merged layer", MERGES, "chained"))
+        variant, reference, evaluate = settings["variant"], settings["reference"], flag(evaluate, "measure")
+        settings["T"] = real(T, "T")
+        lm = get_model(model_spec, session)
         settings["H"] = settings["H"] or len(lm.model.model.layers) - 1  # 0: the top layer's index, as the notebook
-        folder = compressed_root() / folder_name(lm.name, settings)
         probe = make_probe(lm.tokenizer, **APP_PROBE) if evaluate else None
-        run = CollapseRun(lm, calibration_texts(settings["sentences"]), variants=(variant,), probe=probe,
-                          output=folder, repeats=APP_REPEATS, C=settings["C"], L=settings["L"], H=settings["H"], I=settings["I"],
-                          T=settings["T"], reference=reference, merge=merge, max_tokens=settings["tokens"])
+        texts = calibration_texts(settings["sentences"])
+        shape, needed = model_shape(lm.model), compressed.weight_bytes(lm.model)
+        estimate = estimates.seconds(*estimates.laco_work(
+            shape, sentences=settings["sentences"], tokens=settings["tokens"], C=settings["C"], L=settings["L"],
+            H=settings["H"], evaluate=bool(evaluate), probe=APP_PROBE, repeats=APP_REPEATS), shape, needed)
+        if not estimates.confirmed(session, ("laco", lm.name, sorted(settings.items()), bool(evaluate)), estimate):
+            gr.Info(estimates.confirm_text(estimate, "Collapse"), title="memstep")
+            yield (status_html(f"{estimates.duration(estimate)} estimated · press Collapse again", 0.0), gr.skip(),
+                   gr.skip(), gr.skip(), gr.skip(), gr.skip())
+            return
+        reservation = compressed.Reservation(session, folder_name(lm.name, settings), needed)
+        forget(str(reservation.path))  # an earlier model of that name, loaded, is about to be replaced
+        run = CollapseRun(lm, texts, variants=(variant,), probe=probe, output=reservation.path, repeats=APP_REPEATS,
+                          C=settings["C"], L=settings["L"], H=settings["H"], I=settings["I"], T=settings["T"],
+                          reference=reference, merge=settings["merge"], max_tokens=settings["tokens"])
     except MemstepError as err:
+        if reservation is not None:
+            reservation.release()
         raise gr.Error(str(err), print_exception=False) from None
     for warning in settings_warnings(settings["C"]):
         gr.Warning(warning)
@@ -228,10 +253,16 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
     measured_total = 4 if evaluate else 0
     candidates, groups, baselines, models = [], None, {}, {}
     no_button = gr.update(interactive=False)
-    yield (status_html("measuring the dense model's layer inputs…", 0.0), similarity_figure([], settings["T"], depth),
-           layer_map_figure(depth, [[i] for i in range(depth)]), [], no_button, None)
+    state = f"measuring the dense model's layer inputs… (estimated {estimates.duration(estimate)})"
+    progress, began = 0.0, time.monotonic()
     try:
-        for event in run:
+        yield (status_html(state, progress), similarity_figure([], settings["T"], depth),
+               layer_map_figure(depth, [[i] for i in range(depth)]), [], no_button, None)
+        for event in jobs.stream(lambda: iter(run), session):
+            if event is jobs.HEARTBEAT:  # nothing new: the clock moves, and a Stop can get in
+                yield (status_html(f"{state} · {time.monotonic() - began:.0f} s", progress), gr.skip(), gr.skip(),
+                       gr.skip(), gr.skip(), gr.skip())
+                continue
             kind = event["event"]
             if kind == "candidate":
                 candidates.append(event)
@@ -246,7 +277,8 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
                          f"({event['pruning_ratio']:.0%} of the layers removed) in {event['seconds']:.1f} s")
                 progress = 0.5 if evaluate else 0.95
             elif kind == "saved":
-                state = f"saved the collapsed model to {event['folder']}" + (" · measuring…" if evaluate else "")
+                state = f"saved the collapsed model as {compressed.shown(event['folder'])}" + (
+                    " · measuring…" if evaluate else "")
             elif kind == "model":
                 models[event["key"]] = event
                 if "removed" in event and event["key"] in ("block-influence", "uniform"):
@@ -257,15 +289,21 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
                 continue
             yield (status_html(state, progress), similarity_figure(candidates, settings["T"], depth),
                    layer_map_figure(depth, groups, baselines), table_rows(models), no_button, None)
+    except Cancelled:
+        yield (status_html(f"stopped: {state}", progress), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+        return
     except MemstepError as err:
         raise gr.Error(str(err), print_exception=False) from None
+    finally:
+        reservation.release()
     result = search.result
     done = (f"done: {result.layers_before} → {result.layers_after} layers, removed "
             f"{', '.join(map(str, result.removed)) or 'none'}" + (" · ready to load into Run" if result.removed else
                                                                    " · lower T or C to collapse more"))
     yield (status_html(done, 1.0), similarity_figure(candidates, settings["T"], depth),
            layer_map_figure(depth, groups, baselines), table_rows(models),
-           gr.update(interactive=bool(run.report["saved"])), run.report["saved"])
+           gr.update(interactive=bool(run.report["saved"])),
+           compressed.token(run.report["saved"], session) if run.report["saved"] else None)
 
 
 def _groups_so_far(depth: int, candidates: list[dict]) -> list[list[int]]:
@@ -284,7 +322,12 @@ def _groups_so_far(depth: int, candidates: list[dict]) -> list[list[int]]:
 def load_into_run(folder):
     if not folder:
         raise gr.Error("run LaCo first: there is no collapsed model to load", print_exception=False)
-    return gr.update(value=folder), gr.Tabs(selected="run")
+    return compressed.model_box_update(folder), gr.Tabs(selected="run")
+
+
+def stop_laco(request: gr.Request = None):
+    jobs.stop(jobs.session_of(request))
+    return status_html("stopped")
 
 
 def build_section(model_box=None, tabs=None) -> dict:
@@ -319,14 +362,18 @@ def build_section(model_box=None, tabs=None) -> dict:
                                         f"{APP_PROBE['prefill_tokens']} tokens (CPU seconds, best of {APP_REPEATS})",
                                    elem_id="laco-evaluate")
             with gr.Row():
-                start = gr.Button("Collapse", variant="primary", elem_id="laco-run")
+                start = gr.Button("Collapse", variant="primary", elem_id="laco-run",
+                                  interactive=compressed.compress_enabled())
                 stop = gr.Button("Stop", variant="stop", elem_id="laco-stop")
             load = gr.Button("Load the collapsed model into Run", interactive=False, elem_id="laco-load")
+            if not compressed.compress_enabled():
+                gr.Markdown(compressed.DISABLED, elem_classes="memstep-note")
             gr.Markdown("The collapsed model is saved as a model folder: the Run tab takes it like any model "
                         "(fewer layers, less KV per token), and `memstep plan --model FOLDER` (or its "
                         "config.json on the Plan tab) plans it.", elem_classes="memstep-note")
         with gr.Column(scale=8):
-            status = gr.HTML(status_html("not run yet"), elem_id="laco-status")
+            status = gr.HTML(status_html("not run yet" if compressed.compress_enabled() else "off in this public app"),
+                             elem_id="laco-status")
             sim_plot = gr.Plot(similarity_figure([], DEFAULTS["T"], 30), show_label=False, elem_id="laco-similarity")
             map_plot = gr.Plot(layer_map_figure(30, [[i] for i in range(30)]), show_label=False, elem_id="laco-map")
             table = gr.Dataframe(headers=TABLE_HEADERS, interactive=False, wrap=True, elem_id="laco-table",
@@ -338,8 +385,7 @@ def build_section(model_box=None, tabs=None) -> dict:
                           [status, sim_plot, map_plot, table, load, folder], concurrency_id="prefill",
                           concurrency_limit=1, show_progress="minimal", show_progress_on=[status],
                           api_visibility="private")
-    stop.click(lambda: status_html("stopped"), None, [status], cancels=[running], concurrency_limit=None,
-               api_visibility="private")
+    stop.click(stop_laco, None, [status], cancels=[running], concurrency_limit=None, api_visibility="private")
     if model_box is not None and tabs is not None:
         load.click(load_into_run, [folder], [model_box, tabs], concurrency_limit=None, api_visibility="private")
     return {"run": start, "load": load, "status": status, "similarity": sim_plot, "map": map_plot, "table": table}

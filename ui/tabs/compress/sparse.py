@@ -5,7 +5,7 @@ BR+GP, BR+GP+CR), block by block; the per-block error curves stream as the block
 one colour per technique, solid on the calibration data and dashed on held-out text, so a
 technique that fits the calibration data better but held-out text worse (overfitting) shows as
 solid and dashed lines moving apart. The table gives perplexities and error reductions; each
-technique's pruned model is saved under compressed_root() and loads into the Run tab in one click.
+technique's pruned model is saved in the app's store (ui/compressed.py) and loads into the Run tab in one click.
 
 Figures and the table are pure functions of the runs' records (tested without a browser).
 """
@@ -16,13 +16,18 @@ import copy
 import html
 import os
 import re
+import time
+from dataclasses import asdict
 
 import gradio as gr
 import plotly.graph_objects as go
 
+from memstep.cancel import Cancelled
 from memstep.compress.sparse import RECONSTRUCTIONS, SparseConfig, SparsePruning
 from memstep.errors import MemstepError
-from memstep.paths import compressed_root
+
+from ui import compressed, estimates, jobs
+from ui.inputs import names, number, real
 
 # Bounds on the work one request can cause (the app is meant to be public).
 MAX_SAMPLES = 32
@@ -42,9 +47,9 @@ DEFAULTS = dict(method="wanda", pattern="unstructured", sparsity=0.5, techniques
                 calibration="text", samples=16, seq_len=128, steps=20, lr=1e-3)
 
 
-def saved_folder(technique: str):
-    """One folder per technique: re-runs overwrite it, so the disk a public app uses stays bounded."""
-    return compressed_root() / f"sparse-{technique.replace('+', '-')}"
+def folder_name(technique: str) -> str:
+    """One name per technique: a re-run replaces the model of the same name (ui/compressed.py)."""
+    return f"sparse-{technique.replace('+', '-')}"
 
 
 # ---- pure figure and table builders ----------------------------------------------------------
@@ -118,84 +123,144 @@ def table_rows(runs: list[dict]) -> list[list]:
 def make_config(method, pattern, sparsity, calibration, samples, seq_len, steps, lr, technique,
                 train="norms") -> SparseConfig:
     """The settings of one run, with the app's caps; MemstepError on a bad value."""
-    samples, seq_len, steps = int(samples or 0), int(seq_len or 0), int(steps or 0)
+    samples, seq_len, steps = (number(v, name, 0, 1 << 20) for v, name in
+                               ((samples, "samples"), (seq_len, "tokens per sample"), (steps, "steps")))
+    sparsity, lr = real(sparsity, "sparsity"), real(lr, "the learning rate")
     if not 1 <= samples <= MAX_SAMPLES:
         raise MemstepError(f"samples must be 1-{MAX_SAMPLES} in the app (the CLI takes more)")
     if not 16 <= seq_len <= MAX_SEQ_LEN:
         raise MemstepError(f"tokens per sample must be 16-{MAX_SEQ_LEN} in the app (the CLI takes more)")
     if not 1 <= steps <= MAX_STEPS:
         raise MemstepError(f"steps must be 1-{MAX_STEPS} in the app (the CLI takes more)")
-    if not 0 < float(lr or 0) <= 0.1:
+    if not 0 < lr <= 0.1:
         raise MemstepError("the learning rate must lie in (0, 0.1]")
     nm = None if pattern == "unstructured" else pattern
     if pattern not in PATTERNS:
         raise MemstepError(f"unknown sparsity pattern '{pattern}': choose one of {', '.join(PATTERNS)}")
-    return SparseConfig(method=method, sparsity=float(sparsity or 0), nm=nm, reconstruct=technique,
+    return SparseConfig(method=method, sparsity=sparsity, nm=nm, reconstruct=technique,
                         calibration=calibration, samples=samples, seq_len=seq_len,
-                        held_out_samples=HELD_OUT_SAMPLES, steps=steps, lr=float(lr or 0),
+                        held_out_samples=HELD_OUT_SAMPLES, steps=steps, lr=lr,
                         batch_size=min(4, samples), train_params=train).validate()
 
 
-def _source_model(spec):
-    """A private copy of the Run tab's model: pruning changes weights in place."""
-    from memstep.models import LoadedModel
-    from ui.models import get_model, normalize_spec
+def _source_model(spec, session: str = ""):
+    """The Run tab's model, checked against the app's size cap (pruning works on a copy of it)."""
+    from ui.models import get_model
 
-    lm = get_model(normalize_spec(spec))
+    lm = get_model(spec, session)
     params = sum(p.numel() for p in lm.model.parameters())
     if params > MAX_PARAMS:
         raise MemstepError(f"{lm.name} has {params / 1e9:.1f}B parameters: the app prunes models up to "
                            f"{MAX_PARAMS / 1e9:.1f}B (use `memstep compress sparse` for larger ones)")
+    return lm
+
+
+def _private_copy(lm):
+    """A private copy of a loaded model: pruning changes weights in place."""
+    from memstep.models import LoadedModel
+
     return LoadedModel(copy.deepcopy(lm.model), lm.tokenizer, lm.name, lm.device, lm.dtype)
 
 
-def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq_len, steps, lr, train="norms"):
-    """Stream (status, figure, table, saved-model dropdown) while each technique prunes the model."""
-    techniques = [t for t in RECONSTRUCTIONS if t in (techniques or [])]
+def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq_len, steps, lr, train="norms",
+          request: gr.Request = None):
+    """Stream (status, figure, table, saved-model dropdown) while each technique prunes the model.
+    The work runs in a job of its own (ui/jobs.py): Stop, a cancelled request or a visitor gone end
+    it within seconds. A run estimated over a minute starts on the second press."""
+    from memstep.engine import model_shape
+
+    from ui.models import forget
+
+    session = jobs.session_of(request)
+    reservations: list = []
     try:
+        compressed.check_enabled()
+        techniques = [t for t in RECONSTRUCTIONS if t in names(techniques, "techniques", RECONSTRUCTIONS)]
         if not techniques:
             raise MemstepError("tick at least one reconstruction technique")
         configs = [make_config(method, pattern, sparsity, calibration, samples, seq_len, steps, lr, t, train)
                    for t in techniques]
+        lm = _source_model(spec, session)
+        shape, needed = model_shape(lm.model), compressed.weight_bytes(lm.model)
+        estimate = sum(estimates.seconds(*estimates.sparse_work(
+            shape, method=c.method, technique=c.reconstruct, calibration=c.calibration, samples=c.samples,
+            seq_len=c.seq_len, held_out=c.held_out_samples, steps=c.steps, batch=c.batch_size), shape, needed)
+            for c in configs)
+        if not estimates.confirmed(session, ("sparse", lm.name, [asdict(c) for c in configs]), estimate):
+            gr.Info(estimates.confirm_text(estimate, "Prune"), title="memstep")
+            yield (f"**Not started:** {estimates.confirm_text(estimate, 'Prune')}.", gr.skip(), gr.skip(), gr.skip())
+            return
+        compressed.make_room(needed * len(techniques))  # all of this run's models fit together
+        for technique in techniques:
+            reservations.append(compressed.Reservation(session, folder_name(technique), needed))
+            forget(str(reservations[-1].path))  # an earlier model of that name, loaded, is about to be replaced
+    except MemstepError as err:
+        for reservation in reservations:
+            reservation.release()
+        raise gr.Error(str(err)) from err
+
+    def work():
+        for technique, config, reservation in zip(techniques, configs, reservations):
+            process = SparsePruning(_private_copy(lm), config, output=str(reservation.path),
+                                    info={"app": True, "technique": technique})
+            yield "start", technique, process
+            for record in process:
+                yield "block", technique, record
+            yield "done", technique, process.result
+            del process
+
+    runs: list[dict] = []
+    saved: list[tuple[str, str]] = []
+    blocks = len(lm.model.model.layers)
+    status, began = f"preparing (estimated {estimates.duration(estimate)})…", time.monotonic()
+    try:
+        for item in jobs.stream(work, session):
+            if item is jobs.HEARTBEAT:  # nothing new: the clock moves, and a Stop can get in
+                yield f"{status} · {time.monotonic() - began:.0f} s", gr.skip(), gr.skip(), gr.skip()
+                continue
+            kind, technique, value = item
+            i = techniques.index(technique) + 1
+            head = f"**{TECHNIQUE_LABELS[technique]}** ({i}/{len(techniques)})"
+            if kind == "start":
+                runs.append({"technique": technique, "records": value.records, "result": None})
+                status = f"{head}: preparing calibration data and dense perplexity…"
+                yield status, error_figure(runs, blocks), table_rows(runs), gr.update()
+            elif kind == "block":
+                status = (f"{head}: block {value.block + 1}/{value.blocks} pruned to {value.sparsity:.1%} — error "
+                          f"{value.error_calibration:.4g} (calibration), {value.error_held_out:.4g} (held-out)")
+                yield status, error_figure(runs, blocks), table_rows(runs), gr.update()
+            else:
+                runs[-1]["result"] = value
+                folder = reservations[i - 1].path
+                saved.append((compressed.shown(folder), compressed.token(folder, session)))
+                status = f"{head}: done, saved as `{compressed.shown(folder)}`"
+                yield status, error_figure(runs, blocks), table_rows(runs), gr.update(choices=saved, value=saved[-1][1])
+    except Cancelled:
+        yield ("**Stopped.** The curves show the blocks done so far.", gr.skip(), gr.skip(),
+               gr.update(choices=saved, value=saved[-1][1]) if saved else gr.skip())
+        return
     except MemstepError as err:
         raise gr.Error(str(err)) from err
-    runs: list[dict] = []
-    saved: list[str] = []
-    for i, (technique, config) in enumerate(zip(techniques, configs), start=1):
-        try:
-            lm = _source_model(spec)
-            folder = saved_folder(technique)
-            process = SparsePruning(lm, config, output=str(folder),
-                                    info={"app": True, "technique": technique})
-            run = {"technique": technique, "records": process.records, "result": None}
-            runs.append(run)
-            blocks = len(lm.model.model.layers)
-            head = f"**{TECHNIQUE_LABELS[technique]}** ({i}/{len(techniques)})"
-            yield (f"{head}: preparing calibration data and dense perplexity…", error_figure(runs, blocks),
-                   table_rows(runs), gr.update())
-            for record in process:
-                yield (f"{head}: block {record.block + 1}/{record.blocks} pruned to {record.sparsity:.1%} — error "
-                       f"{record.error_calibration:.4g} (calibration), {record.error_held_out:.4g} (held-out)",
-                       error_figure(runs, blocks), table_rows(runs), gr.update())
-            run["result"] = process.result
-            saved.append(str(folder))
-        except MemstepError as err:
-            raise gr.Error(str(err)) from err
-        del lm, process
-        yield (f"{head}: done, saved to `{folder}`", error_figure(runs, blocks), table_rows(runs),
-               gr.update(choices=saved, value=saved[-1]))
+    finally:
+        for reservation in reservations:
+            reservation.release()
     done = ("**Done.** Solid lines: calibration data; dashed: held-out text. Pick a pruned model below and load it "
             "into the Run tab.")
     if calibration != "text":  # let the user see what the model wrote for itself
         sample = re.sub(r"[\s*_`#\[\]<>|~\\]+", " ", runs[-1]["result"].calibration_preview[-1]).strip()
         done += f" A self-generated calibration sample begins: *{html.escape(sample[:240])}…*"
-    yield done, error_figure(runs, blocks), table_rows(runs), gr.update(choices=saved, value=saved[-1])
+    yield done, error_figure(runs, blocks), table_rows(runs), gr.update(choices=saved, value=saved[-1][1])
 
 
 def load_into_run(folder):
     if not folder:
         raise gr.Error("prune first: there is no pruned model to load yet")
-    return gr.update(value=folder), gr.Tabs(selected="run")
+    return compressed.model_box_update(folder), gr.Tabs(selected="run")
+
+
+def stop_pruning(request: gr.Request = None):
+    jobs.stop(jobs.session_of(request))
+    return "**Stopped.** The curves show the blocks done so far."
 
 
 # ---- layout ----------------------------------------------------------------------------------
@@ -231,11 +296,13 @@ def build_section(model_box=None, tabs=None) -> None:
             train = gr.Radio([("every block parameter (reference)", "norms"), ("linear weights only", "linear")],
                              value="norms", label="Reconstruction trains", elem_id="sparse-train")
             with gr.Row():
-                start = gr.Button("Prune", variant="primary", elem_id="sparse-run")
+                start = gr.Button("Prune", variant="primary", elem_id="sparse-run",
+                                  interactive=compressed.compress_enabled())
                 stop = gr.Button("Stop", elem_id="sparse-stop")
         with gr.Column(scale=9):
             status = gr.Markdown("Pick a mask, a pattern and the techniques to compare, then **Prune**. The embedded "
-                                 "model takes a few minutes per technique on a 2-core CPU.", elem_id="sparse-status")
+                                 "model takes a few minutes per technique on a 2-core CPU."
+                                 if compressed.compress_enabled() else compressed.DISABLED, elem_id="sparse-status")
             plot = gr.Plot(error_figure([]), elem_id="sparse-plot", show_label=False)
             table = gr.Dataframe(headers=TABLE_HEADERS, interactive=False, wrap=True, elem_id="sparse-table")
             with gr.Row(equal_height=True):
@@ -245,7 +312,6 @@ def build_section(model_box=None, tabs=None) -> None:
                                   techniques, calibration, samples, seq_len, steps, lr, train],
                           [status, plot, table, pruned], concurrency_id="prefill", concurrency_limit=1,
                           show_progress="minimal", show_progress_on=[status], api_visibility="private")
-    stop.click(lambda: "**Stopped.** The curves show the blocks done so far.", None, [status], cancels=[running],
-               concurrency_limit=None, api_visibility="private")
+    stop.click(stop_pruning, None, [status], cancels=[running], concurrency_limit=None, api_visibility="private")
     if model_box is not None and tabs is not None:
         load.click(load_into_run, [pruned], [model_box, tabs], concurrency_limit=None, api_visibility="private")

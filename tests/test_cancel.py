@@ -1,0 +1,264 @@
+"""Cancellation that cancels: the compress loops stop at their checkpoints once the job's flag is
+set, a job closed by the app stops its thread within seconds, and (slow) a LaCo or pruning run
+started through the served app's queue leaves the process idle within 10 s of Stop, of a
+cancelled request, and of the visitor leaving."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+
+import pytest
+import torch
+from conftest import make_tiny_model
+
+from memstep.cancel import CancelFlag, Cancelled, cancel_scope, checkpoint, stop_on_cancel
+from ui import jobs
+
+IDLE_SHARE = 0.10  # of one core: below this over a second, the process is idle
+
+
+def cpu_share(seconds: float = 1.0) -> float:
+    began, cpu = time.monotonic(), time.process_time()
+    time.sleep(seconds)
+    return (time.process_time() - cpu) / (time.monotonic() - began)
+
+
+def seconds_until_idle(limit: float = 20.0) -> float:
+    """Seconds until the process uses less than IDLE_SHARE of a core over a second."""
+    began = time.monotonic()
+    while time.monotonic() - began < limit:
+        if cpu_share(1.0) < IDLE_SHARE:
+            return time.monotonic() - began
+    return float("inf")
+
+
+class FlagAfter(CancelFlag):
+    """Cancelled from its ``after``-th check on: stops a job at a chosen point."""
+
+    def __init__(self, after: int):
+        super().__init__()
+        self.checks, self.after = 0, after
+
+    @property
+    def cancelled(self) -> bool:
+        self.checks += 1
+        if self.checks >= self.after:
+            self.cancel("test")
+        return super().cancelled
+
+
+def test_checkpoint_is_a_no_op_outside_a_job_and_raises_inside_one():
+    checkpoint()  # the command line and the tests: never raises
+    flag = CancelFlag()
+    with cancel_scope(flag):
+        checkpoint()
+        flag.cancel("stop")
+        with pytest.raises(Cancelled, match="stop"):
+            checkpoint()
+    checkpoint()  # the scope ended: no flag any more
+
+
+def test_a_closed_stream_stops_its_busy_thread_within_seconds():
+    def busy():
+        while True:  # a CPU-bound loop with checkpoints, like a pruning step
+            sum(i * i for i in range(20_000))
+            checkpoint()
+            yield "tick"
+
+    stream = jobs.stream(busy, session="s1", heartbeat=0.2)
+    assert next(stream) in ("tick", jobs.HEARTBEAT)
+    assert cpu_share(0.5) > 0.25  # it really computes (a loaded machine shares its cores)
+    stream.close()  # what Gradio does after Stop, a cancel or a lost client
+    assert seconds_until_idle(5) < 3
+    assert jobs.running_jobs() == 0 and not jobs.MODEL_LOCK.locked()
+
+
+def test_stop_sets_the_running_jobs_flag_and_the_stream_reports_it():
+    def slow():
+        for _ in range(1000):
+            time.sleep(0.05)
+            checkpoint()
+            yield "step"
+
+    stream = jobs.stream(slow, session="s2", heartbeat=0.2)
+    next(stream)
+    assert jobs.stop("s2") and not jobs.stop("nobody")
+    with pytest.raises(Cancelled):
+        for _ in stream:
+            pass
+    time.sleep(0.3)
+    assert jobs.running_jobs() == 0 and "s2" not in jobs._flags
+
+
+def test_heartbeats_come_while_the_work_is_silent():
+    def silent():
+        time.sleep(0.7)
+        yield "late"
+
+    items = list(jobs.stream(silent, heartbeat=0.2))
+    assert items.count(jobs.HEARTBEAT) >= 2 and items[-1] == "late"
+
+
+def test_errors_of_the_work_reach_the_event():
+    def broken():
+        yield 1
+        raise ValueError("bad")
+
+    with pytest.raises(ValueError, match="bad"):
+        list(jobs.stream(broken, heartbeat=0.2))
+    assert not jobs.MODEL_LOCK.locked()
+
+
+def test_laco_stops_between_candidates():
+    from memstep.compress.laco import LayerCollapse
+    from test_compress_laco import CALIBRATION, ByteTokenizer
+
+    search = LayerCollapse(make_tiny_model(layers=6), ByteTokenizer(), CALIBRATION, C=2, L=0, T=0.99)
+    flag, done = CancelFlag(), []
+    with cancel_scope(flag), pytest.raises(Cancelled):
+        for record in search:
+            done.append(record)
+            flag.cancel("stop")
+    assert len(done) == 1  # the second candidate never started
+
+
+def test_pruning_stops_within_a_reconstruction_and_generation_stops_early():
+    from memstep.compress.sparse.blocks import decoder_layers, embed, layer_kwargs, linear_layers
+    from memstep.compress.sparse.config import TrainOptions
+    from memstep.compress.sparse.reconstruct import train_blocks
+
+    model = make_tiny_model(layers=1)
+    kwargs = layer_kwargs(model, 12)
+    x = embed(model, torch.randint(0, 128, (4, 12)).tolist())
+    block = decoder_layers(model)[0]
+    masks = [{name: torch.ones_like(lin.weight) for name, lin in linear_layers(block).items()}]
+    flag = FlagAfter(after=3)
+    with cancel_scope(flag), pytest.raises(Cancelled):
+        train_blocks([block], 0, kwargs, masks, x, torch.randn_like(x), TrainOptions(steps=50, batch_size=2))
+    assert flag.checks == 3  # stopped at the third step's checkpoint, not after 50 steps
+
+    flag = CancelFlag()
+    flag.cancel("stop")
+    with cancel_scope(flag):
+        out = model.generate(input_ids=torch.tensor([[1, 2, 3]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
+                             max_new_tokens=40, do_sample=False, stopping_criteria=stop_on_cancel(), pad_token_id=0)
+    assert out.shape[1] == 4  # one token, then the cancelled job's criterion ended it
+    out = model.generate(input_ids=torch.tensor([[1, 2, 3]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
+                         max_new_tokens=40, do_sample=False, stopping_criteria=stop_on_cancel(), pad_token_id=0)
+    assert out.shape[1] > 4  # outside a job the criterion never stops it (eos aside)
+
+
+# ---- the served app (slow): the process goes idle after Stop, /cancel and a lost client ---------
+def _event(demo, fn) -> int:
+    return next(index for index, block_fn in demo.fns.items() if block_fn.fn is fn)
+
+
+class QueueClient:
+    """Joins the served app's queue as the page does (any event, private ones included)."""
+
+    def __init__(self, url: str):
+        import httpx
+
+        self.url, self.session = url.rstrip("/") + "/gradio_api", uuid.uuid4().hex[:11]
+        self.http = httpx.Client(timeout=30)
+        self.messages: list[dict] = []
+        self.stream = None
+
+    def join(self, fn_index: int, data: list) -> str:
+        reply = self.http.post(f"{self.url}/queue/join", json={"data": data, "fn_index": fn_index,
+                                                                "session_hash": self.session, "event_data": None})
+        reply.raise_for_status()
+        event_id = reply.json()["event_id"]
+        if self.stream is None or not self.stream.is_alive():  # the server closes the stream when idle
+            self.stream = threading.Thread(target=self._listen, daemon=True)
+            self.stream.start()
+        return event_id
+
+    def _listen(self):
+        import httpx
+
+        self.sse = httpx.Client(timeout=None)
+        try:
+            with self.sse.stream("GET", f"{self.url}/queue/data", params={"session_hash": self.session}) as reply:
+                for line in reply.iter_lines():
+                    if line.startswith("data:"):
+                        self.messages.append(json.loads(line[5:]))
+        except Exception:  # noqa: BLE001 - closed by the test (the visitor leaves)
+            pass
+
+    def leave(self):
+        self.sse.close()
+
+    def wait_for(self, predicate, timeout: float) -> dict:
+        began = time.monotonic()
+        while time.monotonic() - began < timeout:
+            for message in list(self.messages):
+                if predicate(message):
+                    return message
+                if message.get("msg") == "process_completed" and not message.get("success"):
+                    raise AssertionError(f"the event failed: {message.get('output')}")
+            time.sleep(0.2)
+        raise AssertionError(f"no such message within {timeout} s; last: {self.messages[-3:]}")
+
+
+def _generating(message) -> bool:
+    return message.get("msg") == "process_generating"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from ui.browser import serve
+    from ui.layout import build_app
+    from ui.models import get_model
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MEMSTEP_COMPRESSED", str(tmp_path_factory.mktemp("compressed")))
+    mp.setattr("ui.estimates.CONFIRM_SECONDS", 10**9)  # the confirm step has its own test
+    get_model(None)
+    demo = build_app()
+    with serve(demo) as url:
+        yield demo, url
+    mp.undo()
+
+
+LACO = ["embedded", 2, 1, 0, 1, 0.8, "paper", "dense", 6, 128, True, "chained"]
+SPARSE = ["embedded", "wanda", "unstructured", 0.5, ["br+gp"], "text", 16, 128, 20, 1e-3, "norms"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("section, how", [("laco", "stop"), ("laco", "cancel"), ("sparse", "leave"),
+                                          ("sparse", "stop")])
+def test_the_app_is_idle_within_10_s_of_stopping_a_compression(served, section, how, artifacts_dir):
+    from ui.tabs.compress import laco, sparse
+
+    demo, url = served
+    run_fn, stop_fn, data = ((laco.run_laco, laco.stop_laco, LACO) if section == "laco"
+                             else (sparse.prune, sparse.stop_pruning, SPARSE))
+    client = QueueClient(url)
+    event_id = client.join(_event(demo, run_fn), data)
+    client.wait_for(_generating, 120)  # the job started and streams
+    time.sleep(4)  # well inside the work (the dense model's inputs, candidates / the first block)
+    busy, running = cpu_share(1.0), jobs.running_jobs()
+    assert busy > 0.25 and running == 1, (busy, running, client.messages[-2:])  # a loaded machine shares cores
+    stopped = time.monotonic()
+    if how == "stop":
+        client.join(_event(demo, stop_fn), [])
+    elif how == "cancel":
+        client.http.post(f"{client.url}/cancel", json={"session_hash": client.session, "event_id": event_id,
+                                                       "fn_index": _event(demo, run_fn)})
+    else:
+        client.leave()
+    idle = seconds_until_idle(20)
+    row = {"section": section, "how": how, "seconds_to_idle": idle,
+           "seconds_since_stop": time.monotonic() - stopped}
+    with open(artifacts_dir / "cancel_idle.jsonl", "a") as out:
+        out.write(json.dumps(row) + "\n")
+    assert idle < 10, row
+    deadline = time.monotonic() + 10
+    while jobs.running_jobs() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert jobs.running_jobs() == 0 and not jobs.MODEL_LOCK.locked()
+    assert cpu_share(2.0) < IDLE_SHARE  # and it stays idle

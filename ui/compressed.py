@@ -1,0 +1,220 @@
+"""Where the app keeps the models its Compress tab makes, and who may load them.
+
+- Locally (the default) the app compresses into ``memstep.paths.compressed_root()`` and the
+  Run tab loads a compressed model by its folder, like any model.
+- In a public app (a Hugging Face Space, or any app with MEMSTEP_ALLOWED_MODELS) compression is
+  off unless ``MEMSTEP_SPACE_COMPRESS=1``. When on, each session compresses into a folder of its
+  own, ``compressed_root()/sessions/<id>``, where the id is a keyed hash of the session; the Run
+  tab names such a model by a token, ``compressed:<id>/<name>``, which loads only for the session
+  whose id it carries. Messages name the model, never a server path.
+- Everywhere, the models memstep made there (marked by memstep.outputs.MARKER) share a disk
+  quota (``MEMSTEP_COMPRESS_QUOTA_MB``, default 4096): before a run, the oldest are removed
+  until the new one fits. Nothing without the marker is ever removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import shutil
+import threading
+import time
+from pathlib import Path
+
+from memstep.errors import MemstepError
+from memstep.models import allowed_models
+from memstep.outputs import MARKER, PARTIAL_SUFFIX
+from memstep.paths import compressed_root
+
+TOKEN_PREFIX = "compressed:"
+QUOTA_BYTES = int(float(os.environ.get("MEMSTEP_COMPRESS_QUOTA_MB", "4096")) * 2**20)
+STALE_PARTIAL_SECONDS = 6 * 3600  # a temporary folder this old is left from a crashed run
+_SECRET = secrets.token_bytes(32)  # session ids are keyed: one cannot be derived from a session hash alone
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,159}$")
+_lock = threading.Lock()  # one cleanup or reservation at a time
+_in_use: set[Path] = set()  # folders a running job writes: never cleaned up
+
+
+def public_app() -> bool:
+    """A Space or an app restricted to a model list: every visitor is a stranger."""
+    return allowed_models() is not None
+
+
+def compress_enabled() -> bool:
+    """Compression runs in a public app only when its operator turns it on."""
+    if not public_app():
+        return True
+    return os.environ.get("MEMSTEP_SPACE_COMPRESS", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+DISABLED = ("Compression is off in this public app: it holds the only run slot for minutes. Run memstep "
+            "locally, or set MEMSTEP_SPACE_COMPRESS=1 on your own Space to turn it on.")
+
+
+def check_enabled() -> None:
+    if not compress_enabled():
+        raise MemstepError(DISABLED)
+
+
+def session_id(session: str | None) -> str:
+    """The folder id of a session (empty: no session, so no folder of its own)."""
+    if not session:
+        return ""
+    return hmac.new(_SECRET, session.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:24]
+
+
+def store_folder(session: str | None) -> Path:
+    """Where this session's compressed models go (created on first use)."""
+    root = compressed_root()
+    if public_app():
+        sid = session_id(session)
+        if not sid:
+            raise MemstepError("compression needs a browser session: open the app's page")
+        root = root / "sessions" / sid
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def made_by_memstep(folder: Path) -> dict | None:
+    """The marker memstep wrote in a folder it created (None: not memstep's)."""
+    try:
+        info = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) and info.get("made_by") == "memstep" else None
+
+
+def _size(folder: Path) -> int:
+    total = 0
+    for path in folder.rglob("*"):
+        try:
+            if path.is_file() and not path.is_symlink():
+                total += path.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def _managed() -> list[tuple[float, Path, int]]:
+    """(created, folder, bytes) of every folder memstep made in the store, oldest first, and
+    the temporary folders crashed runs left (as old as their last change)."""
+    root = compressed_root()
+    found = []
+    for folder in [*root.glob("*"), *root.glob("sessions/*/*")]:
+        if not folder.is_dir() or folder.is_symlink():
+            continue
+        info = made_by_memstep(folder)
+        if info is not None:
+            found.append((float(info.get("created", 0)), folder, _size(folder)))
+        elif folder.name.endswith(PARTIAL_SUFFIX) and folder.name.startswith("."):
+            age = folder.stat().st_mtime
+            if time.time() - age > STALE_PARTIAL_SECONDS:
+                found.append((age, folder, _size(folder)))
+    return sorted(found, key=lambda row: row[0])
+
+
+def make_room(needed_bytes: int, quota_bytes: int | None = None) -> list[str]:
+    """Remove the oldest models memstep made in the store until ``needed_bytes`` more fit in the
+    quota; the names removed. Refused when one model alone is over the quota."""
+    quota = QUOTA_BYTES if quota_bytes is None else quota_bytes
+    if needed_bytes > quota:
+        raise MemstepError(f"this model needs about {needed_bytes / 2**20:,.0f} MiB, over the app's "
+                           f"{quota / 2**20:,.0f} MiB for compressed models")
+    removed = []
+    with _lock:
+        rows = [row for row in _managed() if row[1] not in _in_use]
+        used = sum(size for _, _, size in rows) + sum(_size(f) for f in _in_use if f.exists())
+        for _, folder, size in rows:
+            if used + needed_bytes <= quota:
+                break
+            shutil.rmtree(folder, ignore_errors=True)
+            used -= size
+            removed.append(folder.name)
+    return removed
+
+
+class Reservation:
+    """A folder name in the store for one run: an earlier model of the same name (memstep's,
+    from an earlier run) is replaced; anything else keeps its name and the run takes another."""
+
+    def __init__(self, session: str | None, name: str, needed_bytes: int):
+        if not _NAME.match(name):
+            raise MemstepError(f"not a folder name for a compressed model: {name[:80]!r}")
+        folder = store_folder(session)
+        self.removed = make_room(needed_bytes)
+        with _lock:
+            path, n = folder / name, 1
+            while path.exists() or path in _in_use:
+                if made_by_memstep(path) is not None and path not in _in_use:
+                    shutil.rmtree(path, ignore_errors=True)
+                    if not path.exists():
+                        break
+                n += 1
+                path = folder / f"{name}-{n}"
+            _in_use.add(path)
+        self.path = path
+
+    def release(self) -> None:
+        with _lock:
+            _in_use.discard(self.path)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def token(folder: Path | str, session: str | None) -> str:
+    """What the Run tab's model box holds for a compressed model: its folder locally, a token
+    that loads only for this session in a public app."""
+    folder = Path(folder)
+    if not public_app():
+        return str(folder)
+    return f"{TOKEN_PREFIX}{session_id(session)}/{folder.name}"
+
+
+def is_token(spec) -> bool:
+    return isinstance(spec, str) and spec.startswith(TOKEN_PREFIX)
+
+
+def resolve(spec: str, session: str | None = None, check_session: bool = True) -> str:
+    """The folder a token names. With ``check_session``, only the session that made it may
+    (one message for a token that is not the session's and for one that does not exist)."""
+    refused = MemstepError("this compressed model is not available (it belongs to another session, or was "
+                           "removed to free disk space): compress it again")
+    sid, _, name = spec[len(TOKEN_PREFIX):].partition("/")
+    if not re.fullmatch(r"[0-9a-f]{24}", sid) or not _NAME.match(name):
+        raise refused
+    if check_session and not hmac.compare_digest(sid, session_id(session) or "-"):
+        raise refused
+    folder = compressed_root() / "sessions" / sid / name
+    if made_by_memstep(folder) is None or not (folder / "config.json").is_file():
+        raise refused
+    return str(folder)
+
+
+def shown(folder: Path | str) -> str:
+    """A saved model as messages name it: the folder's name, never where it is on the server."""
+    return Path(folder).name
+
+
+def weight_bytes(model) -> int:
+    """Bytes of a model's weights: what a compressed copy takes on disk at most."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def model_box_update(folder: str):
+    """The Run tab's model box showing a compressed model: added to its choices, so a public
+    app's box (which takes listed models only) accepts it, for this session."""
+    import gradio as gr
+
+    from memstep.models import offered_models
+
+    # a token shows as the model's name; a local folder as itself (it is the user's own path)
+    choice = (folder.rpartition("/")[2], folder) if is_token(folder) else folder
+    return gr.update(choices=[*offered_models(), choice], value=folder)
