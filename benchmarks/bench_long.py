@@ -95,6 +95,7 @@ def measure_row(document: Path, model: str | None, tokens: int, schedule: str, s
         "prefill_wall_seconds": result["seconds"], "wall_seconds": got["wall_seconds"],
         "cpu_seconds_per_token": prefill_cpu / result["tokens"],
         "peak_rss": got["peak_rss"], "peak_rss_above_model": got["peak_rss"] - baseline["peak_rss"],
+        "model_peak_rss": baseline["peak_rss"], "model_cpu_seconds": baseline["cpu_seconds"],
         "peak_bytes_modeled": result["peak_bytes_modeled"],
         "widest_step_tokens": max(s["memory_before"] + s["chunk_size"] for s in steps),
     }

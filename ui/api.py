@@ -113,7 +113,7 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
         lm = get_model(model, session)
         if source is None:
             source = example(example_name, lm.tokenizer)
-        document = prepare(source, lm.tokenizer, max_tokens, context_tokens(lm))
+        document = prepare(source, lm.tokenizer, max_tokens, context_tokens(lm), settings)
         check_settings(settings, document.tokens)
         source, needle = document.source, document.needle
         passkey = source.passkey if needle is not None else None  # None when truncation cut it off
