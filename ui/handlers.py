@@ -282,6 +282,9 @@ def _take_stop(session: str) -> bool:
     return False
 
 
+UPDATE_SECONDS = 0.5  # at most about two page updates a second while steps stream (a small model's are fast)
+
+
 def _stream_run(stream, document, settings, question, full_reference, began, progress, session="", lm=None,
                 model_spec=""):
     """The page updates for one run's stream of plain data; after Stop, one last update
@@ -301,6 +304,7 @@ def _stream_run(stream, document, settings, question, full_reference, began, pro
     progress((0, plan.steps), desc="Prefilling", unit="steps")
     view.stopped = _take_stop(session)  # Stop pressed while the model loaded
     yield _run_outputs(view)
+    shown = time.perf_counter()
     for kind, item, cpu in ([] if view.stopped else events):
         if _take_stop(session):
             view.stopped = True
@@ -331,7 +335,10 @@ def _stream_run(stream, document, settings, question, full_reference, began, pro
         elif kind == "full":
             view.full = item
             view.now = ""
+        if kind == "step" and len(view.records) < plan.steps and time.perf_counter() - shown < UPDATE_SECONDS:
+            continue  # steps faster than the page can draw them: the next update shows them all
         yield _run_outputs(view)
+        shown = time.perf_counter()
 
 
 def _reference_note(view: RunView, lm, model_spec: str) -> str:

@@ -246,7 +246,7 @@ def stats_html(view: RunView, step: int | None = None) -> str:
         ("memory", "memory kept", _memory_kept(last)),
         ("seconds", "prefill seconds", f"{seconds:.1f} s" + (f" · CPU {sum(view.cpu_seconds[:len(records)]):.1f} s"
                                                              if view.cpu_measured and records else "")
-         + (f" · planned {view.planned_seconds:,.0f} s" if view.planned_seconds else "")),
+         + (f" · planned {_planned(view.planned_seconds)}" if view.planned_seconds else "")),
         ("modeled", "peak modeled", format_bytes(modeled) if modeled is not None else "—"),
         ("measured", "peak measured", format_bytes(measured) if measured is not None else "n/a on this device"),
     ]
@@ -256,6 +256,10 @@ def stats_html(view: RunView, step: int | None = None) -> str:
     now = "" if state in ("replay", "done") else view.now
     return stat_cards(items, None if state == "replay" else len(records) / max(view.steps, 1),
                       summary=charts_text(view, records), now=now)
+
+
+def _planned(seconds: float) -> str:
+    return f"{seconds:,.0f} s" if seconds >= 10 else f"{seconds:.1f} s" if seconds >= 0.1 else "under 0.1 s"
 
 
 def charts_text(view: RunView, records: list[StepRecord]) -> str:
