@@ -209,11 +209,12 @@ def bin_width(tokens: int, max_columns: int = MAX_COLUMNS, steps: int = 1) -> in
 
 def map_rows(steps: int, latest: int | None = None, current: int | None = None, most: int = MAP_ROWS) -> list[int]:
     """The steps (0-based) the retained-token map draws: all of them up to ``most``, else every
-    k-th step, with the ``latest`` step run and the ``current`` one always among them."""
+    k-th step, with the last step, the ``latest`` step run and the ``current`` one always among them."""
     if steps <= most:
         return list(range(steps))
     every = math.ceil(steps / most)
-    rows = set(range(every - 1, steps, every)) | {s for s in (latest, current) if s is not None and 0 <= s < steps}
+    rows = set(range(every - 1, steps, every)) | {s for s in (latest, current, steps - 1)
+                                                   if s is not None and 0 <= s < steps}
     return sorted(rows)
 
 
@@ -306,18 +307,18 @@ def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, 
         hovertemplate=("position %{x:,.0f}<br>after step %{y}<br>kept by %{z:.0%} of layer-heads"
                        "<extra></extra>"),
     ))
-    column = f" (one column = {width} tokens)" if width > 1 else ""
+    column = f"<br>one column = {width} tokens" if width > 1 else ""  # its own line: a phone is narrow
     sampled = len(rows) < steps
     _style(fig, "Retained tokens: what memory holds after " + ("every " + _nth(math.ceil(steps / MAP_ROWS))
                                                                 + " step" if sampled else "each step"), height,
-           f"token position (prompt head + document){column}",
-           "after step" + (" (a sample: replay shows any)" if sampled else ""))
+           f"token position (prompt head + document){column}", "after step" + (" (sampled)" if sampled else ""))
     _hatch_unread(fig, records, tokens, rows)
     # the two states the colour bar cannot show, in the legend at the foot
     fig.add_scatter(x=[None], y=[None], mode="markers", name=legend.LEGEND_NAMES["evicted"], hoverinfo="skip",
                     marker=dict(symbol="square", size=12, color=EVICTED, line=dict(width=0)))
-    fig.update_yaxes(autorange="reversed", tickmode="linear", tick0=1, dtick=max(1, math.ceil(steps / 12)),
-                     showgrid=False)
+    edges = _row_edges(y.astype(float))  # the first step at the top, no row past the last step
+    fig.update_yaxes(range=[float(edges[-1]), float(edges[0])], tickmode="linear", tick0=1,
+                     dtick=max(1, math.ceil(steps / 12)), showgrid=False)
     fig.update_xaxes(range=[-0.5, tokens - 0.5], showgrid=False)
     if current is not None and current < len(records):
         record = next(r for r in records if r.step == current)
