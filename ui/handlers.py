@@ -282,7 +282,10 @@ def _take_stop(session: str) -> bool:
     return False
 
 
-UPDATE_SECONDS = 0.5  # at most about two page updates a second while steps stream (a small model's are fast)
+# While steps stream, a page update at most every UPDATE_SECONDS, and no more often than building
+# it allows (the prefill keeps at least two thirds of the time): a small model's steps are faster
+# than Plotly builds a page's figures.
+UPDATE_SECONDS = 0.5
 
 
 def _stream_run(stream, document, settings, question, full_reference, began, progress, session="", lm=None,
@@ -304,7 +307,7 @@ def _stream_run(stream, document, settings, question, full_reference, began, pro
     progress((0, plan.steps), desc="Prefilling", unit="steps")
     view.stopped = _take_stop(session)  # Stop pressed while the model loaded
     yield _run_outputs(view)
-    shown = time.perf_counter()
+    shown, drawing = time.perf_counter(), 0.0
     for kind, item, cpu in ([] if view.stopped else events):
         if _take_stop(session):
             view.stopped = True
@@ -335,9 +338,13 @@ def _stream_run(stream, document, settings, question, full_reference, began, pro
         elif kind == "full":
             view.full = item
             view.now = ""
-        if kind == "step" and len(view.records) < plan.steps and time.perf_counter() - shown < UPDATE_SECONDS:
+        if UPDATE_SECONDS and kind == "step" and len(view.records) < plan.steps and time.perf_counter() - shown < max(
+                UPDATE_SECONDS, 2 * drawing):  # (UPDATE_SECONDS 0: every step)
             continue  # steps faster than the page can draw them: the next update shows them all
-        yield _run_outputs(view)
+        drawn = time.perf_counter()
+        outputs = _run_outputs(view)
+        drawing = time.perf_counter() - drawn  # building the figures: a whole book's take ~0.5 s
+        yield outputs
         shown = time.perf_counter()
 
 
