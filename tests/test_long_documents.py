@@ -168,3 +168,28 @@ def test_bench_long_quality_intervals_by_hand():
     assert mean == pytest.approx(3.0) and 2.0 <= low <= mean <= high <= 4.0
     constant = block_bootstrap([np.full(100, 1.5)])
     assert constant == pytest.approx((1.5, 1.5, 1.5))
+
+
+def test_fast_steps_are_batched_into_fewer_page_updates_and_the_last_shows_them_all(book, monkeypatch):
+    from ui import handlers
+    from ui.views import RunView
+    from tests.test_figures import word_document
+
+    schedule = make_schedule("imdc", 40_020, 512, 512)
+    records = fake_records(schedule)
+
+    def stream():
+        yield "schedule", schedule
+        yield from (("step", r) for r in records)
+
+    def updates():
+        return list(handlers._stream_run(stream(), word_document(schedule), RunSettings("imdc", 512, 512), None,
+                                         False, 0.0, lambda *a, **k: None, "batch"))
+
+    batched = updates()
+    view = next(v for v in batched[-1] if isinstance(v, RunView))
+    assert len(view.records) == schedule.steps == 79
+    assert len(batched) < schedule.steps // 2  # instant steps: a few updates, not one per step
+    assert "79 / 79" in batched[-1][0]
+    monkeypatch.setattr(handlers, "UPDATE_SECONDS", 0.0)
+    assert len(updates()) == schedule.steps + 1  # batching off: the first update, then one per step

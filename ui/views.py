@@ -161,7 +161,7 @@ def text_view(view: RunView, record: StepRecord | None, query: str = "",
     if query and query.strip():
         marks += [Mark(s, e, "match", f"memstep-match-{i}") for i, (s, e) in enumerate(matches)]
         links += search_summary(view, query, matches, view.records if records is None else records)
-    text, spans, needle = doc.source.text, doc.spans, doc.source.needle_chars
+    text, spans, needle = doc.source.text, np.asarray(doc.spans).reshape(-1, 2), doc.source.needle_chars
     if count > TEXT_VIEW_TOKENS:  # a whole book: the tokens around the latest step, never the whole text
         read = record.tokens_seen - doc.prefix_tokens if record is not None else 0
         first, last = text_window(count, read)
