@@ -193,3 +193,10 @@ def test_fast_steps_are_batched_into_fewer_page_updates_and_the_last_shows_them_
     assert "79 / 79" in batched[-1][0]
     monkeypatch.setattr(handlers, "UPDATE_SECONDS", 0.0)
     assert len(updates()) == schedule.steps + 1  # batching off: the first update, then one per step
+
+
+def test_no_full_cache_reference_past_the_models_context():
+    from ui.runs import reference_fits
+
+    assert reference_fits(8192 - 128, 8192) and not reference_fits(8192 - 127, 8192)
+    assert not reference_fits(155_873, 8192)  # the whole novel: a quadratic 156k prefill, out of range

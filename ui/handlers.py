@@ -27,8 +27,8 @@ from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_
 from ui.inputs import flag
 from ui.models import cached_model, context_tokens, get_model, layer_count, normalize_spec, preview_tokenizer
 from ui.reference import lookup, reference_key
-from ui.runs import (MAX_DOCUMENT_TOKENS, MAX_NEW_TOKENS, MAX_TOKENS_LIMIT, check_settings, document_limit, prefill_stream, prepare,
-                     settings_from, whole_number)
+from ui.runs import (MAX_DOCUMENT_TOKENS, MAX_NEW_TOKENS, MAX_TOKENS_LIMIT, check_settings, document_limit,
+                     prefill_stream, prepare, reference_fits, settings_from, whole_number)
 from ui.share import link_html, parse_query, settings_query, write_files
 from ui.summary import ComparedRun, compare_headers, compare_rows, stat_cards
 from ui.timing import (about, cpu_time_measured, modeled_flops, planned_seconds, preview_config, resolved_device,
@@ -251,6 +251,15 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
             gr.Warning(notice, title=ERROR_TITLE)
         # bundled examples always show the full cache's answer: computed once, then cached
         reference = flag(full_reference, "full reference") or doc.bundled
+        if reference and not reference_fits(document.tokens, context_tokens(lm)):
+            if flag(full_reference, "full reference") and question and question.strip():
+                gr.Warning(f"No full-cache reference for a {document.tokens:,}-token document: past the model's "
+                           f"{context_tokens(lm):,} positions it would be a whole-book prefill with quadratic "
+                           "attention, and out of the model's range anyway.", title=ERROR_TITLE)
+            reference = False
+            if question and question.strip():
+                document.notices.append(f"No full-cache reference answer: {document.tokens:,} tokens are past the "
+                                        f"model's {context_tokens(lm):,} positions.")
         with closing(prefill_stream(model, document.ids, settings, question, reference, document.notices,
                                     cache_reference=doc.bundled, session=session)) as stream:
             yield from _stream_run(stream, document, settings, question, reference, began, progress, session,

@@ -143,6 +143,12 @@ def document_limit(max_tokens: int | None, context: int, prefix_tokens: int,
     return room, reason
 
 
+def reference_fits(tokens: int, context: int) -> bool:
+    """Whether a full-cache reference run of ``tokens`` stays inside the model's context (with room
+    for the question and the answer): a whole book does not, and would cost a quadratic prefill."""
+    return tokens + RESERVED_TOKENS <= context
+
+
 def prepare(source: DocumentSource, tokenizer, max_tokens: int | None, context: int,
             settings: RunSettings | None = None) -> PreparedDocument:
     """Tokenize ``source`` and cut it to ``max_tokens`` and the model's context (not the context
