@@ -311,7 +311,7 @@ def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, 
     sampled = len(rows) < steps
     _style(fig, "Retained tokens: what memory holds after " + ("every " + _nth(math.ceil(steps / MAP_ROWS))
                                                                 + " step" if sampled else "each step"), height,
-           f"token position (prompt head + document){column}", "after step" + (" (sampled)" if sampled else ""))
+           f"token position (prompt head + document){column}", "after step")  # the title says when sampled
     _hatch_unread(fig, records, tokens, rows)
     # the two states the colour bar cannot show, in the legend at the foot
     fig.add_scatter(x=[None], y=[None], mode="markers", name=legend.LEGEND_NAMES["evicted"], hoverinfo="skip",
