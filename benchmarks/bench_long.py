@@ -214,7 +214,7 @@ def figure(report: dict, path: Path) -> None:
     fig.update_xaxes(type="log", title_text="tokens")
     fig.update_yaxes(type="log", row=1, col=1, title_text="CPU seconds")
     fig.update_yaxes(type="log", row=1, col=2, title_text="MB")
-    fig.update_layout(width=1000, height=420, template="plotly_white", margin=dict(l=60, r=20, t=40, b=50),
+    fig.update_layout(width=1000, height=440, template="plotly_white", margin=dict(l=60, r=20, t=80, b=50),
                       title=f"{report['model']}, c = M = {report['size']}, {report['threads']} thread(s)")
     fig.write_image(str(path))
 
