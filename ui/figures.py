@@ -124,13 +124,22 @@ def step_groups(count: int, steps: int, max_bars: int = MAX_BARS) -> list[tuple[
 
 def _group_axis(groups: list[tuple[int, int]]) -> tuple[np.ndarray, list[str], float | None]:
     """Bar centres on the 1-based step axis, hover labels ("step 7" / "steps 7-9"), bar width."""
+    wide = max((b - a for a, b in groups), default=1)
+    if wide == 1:  # one step a bar: the plain step axis (no labels, so a short run draws as it always did)
+        return np.array([a + 1 for a, _ in groups]), None, None
     centres = np.array([(a + 1 + b) / 2 for a, b in groups], dtype=float)
     labels = [f"step {a + 1}" if b - a == 1 else f"steps {a + 1}-{b}" for a, b in groups]
-    wide = max((b - a for a, b in groups), default=1)
-    return centres, labels, (0.75 * wide if wide > 1 else None)
+    return centres, labels, 0.75 * wide
+
+
+def _labels(labels: list[str] | None) -> dict:
+    """Bars of grouped steps carry their "steps 7-9" labels for the hover, never drawn on the bar."""
+    return {"text": labels, "textposition": "none"} if labels else {}
 
 
 def _per_group(values: np.ndarray, groups: list[tuple[int, int]], how=np.mean) -> np.ndarray:
+    if all(b - a == 1 for a, b in groups):  # one step a bar: the values themselves
+        return np.asarray(values)[[a for a, _ in groups]]
     return np.array([how(values[a:b]) for a, b in groups], dtype=float)
 
 
@@ -166,20 +175,21 @@ def schedule_figure(schedule: Schedule, sinks: int, done: int | None = None, cur
     budgets = _per_group(np.array(schedule.memory_sizes) + sinks, groups)
     opacity = (np.ones(len(groups)) if done is None
                else np.array([1.0 if b <= done else 0.28 for _, b in groups]))
-    custom = np.stack([before, chunks, before + chunks, after], axis=1).round()
+    custom = np.stack([before, chunks, before + chunks, after], axis=1).round().astype(int)
     mean = " (mean per step)" if width else ""
-    hover = (f"<b>%{{text}}</b>{mean}<br>memory before: %{{customdata[0]:,}}<br>chunk: %{{customdata[1]:,}}"
+    step = "%{text}" if width else "step %{x}"
+    hover = (f"<b>{step}</b>{mean}<br>memory before: %{{customdata[0]:,}}<br>chunk: %{{customdata[1]:,}}"
              "<br>memory + chunk: %{customdata[2]:,}<br>kept after: %{customdata[3]:,}<extra></extra>")
 
     fig = go.Figure()
     _highlight_step(fig, current)
     fig.add_bar(x=x, y=before, name="memory before the step", marker=dict(color=COLORS["memory"], opacity=opacity),
-                customdata=custom, text=labels, textposition="none", hovertemplate=hover, width=width)
+                customdata=custom, hovertemplate=hover, width=width, **_labels(labels))
     fig.add_bar(x=x, y=chunks, name="chunk", marker=dict(color=COLORS["chunk"], opacity=opacity),
-                customdata=custom, text=labels, textposition="none", hovertemplate=hover, width=width)
+                customdata=custom, hovertemplate=hover, width=width, **_labels(labels))
     fig.add_scatter(x=x, y=after, name="kept after the step", mode="lines+markers",
                     line=dict(color=COLORS["kept"], width=2), marker=dict(size=6 if not width else 4, opacity=opacity),
-                    customdata=custom, text=labels, hovertemplate=hover)
+                    customdata=custom, hovertemplate=hover, **({"text": labels} if labels else {}))
     if schedule.name != "full":
         fig.add_scatter(x=x, y=budgets, name="budget + sinks", mode="lines",
                         line=dict(color=COLORS["budget"], width=1.5, dash="dot", shape="hvh"),
@@ -369,9 +379,9 @@ def memory_figure(records: Sequence[StepRecord], steps: int, include_weights: bo
         if part == "weights" and not include_weights:
             continue
         values = [r.bytes_modeled_parts.get(part, 0) / MIB for r in records]
-        fig.add_bar(x=x, y=values, name=SHORT_LABELS[part], marker_color=PART_COLORS[part], width=width, text=labels,
-                    textposition="none", hovertemplate=f"%{{text}}{' (the highest)' if width else ''}<br>"
-                                                       f"{PART_LABELS[part]} (modeled): %{{y:,.1f}} MiB<extra></extra>")
+        fig.add_bar(x=x, y=values, name=SHORT_LABELS[part], marker_color=PART_COLORS[part], width=width,
+                    hovertemplate=f"{'%{text} (the highest)' if width else 'step %{x}'}<br>"
+                                  f"{PART_LABELS[part]} (modeled): %{{y:,.1f}} MiB<extra></extra>", **_labels(labels))
     measured = [r.bytes_measured for r in records]
     shift = 0 if include_weights else weights
     measured_any = any(m is not None for m in measured)
@@ -411,17 +421,17 @@ def seconds_figure(records: Sequence[StepRecord], steps: int, height: int = 300 
     fig = go.Figure()
     _highlight_step(fig, records[-1].step if len(records) < steps else None)
     per = " per step (mean)" if width else ""
-    fig.add_bar(x=x, y=wall, marker_color=COLORS["seconds"], name="wall seconds", width=width, text=labels,
-                textposition="none", customdata=np.stack([chunk.round(), memory.round(), speed], axis=1),
-                hovertemplate=(f"%{{text}}: %{{y:.2f}} s wall{per}<br>chunk %{{customdata[0]:,}} tokens with memory "
+    fig.add_bar(x=x, y=wall, marker_color=COLORS["seconds"], name="wall seconds", width=width, **_labels(labels),
+                customdata=np.stack([chunk.round(), memory.round(), speed], axis=1),
+                hovertemplate=(f"{'%{text}' if width else 'step %{x}'}: %{{y:.2f}} s wall{per}<br>chunk %{{customdata[0]:,}} tokens with memory "
                                "%{customdata[1]:,}<br>%{customdata[2]:,.0f} tokens/s<extra></extra>"))
     total = f"{sum(seconds):.1f} s wall"
     if cpu:
         cpu_groups = step_groups(len(cpu), steps)
         fig.add_scatter(x=x[: len(cpu_groups)], y=_per_group(np.array(cpu, dtype=float), cpu_groups), mode="markers",
-                        name="CPU seconds (this process)", text=labels[: len(cpu_groups)],
+                        name="CPU seconds (this process)", **({"text": labels[: len(cpu_groups)]} if labels else {}),
                         marker=dict(symbol="diamond", size=9 if not width else 6, color=COLORS["measured"]),
-                        hovertemplate=f"%{{text}}: %{{y:.2f}} CPU s{per}<extra></extra>")
+                        hovertemplate=f"{'%{text}' if width else 'step %{x}'}: %{{y:.2f}} CPU s{per}<extra></extra>")
         total += f", {sum(cpu):.1f} s CPU"
     # the note wraps: the chart is a third of a laptop's width and all of a phone's
     xtitle = ("step" + (f" (one bar: the mean of {groups[0][1]} steps)" if width else "")
