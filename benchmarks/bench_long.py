@@ -170,8 +170,14 @@ def markdown(report: dict) -> str:
                      f"{1000 * r['cpu_seconds_per_token']:.2f} | {r['planned_seconds']:,.1f} | {_mb(r['peak_rss'])} | "
                      f"{_mb(r['peak_rss_above_model'])} | {_mb(r['peak_bytes_modeled'])} | "
                      f"{r['limit_fraction']:.2f} |")
-    lines += ["", "| schedule | lengths | time slope (log-log) | peak RSS growth | above the model |",
-              "|---|---|---:|---:|---:|"]
+    measured = sorted({r["tokens"] for r in report["rows"]})
+    missing = [t for t in LENGTHS if t not in measured]
+    if missing:
+        lines += ["", f"Not measured in this JSON yet: {', '.join(f'{t:,}' for t in missing)} tokens "
+                      "(`OMP_NUM_THREADS=1 python benchmarks/bench_long.py` adds them and keeps these rows)."]
+    if report["fits"]:
+        lines += ["", "| schedule | lengths | time slope (log-log) | peak RSS growth | above the model |",
+                  "|---|---|---:|---:|---:|"]
     for name, f in report["fits"].items():
         target = f" (target <= {SLOPE_TARGET})" if name == "imdc" else ""
         flat = f" (target <= {FLAT_TARGET:.0%})" if name == "imdc" else ""
