@@ -231,10 +231,15 @@ def output_path(model: str | None) -> Path:
 
 
 def write_docs(report: dict, command: str, measured: str | None = None) -> None:
+    """The table into docs/benchmarks.md and, from two lengths on, the log-log figure under it."""
     from benchmarks.docs_block import write_block
 
-    write_block("bench-long", markdown(report), command, measured=measured)
-    figure(report, FIGURE)
+    plotted = len({r["tokens"] for r in report["rows"]}) > 1
+    if plotted:
+        figure(report, FIGURE)
+    write_block("bench-long", markdown(report) + ("\n\n![CPU seconds and peak RSS above the model against tokens, "
+                                                  "log-log](bench_long.png)" if plotted else ""),
+                command, measured=measured)
 
 
 def main(argv=None) -> int:
