@@ -7,7 +7,8 @@ a vector of lines (Project Gutenberg text). They are read without R through PyPI
     python assets/make_assets.py --deb r-cran-janeaustenr_1.0.0-1_all.deb
     python assets/make_assets.py --data-dir .../janeaustenr/data
 
-Output (next to this script): pride_and_prejudice_ch1-12.txt, persuasion_excerpt.txt.
+Output (next to this script): pride_and_prejudice.txt (the whole novel, for runs at the paper's
+lengths), pride_and_prejudice_ch1-12.txt, persuasion_excerpt.txt.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import rdata
 
 HERE = Path(__file__).resolve().parent
 
-# (output file, R variable, title line, chapters kept)
+# (output file, R variable, title line, chapters kept; None: the whole novel)
 ASSETS = [
+    ("pride_and_prejudice.txt", "prideprejudice", "Pride and Prejudice, by Jane Austen (1813).", None),
     ("pride_and_prejudice_ch1-12.txt", "prideprejudice",
      "Pride and Prejudice, by Jane Austen (1813). Chapters 1-12.", 12),
     ("persuasion_excerpt.txt", "persuasion",
@@ -51,10 +53,10 @@ def read_novels(data_dir: Path) -> dict[str, list[str]]:
     return novels
 
 
-def chapters_as_prose(lines: list[str], title: str, n_chapters: int) -> str:
-    """Chapters 1..n_chapters with each hard-wrapped paragraph joined into one line."""
+def chapters_as_prose(lines: list[str], title: str, n_chapters: int | None) -> str:
+    """Chapters 1..n_chapters (all when None) with each hard-wrapped paragraph joined into one line."""
     starts = [i for i, line in enumerate(lines) if re.fullmatch(r"(?i)chapter \d+", line.strip())]
-    end = starts[n_chapters] if n_chapters < len(starts) else len(lines)
+    end = starts[n_chapters] if n_chapters is not None and n_chapters < len(starts) else len(lines)
     paragraphs, current = [], []
     for line in lines[starts[0]:end] + [""]:
         if line.strip():

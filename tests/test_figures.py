@@ -283,6 +283,7 @@ def test_stop_ends_the_run_on_its_own_last_update(imdc, monkeypatch):
                                     lambda *args, **kwargs: None, session)
 
     monkeypatch.setattr(handlers, "_STOP_REQUESTS", set())
+    monkeypatch.setattr(handlers, "UPDATE_SECONDS", 0.0)  # one update per step (fast fake steps are batched)
     monkeypatch.setattr(handlers, "_RUNNING", {"s1", "s2", "s3"})  # run_document marks them while they stream
     handlers.stop_run(SimpleNamespace(session_hash="idle"))  # a Stop with no run: not stored
     assert "idle" not in handlers._STOP_REQUESTS

@@ -43,8 +43,8 @@ def test_the_preview_follows_the_rounding_box(monkeypatch):
     monkeypatch.setattr(handlers, "make_schedule", spy)
     doc = DocumentSource(name="text", text=TEXT)
     rounding = SWITCHES["growth_rounding"].label
-    handlers.preview(doc, "", "im", "sqrt", 64, 256, 4, 600, WAY_DEFAULTS)
-    handlers.preview(doc, "", "im", "sqrt", 64, 256, 4, 600, [w for w in WAY_DEFAULTS if w != rounding])
+    handlers.preview(doc, "", "im", "sqrt", 64, 256, 4, 600, ways=WAY_DEFAULTS)
+    handlers.preview(doc, "", "im", "sqrt", 64, 256, 4, 600, ways=[w for w in WAY_DEFAULTS if w != rounding])
     assert asked == ["divide-first", "multiply-first"]
 
 

@@ -19,7 +19,8 @@ from ui.documents import (EXAMPLES, MAX_UPLOAD_BYTES, DocumentSource, example, r
 from ui.inputs import choice, flag, number, text
 from ui.jobs import session_of
 from ui.models import context_tokens, get_model
-from ui.runs import DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, check_settings, prefill_stream, prepare, settings_from
+from ui.runs import (DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, check_settings, prefill_stream, prepare, reference_fits,
+                     settings_from)
 from ui.summary import needle_kept
 
 
@@ -113,8 +114,11 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
         lm = get_model(model, session)
         if source is None:
             source = example(example_name, lm.tokenizer)
-        document = prepare(source, lm.tokenizer, max_tokens, context_tokens(lm))
+        document = prepare(source, lm.tokenizer, max_tokens, context_tokens(lm), settings)
         check_settings(settings, document.tokens)
+        if full_reference and not reference_fits(document.tokens, context_tokens(lm)):
+            raise MemstepError(f"full_reference: a {document.tokens:,}-token document is past the model's "
+                               f"{context_tokens(lm):,} positions; the full cache's answer is offered up to it")
         source, needle = document.source, document.needle
         passkey = source.passkey if needle is not None else None  # None when truncation cut it off
         needle = needle and (document.prefix_tokens + needle[0], document.prefix_tokens + needle[1])

@@ -168,3 +168,27 @@ def chart_text_problems(page, scope: str = "body", slack: float = 1.0) -> list[s
 def horizontal_overflow(page) -> int:
     """Pixels the page is wider than its window (0: nothing to scroll sideways)."""
     return page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
+
+
+# Points each trace of the visible charts draws: a heatmap's cells, a bar's or line's points.
+_TRACE_POINTS_JS = """(scope) => {
+  const out = [];
+  for (const chart of (document.querySelector(scope) || document).querySelectorAll('.js-plotly-plot')) {
+    if (chart.offsetParent === null || !chart.data) continue;
+    const id = chart.closest('[id]')?.id || '?';
+    for (const trace of chart.data) {
+      const z = trace.z, size = (a) => a?.shape ? String(a.shape).split(',').reduce((n, d) => n * +d, 1)
+                                                      : (a?.length ?? 0);
+      // numpy arrays arrive as {dtype, bdata, shape}; lists as nested arrays
+      const points = z ? (z.shape ? size(z) : Array.from(z).reduce((n, row) => n + (row?.length ?? 1), 0))
+                       : Math.max(size(trace.x), size(trace.y));
+      out.push({chart: id, type: trace.type || 'scatter', name: trace.name || '', points});
+    }
+  }
+  return out;
+}"""
+
+
+def trace_points(page, scope: str = "body") -> list[dict]:
+    """[{chart, type, name, points}] for every trace of the visible charts under ``scope``."""
+    return page.evaluate(_TRACE_POINTS_JS, scope)

@@ -15,6 +15,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from memstep.documents import _BOUNDARY_TOKENS as BOUNDARY_TOKENS  # the margin tokenize_prefix keeps
 from memstep.documents import CHARS_PER_TOKEN_GUESS, DEFAULT_MAX_BYTES, SUPPORTED_EXTENSIONS, read_document_bytes
 from memstep.errors import MemstepError
@@ -27,6 +29,7 @@ UPLOAD_WAIT_SECONDS = 15
 _reading = threading.BoundedSemaphore(UPLOAD_CONCURRENCY)
 PRIDE = ASSETS / "pride_and_prejudice_ch1-12.txt"
 PERSUASION = ASSETS / "persuasion_excerpt.txt"
+NOVEL = ASSETS / "pride_and_prejudice.txt"  # the whole novel: 155,850 SmolLM2 tokens
 # memstep.passkey.needle_sentence's phrasing: "The magic number for the vault is 73915."
 _NEEDLE = re.compile(r"The magic number for the ([A-Za-z][A-Za-z '-]*?) is (\d+)\.")
 
@@ -114,6 +117,7 @@ def _passkey_example(name: str, path: Path, tokens: int, depth: float, seed: int
                           (doc.needle_char_start, doc.needle_char_end))
 
 
+WHOLE_BOOK_EXAMPLE = "Pride and Prejudice, the whole novel (156k tokens)"
 # name -> (builder(tokenizer) -> DocumentSource, one-line description). Built lazily.
 EXAMPLES = {
     "Passkey in Pride and Prejudice (4k tokens)": (
@@ -134,7 +138,14 @@ EXAMPLES = {
         lambda tok: DocumentSource("Pride and Prejudice ch. 1-12", PRIDE.read_text(encoding="utf-8").strip(),
                                    "Who is Mr. Darcy's friend?"),
         "A long document: cut to the max tokens setting (with a notice) unless you raise it."),
+    WHOLE_BOOK_EXAMPLE: (
+        lambda tok: DocumentSource("Pride and Prejudice (the whole novel)", NOVEL.read_text(encoding="utf-8").strip(),
+                                   "Whom does Elizabeth Bennet marry?"),
+        "The whole novel at the paper's lengths: chunk and memory 1,024 (153 steps), compact positions."),
 }
+# Settings an example sets when picked (the whole novel needs chunks that keep the steps under the cap,
+# and no max tokens: compact positions let it run past the model's context).
+EXAMPLE_SETTINGS = {WHOLE_BOOK_EXAMPLE: {"chunk": 1024, "memory": 1024, "max_tokens": None, "rope": "compact"}}
 # The short passkey document: a first run takes seconds, not minutes, on a CPU.
 DEFAULT_EXAMPLE = "Passkey in Persuasion (1.5k tokens)"
 TOKENIZER_FREE_EXAMPLE = "Pride and Prejudice, chapters 1-2 (2.3k tokens)"  # built without a tokenizer
@@ -148,11 +159,16 @@ def example(name: str, tokenizer) -> DocumentSource:
     return dataclasses.replace(EXAMPLES[name][0](tokenizer), bundled=True)
 
 
-def token_spans(text: str, tokenizer, ids: list[int]) -> list[tuple[int, int]]:
-    """Character [start, end) of each of ``ids`` (the tokens of a prefix of ``text``). Like
+def token_spans(text: str, tokenizer, ids: list[int]) -> np.ndarray:
+    """Character [start, end) of each of ``ids`` (the tokens of a prefix of ``text``), as an
+    (n, 2) integer array (a whole novel's 156k spans: 2.5 MB, not 156k Python tuples). Like
     memstep.documents.tokenize_prefix, only a prefix of the text is tokenized, grown 4x until
     its tokens cover ``ids`` and a margin: a 14 MB text cut to 16 tokens costs what its first
     few hundred characters cost, never offsets for the whole text."""
+    return np.asarray(_token_spans(text, tokenizer, ids), dtype=np.int64).reshape(-1, 2)
+
+
+def _token_spans(text: str, tokenizer, ids: list[int]):
     if getattr(tokenizer, "is_fast", False):
         chars = len(ids) * CHARS_PER_TOKEN_GUESS + 256
         while True:
@@ -161,7 +177,7 @@ def token_spans(text: str, tokenizer, ids: list[int]) -> list[tuple[int, int]]:
                 break
             chars *= 4
         if encoding["input_ids"][: len(ids)] == list(ids):
-            return [tuple(span) for span in encoding["offset_mapping"][: len(ids)]]
+            return encoding["offset_mapping"][: len(ids)]
     # Slow tokenizers: find each token's text in order (spaces and unknown bytes may be skipped),
     # looking a short way ahead only.
     spans, cursor = [], 0
@@ -176,15 +192,14 @@ def token_spans(text: str, tokenizer, ids: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def needle_tokens(spans: list[tuple[int, int]], needle_chars: tuple[int, int] | None) -> tuple[int, int] | None:
+def needle_tokens(spans, needle_chars: tuple[int, int] | None) -> tuple[int, int] | None:
     """Document token [start, end) overlapping the needle's characters; None when the
     needle is absent or was cut off by truncation."""
-    if needle_chars is None:
+    if needle_chars is None or len(spans) == 0 or spans[-1][1] < needle_chars[1]:
         return None
-    inside = [i for i, (s, e) in enumerate(spans) if s < needle_chars[1] and e > needle_chars[0]]
-    if not inside or spans[-1][1] < needle_chars[1]:
-        return None
-    return inside[0], inside[-1] + 1
+    from ui.outcome import token_range
+
+    return token_range(spans, needle_chars)
 
 
 def describe(source: DocumentSource, tokens: int | None = None, exact: bool = True) -> str:

@@ -24,6 +24,8 @@ from ui.theme import AXIS_LINE, FONT, GRID, INK_SOFT
 
 MAX_COLUMNS = 2000  # retained-token map columns: long documents are binned to this many
 MAX_CELLS = 400_000  # and runs with many steps to fewer, so one streamed update stays small
+MAX_BARS = 60  # per-step charts: beyond this many steps, consecutive steps share one bar (a whole book: 153)
+MAP_ROWS = 80  # retained-token map rows: a run with more steps shows a sample of them (every k-th and the latest)
 MIB = 1024 ** 2
 COLORS = {
     "memory": "#3b82f6",
@@ -115,6 +117,34 @@ def _highlight_step(fig: go.Figure, current: int | None) -> None:
                       line_width=0, layer="below")
 
 
+def step_groups(count: int, steps: int, max_bars: int = MAX_BARS) -> list[tuple[int, int]]:
+    """[first, end) indices of the consecutive steps each bar stands for: one step per bar up to
+    ``max_bars`` steps, else ceil(steps / max_bars) per bar (the same groups while a run streams)."""
+    width = max(1, math.ceil(steps / max_bars))
+    return [(i, min(i + width, count)) for i in range(0, count, width)]
+
+
+def _group_axis(groups: list[tuple[int, int]]) -> tuple[np.ndarray, list[str], float | None]:
+    """Bar centres on the 1-based step axis, hover labels ("step 7" / "steps 7-9"), bar width."""
+    wide = max((b - a for a, b in groups), default=1)
+    if wide == 1:  # one step a bar: the plain step axis (no labels, so a short run draws as it always did)
+        return np.array([a + 1 for a, _ in groups]), None, None
+    centres = np.array([(a + 1 + b) / 2 for a, b in groups], dtype=float)
+    labels = [f"step {a + 1}" if b - a == 1 else f"steps {a + 1}-{b}" for a, b in groups]
+    return centres, labels, 0.75 * wide
+
+
+def _labels(labels: list[str] | None) -> dict:
+    """Bars of grouped steps carry their "steps 7-9" labels for the hover, never drawn on the bar."""
+    return {"text": labels, "textposition": "none"} if labels else {}
+
+
+def _per_group(values: np.ndarray, groups: list[tuple[int, int]], how=np.mean) -> np.ndarray:
+    if all(b - a == 1 for a, b in groups):  # one step a bar: the values themselves
+        return np.asarray(values)[[a for a, _ in groups]]
+    return np.array([how(values[a:b]) for a, b in groups], dtype=float)
+
+
 def placeholder_figure(message: str, title: str = "", height: int = 300) -> go.Figure:
     """An empty figure with a centred hint (before a run, or when there is nothing to show)."""
     fig = _style(go.Figure(), title, height, "", "")
@@ -137,26 +167,31 @@ def schedule_figure(schedule: Schedule, sinks: int, done: int | None = None, cur
     preview, all solid); ``current`` (0-based) is highlighted."""
     n = schedule.steps
     cache = schedule.cache_lengths(sinks)
-    x = np.arange(1, n + 1)
-    before = np.array([b for b, _ in cache])
-    after = np.array([a for _, a in cache])
-    chunks = np.array(schedule.chunk_sizes)
-    budgets = np.array(schedule.memory_sizes) + sinks
-    held = before + chunks
-    opacity = np.ones(n) if done is None else np.where(np.arange(n) < done, 1.0, 0.28)
-    custom = np.stack([before, chunks, held, after], axis=1)
-    hover = ("<b>step %{x}</b><br>memory before: %{customdata[0]:,}<br>chunk: %{customdata[1]:,}"
+    groups = step_groups(n, n)  # many steps: one bar per group of steps, each the group's mean
+    x, labels, width = _group_axis(groups)
+    whole_before = np.array([b for b, _ in cache])
+    whole_chunks = np.array(schedule.chunk_sizes)
+    held = whole_before + whole_chunks
+    before, chunks = _per_group(whole_before, groups), _per_group(whole_chunks, groups)
+    after = _per_group(np.array([a for _, a in cache]), groups)
+    budgets = _per_group(np.array(schedule.memory_sizes) + sinks, groups)
+    opacity = (np.ones(len(groups)) if done is None
+               else np.array([1.0 if b <= done else 0.28 for _, b in groups]))
+    custom = np.stack([before, chunks, before + chunks, after], axis=1).round().astype(int)
+    mean = " (mean per step)" if width else ""
+    step = "%{text}" if width else "step %{x}"
+    hover = (f"<b>{step}</b>{mean}<br>memory before: %{{customdata[0]:,}}<br>chunk: %{{customdata[1]:,}}"
              "<br>memory + chunk: %{customdata[2]:,}<br>kept after: %{customdata[3]:,}<extra></extra>")
 
     fig = go.Figure()
     _highlight_step(fig, current)
     fig.add_bar(x=x, y=before, name="memory before the step", marker=dict(color=COLORS["memory"], opacity=opacity),
-                customdata=custom, hovertemplate=hover)
+                customdata=custom, hovertemplate=hover, width=width, **_labels(labels))
     fig.add_bar(x=x, y=chunks, name="chunk", marker=dict(color=COLORS["chunk"], opacity=opacity),
-                customdata=custom, hovertemplate=hover)
+                customdata=custom, hovertemplate=hover, width=width, **_labels(labels))
     fig.add_scatter(x=x, y=after, name="kept after the step", mode="lines+markers",
-                    line=dict(color=COLORS["kept"], width=2), marker=dict(size=6, opacity=opacity),
-                    customdata=custom, hovertemplate=hover)
+                    line=dict(color=COLORS["kept"], width=2), marker=dict(size=6 if not width else 4, opacity=opacity),
+                    customdata=custom, hovertemplate=hover, **({"text": labels} if labels else {}))
     if schedule.name != "full":
         fig.add_scatter(x=x, y=budgets, name="budget + sinks", mode="lines",
                         line=dict(color=COLORS["budget"], width=1.5, dash="dot", shape="hvh"),
@@ -170,7 +205,8 @@ def schedule_figure(schedule: Schedule, sinks: int, done: int | None = None, cur
                        font=dict(color=COLORS["peak"], size=11), bgcolor="rgba(255,255,255,0.85)")
     growth = f", {schedule.growth} growth" if schedule.growth else ""
     title = title or f"Chunk and memory per step: {schedule.name.upper()}{growth}, {schedule.tokens:,} tokens"
-    _style(fig, title, height, "step", "tokens (cache entries per layer)")
+    _style(fig, title, height, "step" + (f" (one bar: the mean of {groups[0][1]} steps)" if width else ""),
+           "tokens (cache entries per layer)")
     fig.update_layout(barmode="stack", bargap=0.25)
     fig.update_yaxes(range=[0, held.max() * 1.18])
     _step_axis(fig, n)
@@ -183,34 +219,63 @@ def bin_width(tokens: int, max_columns: int = MAX_COLUMNS, steps: int = 1) -> in
     return max(1, math.ceil(tokens / columns))
 
 
+def map_rows(steps: int, latest: int | None = None, current: int | None = None, most: int = MAP_ROWS) -> list[int]:
+    """The steps (0-based) the retained-token map draws: all of them up to ``most``, else every
+    k-th step, with the last step, the ``latest`` step run and the ``current`` one always among them."""
+    if steps <= most:
+        return list(range(steps))
+    every = math.ceil(steps / most)
+    rows = set(range(every - 1, steps, every)) | {s for s in (latest, current, steps - 1)
+                                                   if s is not None and 0 <= s < steps}
+    return sorted(rows)
+
+
 def retained_matrix(records: Sequence[StepRecord], tokens: int, steps: int,
-                    max_columns: int = MAX_COLUMNS) -> tuple[np.ndarray, int]:
+                    max_columns: int = MAX_COLUMNS, rows: Sequence[int] | None = None) -> tuple[np.ndarray, int]:
     """(steps, columns) fraction of layer-head slots keeping each position after each step,
     averaged over the positions of a column; NaN where nothing of the column was read yet.
-    Returns the matrix and the column width in tokens."""
-    width = bin_width(tokens, max_columns, steps)
+    ``rows``: only these steps, in this order (a sample of a long run). Returns the matrix and
+    the column width in tokens."""
+    rows = list(range(steps)) if rows is None else list(rows)
+    width = bin_width(tokens, max_columns, len(rows))
     columns = math.ceil(tokens / width)
-    z = np.full((steps, columns), np.nan, dtype=np.float32)
+    z = np.full((len(rows), columns), np.nan, dtype=np.float32)
+    where = {step: i for i, step in enumerate(rows)}
     for record in records:
+        if record.step not in where:
+            continue
         row = np.full(columns * width, np.nan, dtype=np.float32)
         kept = record.global_kept_fraction()  # hybrid models: what the schedule kept (global layers)
         row[: len(kept)] = kept
         with warnings.catch_warnings():  # columns not read yet average to NaN on purpose
             warnings.simplefilter("ignore", category=RuntimeWarning)
-            z[record.step] = np.nanmean(row.reshape(columns, width), axis=1)
+            z[where[record.step]] = np.nanmean(row.reshape(columns, width), axis=1)
     return z, width
 
 
-def _hatch_unread(fig: go.Figure, records: Sequence[StepRecord], tokens: int, steps: int) -> None:
-    """The positions not read yet after each step, as one hatched staircase polygon."""
+def _nth(k: int) -> str:
+    return {1: "", 2: "second", 3: "third"}.get(k, f"{k}th")
+
+
+def _row_edges(y: np.ndarray) -> np.ndarray:
+    """Cell edges of heatmap rows centred on ``y`` (as Plotly draws them: halfway between centres)."""
+    if len(y) == 1:
+        return np.array([y[0] - 0.5, y[0] + 0.5])
+    mids = (y[1:] + y[:-1]) / 2
+    return np.concatenate([[y[0] - (mids[0] - y[0])], mids, [y[-1] + (y[-1] - mids[-1])]])
+
+
+def _hatch_unread(fig: go.Figure, records: Sequence[StepRecord], tokens: int, rows: Sequence[int]) -> None:
+    """The positions not read yet after each drawn step, as one hatched staircase polygon."""
     seen = {r.step: r.tokens_seen for r in records}
-    xs, ys = [tokens - 0.5], [0.5]
-    for row in range(steps):
+    edges = _row_edges(np.asarray(rows, dtype=float) + 1)
+    xs, ys = [tokens - 0.5], [float(edges[0])]
+    for i, row in enumerate(rows):
         edge = seen.get(row, 0) - 0.5
         xs += [edge, edge]
-        ys += [row + 0.5, row + 1.5]
+        ys += [float(edges[i]), float(edges[i + 1])]
     xs += [tokens - 0.5]
-    ys += [steps + 0.5]
+    ys += [float(edges[-1])]
     fig.add_trace(go.Scatter(x=xs, y=ys, fill="toself", mode="lines", line=dict(width=0), hoverinfo="skip",
                              fillcolor=UNREAD, showlegend=True, name=legend.LEGEND_NAMES["unread"],
                              fillpattern=dict(shape="/", fgcolor=UNREAD_HATCH, bgcolor=UNREAD, size=6, solidity=0.25)))
@@ -241,11 +306,12 @@ def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, 
     token positions (prompt head + document), colour the fraction of (layer, KV head) slots
     that keep the position. ``needle`` is the passkey's [start, end) in the same positions,
     ``answers`` where the full cache's answer appears. Colours and words: ui/legend.py."""
-    z, width = retained_matrix(records, tokens, steps, max_columns)
+    rows = map_rows(steps, records[-1].step if records else None, current)
+    z, width = retained_matrix(records, tokens, steps, max_columns, rows)
     hybrid = bool(records and records[-1].layer_types)
     heads = "global layer-heads (sliding layers keep their window)" if hybrid else "layer-heads"
     x = np.arange(z.shape[1]) * width + (width - 1) / 2
-    y = np.arange(1, steps + 1)
+    y = np.array(rows) + 1
     ticks, labels = zip(*legend.COLORBAR_TICKS)
     fig = go.Figure(go.Heatmap(
         z=z, x=x, y=y, zmin=0.0, zmax=1.0, colorscale=RETAINED_SCALE, hoverongaps=False, showlegend=False,
@@ -255,16 +321,18 @@ def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, 
         hovertemplate=("position %{x:,.0f}<br>after step %{y}<br>kept by %{z:.0%} of " + heads +
                        "<extra></extra>"),
     ))
-    column = f" (one column = {width} tokens)" if width > 1 else ""
-    _style(fig, "Retained tokens: what memory holds after each step" + (" (global layers)" if hybrid else ""),
-           height,
-           f"token position (prompt head + document){column}", "after step")
-    _hatch_unread(fig, records, tokens, steps)
+    column = f"<br>one column = {width} tokens" if width > 1 else ""  # its own line: a phone is narrow
+    sampled = len(rows) < steps
+    what = "every " + _nth(math.ceil(steps / MAP_ROWS)) + " step" if sampled else "each step"
+    _style(fig, f"Retained tokens: what memory holds after {what}" + (" (global layers)" if hybrid else ""),
+           height, f"token position (prompt head + document){column}", "after step")  # the title says when sampled
+    _hatch_unread(fig, records, tokens, rows)
     # the two states the colour bar cannot show, in the legend at the foot
     fig.add_scatter(x=[None], y=[None], mode="markers", name=legend.LEGEND_NAMES["evicted"], hoverinfo="skip",
                     marker=dict(symbol="square", size=12, color=EVICTED, line=dict(width=0)))
-    fig.update_yaxes(autorange="reversed", tickmode="linear", tick0=1, dtick=max(1, math.ceil(steps / 12)),
-                     showgrid=False)
+    edges = _row_edges(y.astype(float))  # the first step at the top, no row past the last step
+    fig.update_yaxes(range=[float(edges[-1]), float(edges[0])], tickmode="linear", tick0=1,
+                     dtick=max(1, math.ceil(steps / 12)), showgrid=False)
     fig.update_xaxes(range=[-0.5, tokens - 0.5], showgrid=False)
     if current is not None and current < len(records):
         record = next(r for r in records if r.step == current)
@@ -304,16 +372,20 @@ def memory_figure(records: Sequence[StepRecord], steps: int, include_weights: bo
     with the schedule stay readable."""
     if not records:
         return placeholder_figure("Run to see memory per step", "Memory per step", height)
-    x = [r.step + 1 for r in records]
     weights = records[0].bytes_modeled_parts.get("weights", 0)
+    groups = step_groups(len(records), steps)
+    x, labels, width = _group_axis(groups)
+    # a bar per group of steps: the step of the group with the highest modeled peak, stacked by part
+    records = [max(records[a:b], key=lambda r: r.bytes_modeled) for a, b in groups]
     fig = go.Figure()
-    _highlight_step(fig, records[-1].step if len(records) < steps else None)
+    _highlight_step(fig, records[-1].step if groups[-1][1] < steps else None)
     for part in PARTS:
         if part == "weights" and not include_weights:
             continue
         values = [r.bytes_modeled_parts.get(part, 0) / MIB for r in records]
-        fig.add_bar(x=x, y=values, name=SHORT_LABELS[part], marker_color=PART_COLORS[part],
-                    hovertemplate=f"step %{{x}}<br>{PART_LABELS[part]} (modeled): %{{y:,.1f}} MiB<extra></extra>")
+        fig.add_bar(x=x, y=values, name=SHORT_LABELS[part], marker_color=PART_COLORS[part], width=width,
+                    hovertemplate=f"{'%{text} (the highest)' if width else 'step %{x}'}<br>"
+                                  f"{PART_LABELS[part]} (modeled): %{{y:,.1f}} MiB<extra></extra>", **_labels(labels))
     measured = [r.bytes_measured for r in records]
     shift = 0 if include_weights else weights
     measured_any = any(m is not None for m in measured)
@@ -323,7 +395,8 @@ def memory_figure(records: Sequence[StepRecord], steps: int, include_weights: bo
                         mode="lines+markers", line=dict(color=COLORS["measured"], width=2),
                         marker=dict(symbol="diamond", size=7),
                         hovertemplate="step %{x}<br>measured device peak: %{y:,.1f} MiB<extra></extra>")
-    note = ["step", "bars modeled, line measured" if measured_any else "modeled (measured: n/a, no CPU counter)"]
+    note = ["step" + (f" (one bar: the highest of {groups[0][1]} steps)" if width else ""),
+            "bars modeled, line measured" if measured_any else "modeled (measured: n/a, no CPU counter)"]
     if not include_weights:
         note.append(f"weights ({format_bytes(weights)}) not drawn")
     _style(fig, "Memory per step (peak during the step)", height, " · ".join(note),
@@ -341,24 +414,32 @@ def seconds_figure(records: Sequence[StepRecord], steps: int, height: int = 300 
     CPU seconds this process spent on it; ``note`` (a shared machine's load) under the axis."""
     if not records:
         return placeholder_figure("Run to see seconds per step", "Seconds per step", height)
-    x = [r.step + 1 for r in records]
     seconds = [r.seconds for r in records]
-    speed = [r.chunk_size / r.seconds if r.seconds > 0 else 0.0 for r in records]
+    groups = step_groups(len(records), steps)
+    x, labels, width = _group_axis(groups)
+    # a bar per group of steps: the mean seconds per step of the group
+    chunk = _per_group(np.array([r.chunk_size for r in records]), groups)
+    memory = _per_group(np.array([r.memory_before for r in records]), groups)
+    wall = _per_group(np.array(seconds), groups)
+    speed = np.where(wall > 0, chunk / np.maximum(wall, 1e-12), 0.0)
     fig = go.Figure()
     _highlight_step(fig, records[-1].step if len(records) < steps else None)
-    fig.add_bar(x=x, y=seconds, marker_color=COLORS["seconds"], name="wall seconds",
-                customdata=np.stack([[r.chunk_size for r in records], [r.memory_before for r in records],
-                                     speed], axis=1),
-                hovertemplate=("step %{x}: %{y:.2f} s wall<br>chunk %{customdata[0]:,} tokens with memory "
+    per = " per step (mean)" if width else ""
+    fig.add_bar(x=x, y=wall, marker_color=COLORS["seconds"], name="wall seconds", width=width, **_labels(labels),
+                customdata=np.stack([chunk.round(), memory.round(), speed], axis=1),
+                hovertemplate=(f"{'%{text}' if width else 'step %{x}'}: %{{y:.2f}} s wall{per}<br>chunk %{{customdata[0]:,}} tokens with memory "
                                "%{customdata[1]:,}<br>%{customdata[2]:,.0f} tokens/s<extra></extra>"))
     total = f"{sum(seconds):.1f} s wall"
     if cpu:
-        fig.add_scatter(x=x[: len(cpu)], y=list(cpu), mode="markers", name="CPU seconds (this process)",
-                        marker=dict(symbol="diamond", size=9, color=COLORS["measured"]),
-                        hovertemplate="step %{x}: %{y:.2f} CPU s<extra></extra>")
+        cpu_groups = step_groups(len(cpu), steps)
+        fig.add_scatter(x=x[: len(cpu_groups)], y=_per_group(np.array(cpu, dtype=float), cpu_groups), mode="markers",
+                        name="CPU seconds (this process)", **({"text": labels[: len(cpu_groups)]} if labels else {}),
+                        marker=dict(symbol="diamond", size=9 if not width else 6, color=COLORS["measured"]),
+                        hovertemplate=f"{'%{text}' if width else 'step %{x}'}: %{{y:.2f}} CPU s{per}<extra></extra>")
         total += f", {sum(cpu):.1f} s CPU"
     # the note wraps: the chart is a third of a laptop's width and all of a phone's
-    xtitle = "step" + ("<br>" + "<br>".join(textwrap.wrap(note, 38)) if note else "")
+    xtitle = ("step" + (f" (one bar: the mean of {groups[0][1]} steps)" if width else "")
+              + ("<br>" + "<br>".join(textwrap.wrap(note, 38)) if note else ""))
     _style(fig, f"Seconds per step · {total}", height, xtitle, "seconds")
     fig.update_layout(showlegend=bool(cpu), bargap=0.25)
     if note:

@@ -21,17 +21,18 @@ from memstep.models import default_model, offered_models
 from memstep.presets import SWITCHES, other_value, preset_settings
 from memstep.schedules import make_schedule
 
-from ui.documents import (DEFAULT_EXAMPLE, TOKENIZER_FREE_EXAMPLE, DocumentSource, describe, example, read_upload,
-                          uploaded_path)
+from ui.documents import (DEFAULT_EXAMPLE, EXAMPLE_SETTINGS, TOKENIZER_FREE_EXAMPLE, DocumentSource, describe, example,
+                          read_upload, uploaded_path)
 from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure, schedule_figure
 from ui.inputs import flag
 from ui.models import cached_model, context_tokens, get_model, layer_count, normalize_spec, preview_tokenizer
 from ui.reference import lookup, reference_key
-from ui.runs import (MAX_NEW_TOKENS, MAX_TOKENS_LIMIT, check_settings, document_limit, prefill_stream, prepare,
-                     settings_from, whole_number)
+from ui.runs import (MAX_DOCUMENT_TOKENS, MAX_NEW_TOKENS, MAX_TOKENS_LIMIT, check_settings, document_limit,
+                     prefill_stream, prepare, reference_fits, settings_from, whole_number)
 from ui.share import link_html, parse_query, settings_query, write_files
 from ui.summary import ComparedRun, compare_headers, compare_rows, stat_cards
-from ui.timing import about, cpu_time_measured, modeled_flops, seconds_left, shared_note, timed
+from ui.timing import (about, cpu_time_measured, modeled_flops, planned_seconds, preview_config, resolved_device,
+                       seconds_left, shared_note, timed)
 from ui.views import RunView, answer_markdown, compact, render, stats_html, text_view
 
 ERROR_TITLE = "memstep"
@@ -51,15 +52,21 @@ def default_document() -> DocumentSource:
         return example(TOKENIZER_FREE_EXAMPLE, None)
 
 
+EXAMPLE_CONTROLS = ("chunk", "memory", "max_tokens", "rope")  # what an example may set (EXAMPLE_SETTINGS)
+
+
 def choose_example(name: str | None, model: str | None):
-    """An example picked: it becomes the document, its question fills the question box."""
+    """An example picked: it becomes the document, its question fills the question box, and the
+    settings it needs (the whole novel: chunk and memory 1,024, no max tokens) fill their controls."""
     if not name:
-        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return (gr.skip(),) * (4 + len(EXAMPLE_CONTROLS))
     try:
         source = example(name, preview_tokenizer(model)[0])
     except MemstepError as err:
         _fail(err)
-    return source, source.question, describe_document(source, model), None
+    needs = EXAMPLE_SETTINGS.get(name, {})
+    return (source, source.question, describe_document(source, model), None,
+            *(needs[key] if key in needs else gr.skip() for key in EXAMPLE_CONTROLS))
 
 
 def describe_document(source: DocumentSource, model) -> str:
@@ -86,7 +93,7 @@ def choose_upload(path: str | None, current: DocumentSource, model):
 
 
 # ---- schedule preview ----------------------------------------------------------------
-COUNT_LIMIT = 1 << 16  # the page counts a document's tokens up to this many (beyond any context)
+COUNT_LIMIT = MAX_DOCUMENT_TOKENS  # the page counts a document's tokens up to this many (a whole novel)
 
 
 _COUNTS: OrderedDict = OrderedDict()  # (digest of the text, tokenizer) -> counts: a few bytes per
@@ -109,14 +116,16 @@ def _count_tokens(text: str, tokenizer) -> tuple[int, int]:
     return counts
 
 
-def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens, ways=None):
+def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens, rope="compact",
+            ways=None):
     """The schedule the run would follow, from the schedule math alone (no model work), with the
-    growth rounding the ticked reference boxes ask for."""
+    growth rounding the ticked reference boxes ask for, and the planner's estimate of its
+    seconds on this machine."""
     try:
-        settings = settings_from(schedule, chunk, memory, growth, None, sinks)
+        settings = settings_from(schedule, chunk, memory, growth, None, sinks, rope)
         tokenizer, exact = preview_tokenizer(model)
         prefix, document = _count_tokens(doc.text, tokenizer)
-        limit, reason = document_limit(_whole(max_tokens), context_tokens(cached_model(model)), prefix)
+        limit, reason = document_limit(_whole(max_tokens), context_tokens(cached_model(model)), prefix, settings)
         tokens = prefix + min(document, limit)
         check_settings(settings, tokens)
         layers, exact_layers = layer_count(model)
@@ -135,6 +144,7 @@ def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, 
                                                                                "the model is loaded)"))
     lines = [f"**Preview** · {plan.steps} steps over {tokens:,} tokens ({prefix} prompt + "
              f"{min(document, limit):,} document{cut}) · peak memory + chunk **{max(held):,}** tokens{estimate}"]
+    lines[0] += _estimate_note(model, plan, settings.sinks)
     if plan.steps <= 24:
         lines.append(f"chunks: {' · '.join(f'{c:,}' for c in plan.chunk_sizes)}  \n"
                      f"memory after: {' · '.join(f'{a:,}' for _, a in plan.cache_lengths(settings.sinks))}")
@@ -142,23 +152,32 @@ def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, 
         "\n\n".join(lines)
 
 
-def preview_page(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens, ways=None):
+def _estimate_note(model, plan, sinks: int) -> str:
+    """' · about 9 min on this machine (planned)': the planner's seconds for the run, where it can tell."""
+    config = preview_config(model)
+    seconds = planned_seconds(config, plan, sinks, device=resolved_device()) if config is not None else None
+    return f" · **{about(seconds)}** on this machine (planned)" if seconds else ""
+
+
+def preview_page(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens, rope="compact",
+                 ways=None):
     """The preview, and the controls that follow it: Run only for a valid setting, the chunk
     slider no longer than the document (the same rule as the run)."""
-    figure, note = preview(doc, model, schedule, growth, chunk, memory, sinks, max_tokens, ways)
+    figure, note = preview(doc, model, schedule, growth, chunk, memory, sinks, max_tokens, rope, ways)
     valid = not note.startswith("⚠")
     try:
-        tokens = preview_tokens(doc, model, max_tokens)
+        tokens = preview_tokens(doc, model, max_tokens, settings_from(schedule, chunk, memory, growth, None, sinks,
+                                                                      rope))
     except MemstepError:
         return figure, note, gr.update(interactive=valid), gr.skip()
     return figure, note, gr.update(interactive=valid), gr.update(maximum=max(16, tokens))
 
 
-def preview_tokens(doc: DocumentSource, model, max_tokens) -> int:
+def preview_tokens(doc: DocumentSource, model, max_tokens, settings=None) -> int:
     """Tokens a run of ``doc`` would prefill (prompt head + document, cut to the limits)."""
     tokenizer, _ = preview_tokenizer(model)
     prefix, document = _count_tokens(doc.text, tokenizer)
-    limit, _ = document_limit(_whole(max_tokens), context_tokens(cached_model(model)), prefix)
+    limit, _ = document_limit(_whole(max_tokens), context_tokens(cached_model(model)), prefix, settings)
     return prefix + min(document, limit)
 
 
@@ -230,11 +249,21 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
         yield _loading_update(model)
         progress(0.0, desc="Loading the model")
         lm = get_model(model, session)
-        document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm))
+        document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm), settings)
+        check_settings(settings, document.tokens)  # the step cap: the page's preview says it first
         for notice in document.notices:
             gr.Warning(notice, title=ERROR_TITLE)
         # bundled examples always show the full cache's answer: computed once, then cached
         reference = flag(full_reference, "full reference") or doc.bundled
+        if reference and not reference_fits(document.tokens, context_tokens(lm)):
+            if flag(full_reference, "full reference") and question and question.strip():
+                gr.Warning(f"No full-cache reference for a {document.tokens:,}-token document: past the model's "
+                           f"{context_tokens(lm):,} positions it would be a whole-book prefill with quadratic "
+                           "attention, and out of the model's range anyway.", title=ERROR_TITLE)
+            reference = False
+            if question and question.strip():
+                document.notices.append(f"No full-cache reference answer: {document.tokens:,} tokens are past the "
+                                        f"model's {context_tokens(lm):,} positions.")
         with closing(prefill_stream(model, document.ids, settings, question, reference, document.notices,
                                     cache_reference=doc.bundled, session=session)) as stream:
             yield from _stream_run(stream, document, settings, question, reference, began, progress, session,
@@ -266,6 +295,12 @@ def _take_stop(session: str) -> bool:
     return False
 
 
+# While steps stream, a page update at most every UPDATE_SECONDS, and no more often than building
+# it allows (the prefill keeps at least two thirds of the time): a small model's steps are faster
+# than Plotly builds a page's figures.
+UPDATE_SECONDS = 0.5
+
+
 def _stream_run(stream, document, settings, question, full_reference, began, progress, session="", lm=None,
                 model_spec=""):
     """The page updates for one run's stream of plain data; after Stop, one last update
@@ -277,10 +312,15 @@ def _stream_run(stream, document, settings, question, full_reference, began, pro
     device = getattr(lm, "device", "cpu")
     view.cpu_measured = cpu_time_measured(device)
     view.load_note = shared_note() if view.cpu_measured else None
-    view.now = f"step 1 of {plan.steps}: reading the first {plan.chunk_sizes[0]:,} tokens"
+    config = getattr(getattr(lm, "model", None), "config", None)
+    asked = len(prompt_parts(lm.tokenizer, question.strip()).tail) if settings.question_aware and question else 0
+    view.planned_seconds = planned_seconds(config, plan, settings.sinks, asked, device) if config else None
+    view.now = (f"step 1 of {plan.steps}: reading the first {plan.chunk_sizes[0]:,} tokens"
+                + (f" · planned {about(view.planned_seconds)} in all" if view.planned_seconds else ""))
     progress((0, plan.steps), desc="Prefilling", unit="steps")
     view.stopped = _take_stop(session)  # Stop pressed while the model loaded
     yield _run_outputs(view)
+    shown, drawing = time.perf_counter(), 0.0
     for kind, item, cpu in ([] if view.stopped else events):
         if _take_stop(session):
             view.stopped = True
@@ -311,7 +351,14 @@ def _stream_run(stream, document, settings, question, full_reference, began, pro
         elif kind == "full":
             view.full = item
             view.now = ""
-        yield _run_outputs(view)
+        if UPDATE_SECONDS and kind == "step" and len(view.records) < plan.steps and time.perf_counter() - shown < max(
+                UPDATE_SECONDS, 2 * drawing):  # (UPDATE_SECONDS 0: every step)
+            continue  # steps faster than the page can draw them: the next update shows them all
+        drawn = time.perf_counter()
+        outputs = _run_outputs(view)
+        drawing = time.perf_counter() - drawn  # building the figures: a whole book's take ~0.5 s
+        yield outputs
+        shown = time.perf_counter()
 
 
 def _reference_note(view: RunView, lm, model_spec: str) -> str:
@@ -403,11 +450,12 @@ def open_link(request: gr.Request):
         gr.Warning(f"The link's {reason}; that setting keeps its default.", title=ERROR_TITLE)
     keys = ("example", "schedule", "growth", "chunk", "memory", "sinks", "max_tokens", "scorer", "rope",
             "question_aware", "model")
-    updates = [chosen.get(key, gr.skip()) for key in keys]
+    needs = EXAMPLE_SETTINGS.get(chosen.get("example"), {})  # what the link leaves out, the example sets
+    updates = [chosen.get(key, needs.get(key, gr.skip())) for key in keys]
     model = chosen.get("model") or default_model()
     doc_updates = (gr.skip(),) * 3
     if "example" in chosen:
-        source, question, info, _ = choose_example(chosen["example"], model)
+        source, question, info = choose_example(chosen["example"], model)[:3]
         doc_updates = (source, question, info)
     if "question" in chosen:
         doc_updates = (doc_updates[0], chosen["question"], doc_updates[2])

@@ -103,13 +103,15 @@ def search_spans(query: str | None, text: str, limit: int = MAX_MATCHES) -> list
     return _find(pattern, text, limit)
 
 
-def token_range(spans: Sequence[tuple[int, int]], chars: tuple[int, int]) -> tuple[int, int] | None:
+def token_range(spans, chars: tuple[int, int]) -> tuple[int, int] | None:
     """Document tokens [start, end) overlapping the characters ``chars``; None when the
-    characters lie beyond the tokens the run read (cut by truncation)."""
-    inside = [i for i, (s, e) in enumerate(spans) if s < chars[1] and e > chars[0]]
-    if not inside:
+    characters lie beyond the tokens the run read (cut by truncation). ``spans``: (n, 2)
+    character spans, an array or a list of pairs."""
+    spans = np.asarray(spans).reshape(-1, 2)
+    inside = np.flatnonzero((spans[:, 0] < chars[1]) & (spans[:, 1] > chars[0]))
+    if not len(inside):
         return None
-    return inside[0], inside[-1] + 1
+    return int(inside[0]), int(inside[-1]) + 1
 
 
 def describe_history(h: History, steps: int) -> str:

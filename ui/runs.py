@@ -12,6 +12,8 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 
+import numpy as np
+
 from memstep.documents import tokenize_prefix, truncation_notice
 from memstep.errors import MemstepError
 from memstep.generate import prompt_parts
@@ -40,6 +42,10 @@ MAX_NEW_TOKENS = 32
 MAX_RUN_STEPS = int(os.environ.get("MEMSTEP_MAX_RUN_STEPS", "256"))
 MAX_SINKS = 1024
 MAX_TOKENS_LIMIT = 1 << 20  # the max tokens field; the model's context cuts it further
+# A run with compact positions never puts a key past sinks + M + c, so the model's context does not
+# cut its document: a whole novel (Pride and Prejudice: 156k tokens) fits under this, and the step
+# cap (MAX_RUN_STEPS) bounds the work at a given chunk.
+MAX_DOCUMENT_TOKENS = int(os.environ.get("MEMSTEP_MAX_DOCUMENT_TOKENS", str(1 << 18)))
 
 
 def gpu(fn):
@@ -104,7 +110,7 @@ class PreparedDocument:
 
     source: DocumentSource
     ids: list[int]
-    spans: list[tuple[int, int]]  # character span of each token in source.text
+    spans: np.ndarray  # (tokens, 2): character [start, end) of each token in source.text
     prefix_tokens: int  # the chat template's head, prefilled before the document
     needle: tuple[int, int] | None  # needle tokens [start, end) in document positions
     notices: list[str] = field(default_factory=list)
@@ -115,20 +121,40 @@ class PreparedDocument:
         return self.prefix_tokens + len(self.ids)
 
 
-def document_limit(max_tokens: int | None, context: int, prefix_tokens: int) -> tuple[int, str]:
-    """How many document tokens a run takes, and which limit sets it."""
-    room = context - prefix_tokens - RESERVED_TOKENS
+def compact_positions(settings: RunSettings | None, context: int) -> bool:
+    """Whether a run's keys stay inside the model's context whatever the document's length: compact
+    positions under an evicting schedule reach sinks + M + c (and the question after them)."""
+    return (settings is not None and settings.rope == "compact" and settings.schedule != "full"
+            and settings.sinks + settings.memory + settings.chunk + RESERVED_TOKENS <= context)
+
+
+def document_limit(max_tokens: int | None, context: int, prefix_tokens: int,
+                   settings: RunSettings | None = None) -> tuple[int, str]:
+    """How many document tokens a run takes, and which limit sets it: the max tokens setting, else
+    the model's context, or (compact positions, see compact_positions) MAX_DOCUMENT_TOKENS."""
+    if compact_positions(settings, context):
+        room, reason = MAX_DOCUMENT_TOKENS - prefix_tokens, f"the app's {MAX_DOCUMENT_TOKENS:,}-token document limit"
+    else:
+        room, reason = context - prefix_tokens - RESERVED_TOKENS, f"the model's {context:,}-token context"
     if max_tokens is not None:
         max_tokens = whole_number(max_tokens, "max tokens", 1, MAX_TOKENS_LIMIT)
     if max_tokens is not None and max_tokens <= room:
         return int(max_tokens), "the max tokens setting"
-    return room, f"the model's {context:,}-token context"
+    return room, reason
 
 
-def prepare(source: DocumentSource, tokenizer, max_tokens: int | None, context: int) -> PreparedDocument:
-    """Tokenize ``source`` and cut it to ``max_tokens`` and the model's context, with a notice."""
+def reference_fits(tokens: int, context: int) -> bool:
+    """Whether a full-cache reference run of ``tokens`` stays inside the model's context (with room
+    for the question and the answer): a whole book does not, and would cost a quadratic prefill."""
+    return tokens + RESERVED_TOKENS <= context
+
+
+def prepare(source: DocumentSource, tokenizer, max_tokens: int | None, context: int,
+            settings: RunSettings | None = None) -> PreparedDocument:
+    """Tokenize ``source`` and cut it to ``max_tokens`` and the model's context (not the context
+    when ``settings`` keep positions compact), with a notice."""
     prefix = len(prompt_parts(tokenizer).head)
-    limit, reason = document_limit(max_tokens, context, prefix)
+    limit, reason = document_limit(max_tokens, context, prefix, settings)
     ids, cut = tokenize_prefix(source.text, tokenizer, limit)  # never the whole of a huge text
     if not ids:
         raise MemstepError("The document has no tokens. Pick a document with some text in it.")

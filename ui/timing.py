@@ -8,6 +8,7 @@ on a run barely move with the load, and the FLOPs the planner counts do not move
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -85,3 +86,49 @@ def about(seconds: float | None) -> str:
     if seconds < 90:
         return f"about {seconds:.0f} s"
     return f"about {seconds / 60:.0f} min"
+
+
+def planned_seconds(config, schedule: Schedule, sinks: int, question_tokens: int = 0,
+                    device: str = "cpu") -> float | None:
+    """The planner's prediction of a run's prefill seconds on this machine: its FLOP count at this
+    machine's measured matmul rate times the fraction of it whole runs reach here (ui/estimates.py).
+    None off the CPU (the rate measured is the CPU's) or for a config the planner cannot read."""
+    if not str(device).startswith("cpu"):
+        return None
+    flops = modeled_flops(config, schedule, sinks, question_tokens)
+    if not flops:
+        return None
+    from ui.estimates import EFFICIENCY, matmul_flops_per_second
+
+    return flops / (matmul_flops_per_second() * EFFICIENCY)
+
+
+def preview_config(spec: str | None):
+    """The config of ``spec`` for an estimate before a run: the loaded model's, else the embedded
+    model's (read from its folder, no weights); None for another model not loaded yet."""
+    from ui.models import cached_model, normalize_spec
+
+    try:
+        lm = cached_model(spec)
+        if lm is not None:
+            return lm.model.config
+        return _embedded_config() if normalize_spec(spec) == "embedded" else None
+    except Exception:  # noqa: BLE001 - no estimate is better than no preview
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def _embedded_config():
+    from transformers import AutoConfig
+
+    from memstep.models import embedded_model_folder
+
+    return AutoConfig.from_pretrained(str(embedded_model_folder()))
+
+
+@functools.lru_cache(maxsize=1)
+def resolved_device() -> str:
+    """Where a run of this app goes ("cpu", "cuda", ...): the estimate before a run needs it."""
+    from memstep.models import resolve_device
+
+    return str(resolve_device("auto"))

@@ -40,6 +40,7 @@ class RunView:
     cpu_measured: bool = False  # whether cpu_seconds are the run's own work (a CPU run in this process)
     now: str = ""  # what is happening right now, with an estimate ("step 2 of 3 · about 6 s left")
     load_note: str | None = None  # set when the machine runs more work than it has cores
+    planned_seconds: float | None = None  # the planner's prediction of the prefill's seconds (CPU runs)
 
     @property
     def answer_chars(self) -> list[tuple[int, int]]:
@@ -47,7 +48,7 @@ class RunView:
         (characters); [] before the reference answer or when the answers agree."""
         if self.full is None or self.result is None or not answers_differ(self.result.answer, self.full.answer):
             return []
-        read = self.document.spans[-1][1] if self.document.spans else 0
+        read = int(self.document.spans[-1][1]) if len(self.document.spans) else 0
         return [s for s in answer_spans(self.full.answer, self.result.question, self.document.source.text)
                 if s[1] <= read]
 
@@ -164,14 +165,36 @@ def text_view(view: RunView, record: StepRecord | None, query: str = "",
     if query and query.strip():
         marks += [Mark(s, e, "match", f"memstep-match-{i}") for i, (s, e) in enumerate(matches)]
         links += search_summary(view, query, matches, view.records if records is None else records)
-    return highlight_html(doc.source.text, doc.spans, fractions, doc.source.needle_chars, caption, marks=marks,
-                          links=links)
+    text, spans, needle = doc.source.text, np.asarray(doc.spans).reshape(-1, 2), doc.source.needle_chars
+    if count > TEXT_VIEW_TOKENS:  # a whole book: the tokens around the latest step, never the whole text
+        read = record.tokens_seen - doc.prefix_tokens if record is not None else 0
+        first, last = text_window(count, read)
+        base = int(spans[first][0])
+        text = text[base:int(spans[last - 1][1])]
+        spans = spans[first:last] - base
+        fractions = fractions[first:last]
+        inside = lambda a, b: a >= base and b <= base + len(text)  # noqa: E731
+        needle = (needle[0] - base, needle[1] - base) if needle and inside(*needle) else None
+        marks = [Mark(m.start - base, m.end - base, m.kind, m.anchor) for m in marks if inside(m.start, m.end)]
+        caption += (f" Showing document tokens {first + 1:,}-{last:,} of {count:,}: the text view holds at most "
+                    f"{TEXT_VIEW_TOKENS:,} tokens, the last read; the map above covers the whole document.")
+    return highlight_html(text, np.asarray(spans).tolist(), fractions, needle, caption, marks=marks, links=links)
+
+
+TEXT_VIEW_TOKENS = 6000  # tokens the text view shows at once (a 156k-token novel would be megabytes of HTML)
+
+
+def text_window(count: int, read: int, size: int = TEXT_VIEW_TOKENS) -> tuple[int, int]:
+    """Document tokens [first, last) the text view shows: ``size`` of them, ending where the reading
+    got to (the newest memory and the chunk just read), or the start before the first step."""
+    last = min(count, max(read, size))
+    return max(0, last - size), last
 
 
 def search_summary(view: RunView, query: str, matches: list[tuple[int, int]], records: list[StepRecord]) -> str:
     """The search's result line (HTML): how many matches, what the memory did with them, and a
     link to each labelled with its share of layer-head slots (or the step that evicted it)."""
-    read_chars = view.document.spans[-1][1] if view.document.spans else 0
+    read_chars = int(view.document.spans[-1][1]) if len(view.document.spans) else 0
     query = html.escape(query.strip())
     if not matches:
         return f'<div class="memstep-search-result">No match for “{query}”.</div>'
@@ -227,7 +250,8 @@ def stats_html(view: RunView, step: int | None = None) -> str:
         ("tokens", "tokens read", f"{last.tokens_seen if last else 0:,} / {view.schedule.tokens:,}"),
         ("memory", "memory kept", _memory_kept(last)),
         ("seconds", "prefill seconds", f"{seconds:.1f} s" + (f" · CPU {sum(view.cpu_seconds[:len(records)]):.1f} s"
-                                                             if view.cpu_measured and records else "")),
+                                                             if view.cpu_measured and records else "")
+         + (f" · planned {_planned(view.planned_seconds)}" if view.planned_seconds else "")),
         ("modeled", "peak modeled", format_bytes(modeled) if modeled is not None else "—"),
         ("measured", "peak measured", format_bytes(measured) if measured is not None else "n/a on this device"),
     ]
@@ -238,6 +262,10 @@ def stats_html(view: RunView, step: int | None = None) -> str:
     now = "" if state in ("replay", "done") else view.now
     return stat_cards(items, None if state == "replay" else len(records) / max(view.steps, 1),
                       summary=charts_text(view, records), now=now)
+
+
+def _planned(seconds: float) -> str:
+    return f"{seconds:,.0f} s" if seconds >= 10 else f"{seconds:.1f} s" if seconds >= 0.1 else "under 0.1 s"
 
 
 def charts_text(view: RunView, records: list[StepRecord]) -> str:

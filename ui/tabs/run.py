@@ -179,12 +179,13 @@ def build_tab() -> RunTab:
                 gr.Markdown(GUIDE)
 
 
-    preview_inputs = [doc_state, model, schedule, growth, chunk, memory, sinks, max_tokens, ways]
+    preview_inputs = [doc_state, model, schedule, growth, chunk, memory, sinks, max_tokens, rope, ways]
     gr.on([doc_state.change, model.change, schedule.change, growth.change, chunk.change, memory.change,
-           sinks.change, max_tokens.change, ways.change],
+           sinks.change, max_tokens.change, rope.change, ways.change],
           handlers.preview_page, preview_inputs, [sizes_plot, preview_note, run, chunk],
           trigger_mode="always_last", concurrency_limit=None, show_progress="hidden", api_visibility="private")
-    example.input(handlers.choose_example, [example, model], [doc_state, question, doc_info, upload],
+    example.input(handlers.choose_example, [example, model],
+                  [doc_state, question, doc_info, upload, chunk, memory, max_tokens, rope],
                   concurrency_limit=None, api_visibility="private")
     upload.upload(handlers.choose_upload, [upload, doc_state, model],
                   [doc_state, question, doc_info, upload, example],
