@@ -169,9 +169,10 @@ def attention_bytes(shape: ModelShape, before: int, chunk: int, after: int, atte
     before, after = _widest(before, after)
     keys = before + chunk
     item = shape.dtype_bytes
-    # eager's and the padded code's explicit masks; memstep's attention builds none (nor does
-    # the first chunk: is_causal)
-    mask = chunk * keys if before and attention != "sdpa" else 0
+    # memstep's attention builds no mask; transformers' eager mask is chunk x keys in the model's
+    # dtype at every step (it never skips to is_causal); the padded code's is a (memory + chunk)^2
+    # boolean tril at every step, the first included
+    mask = {"sdpa": 0, "eager": chunk * keys * item, "padded": keys * keys}[attention]
     # memstep's SDPA runs GQA natively; eager and the padded reference repeat K/V to every query head
     repeated = 2 * shape.heads * keys * shape.head_dim * item if shape.heads != shape.kv_heads and \
         attention != "sdpa" else 0

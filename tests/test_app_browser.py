@@ -126,13 +126,14 @@ def test_upload_run_imdc_and_replay(page, short_document, artifacts_dir):
 def test_bad_uploads_show_a_message_and_keep_the_document(page, tmp_path, name, content, message):
     from ui.browser import upload, wait_for_toast
 
+    settled = ("() => !/processing|^\\s*[0-9.]+s/.test(document.querySelector('#doc-info').innerText)")
+    page.wait_for_function(settled, timeout=15_000)  # no handler's progress overlay (its timer reads "2.0s")
     before = page.locator("#doc-info").inner_text()
     path = tmp_path / name
     path.write_bytes(content)
     upload(page, path)
     assert re.search(message, wait_for_toast(page, message))
-    page.wait_for_function("() => !/processing/.test(document.querySelector('#doc-info').innerText)",
-                           timeout=15_000)  # the handler's progress overlay has gone
+    page.wait_for_function(settled, timeout=15_000)  # the handler's progress overlay has gone
     assert page.locator("#doc-info").inner_text() == before
 
 

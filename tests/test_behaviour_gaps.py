@@ -79,11 +79,12 @@ def test_step_zero_attention_needs_no_mask():
     output = 4 * 10 * 16 * 2
     assert attention_bytes(SHAPE, 0, 10, 6) == output + 6 * 128
     # with a memory of 5: memstep's attention still builds no mask (CPU splits the step, CUDA
-    # takes a lower-right bias); eager's explicit chunk x keys mask (10 x 15 bytes) appears
+    # takes a lower-right bias); eager's explicit chunk x keys mask (10 x 15, in the model's
+    # 2-byte dtype) is there at every step
     assert attention_bytes(SHAPE, 5, 10, 6) == output + 6 * 128
     repeated = 2 * 4 * 15 * 16 * 2  # eager repeats K/V to every query head
     scores = 2 * 4 * 10 * 15 * 4  # and holds float32 scores and probabilities
-    assert attention_bytes(SHAPE, 5, 10, 6, "eager") == 10 * 15 + repeated + output + scores + 6 * 128
+    assert attention_bytes(SHAPE, 5, 10, 6, "eager") == 10 * 15 * 2 + repeated + output + scores + 6 * 128
 
 
 def test_scorer_working_set_counts_the_devices_one_pass_block():

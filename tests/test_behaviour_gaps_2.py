@@ -122,9 +122,6 @@ def test_sdpa_builds_no_mask_at_step_zero_and_the_later_masks_stay_counted():
         assert attention_bytes(SHAPE, 5, 10, 6, name) > _without_mask(5, 10, 6, name)
 
 
-@pytest.mark.xfail(strict=True, reason="memory.attention_bytes counts no mask at step 0 for eager ('is_causal'), but "
-                                       "transformers' eager_mask always materializes one (allow_is_causal_skip=False), "
-                                       "in the model's dtype: chunk x keys x dtype bytes at every step")
 def test_eager_mask_bytes_follow_transformers_mask_builder():
     from transformers.masking_utils import eager_mask
 
@@ -136,9 +133,6 @@ def test_eager_mask_bytes_follow_transformers_mask_builder():
         assert attention_bytes(SHAPE, before, chunk, 6, "eager") == expected
 
 
-@pytest.mark.xfail(strict=True, reason="memory.attention_bytes counts the padded path's mask as chunk x keys, and none "
-                                       "at step 0; memstep.attention.padded_attention builds a (memory + chunk)^2 "
-                                       "boolean causal mask at every step, the first included")
 def test_padded_mask_bytes_follow_the_padded_attention():
     for before, chunk in ((0, 10), (5, 10)):
         keys = before + chunk
