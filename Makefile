@@ -55,26 +55,45 @@ $(KVPRESS_VENV)/.installed: peers/requirements.txt
 
 kvpress-venv: $(KVPRESS_VENV)/.installed
 
-# The default evaluation grid (issue 8: what the reference code's choices cost), sized for
-# this shared 2-core machine: an hour or two when quiet (run it with nothing else heavy).
-# 2k tokens: RoPE positions compact vs document x scorers chunk-attention, conv (the
-# reference's pooled score), snapkv x FM vs IMDC, with kvpress SnapKV and StreamingLLM, the
-# HF full cache and memstep's full cache: 12 cases per configuration (2 haystack texts x 3
-# depths x 2 seeds). 8k tokens: the default scorer only, both position modes, FM and IMDC,
-# the same peers: 6 cases (2 texts x 3 depths). The 2k grid runs first: it holds the
-# comparisons this grid is for, so an interrupted run still has them whole; the last
-# command refreshes the README block and the plots from every cell in results/.
-# Resumable: rerunning recomputes nothing already in results/cells.jsonl (after an engine
-# or scorer change, move that file away first). Wider grids: `memstep eval --help`.
-BENCH_COMMON ?= --schedules full,fm,imdc --budgets 512 --chunk 512 --ropes compact,document \
-	--depths 0.167,0.5,0.833 --peers kvpress,hf --presses snapkv,streaming-llm --output results
-# Question-aware (memstep's option and kvpress with the question at the end of the context)
-# against agnostic, for FM and IMDC with the default scorer and compact positions, at both lengths.
-BENCH_2K ?= --lengths 2048 --seeds 0,1 --scorers chunk-attention,conv,snapkv
-BENCH_8K ?= --lengths 8192 --seeds 0 --scorers chunk-attention
-BENCH_QA ?= --scorers chunk-attention --ropes compact --question-aware yes
-bench: install-dev model kvpress-venv chromium  # install-dev: kaleido writes the PNG plots
-	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_2K) --quiet > /dev/null
-	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_2K) $(BENCH_QA) --quiet > /dev/null
-	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_8K) --quiet > /dev/null
-	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_8K) $(BENCH_QA) --readme README.md
+# The evaluation (docs/evaluation.md), sized for this shared 2-core machine; resumable (a rerun
+# recomputes nothing already in the results folder's cells.jsonl: after an engine or scorer
+# change, move that file away first). Every case: one of two Austen texts x a needle kind
+# (passkey, code, word, name) x depth 1/6, 1/2, 5/6 x seed; memstep's full cache runs first
+# and is the reference of the KL / top-1 agreement; accuracy is counted on the cases it answers.
+# - headline: memstep FM and IMDC (chunk-attention, compact positions) question-aware and
+#   agnostic, and the kvpress presses as their authors run them (SnapKV and ChunkKV with the
+#   question as the window, Finch, KeyDiff block-wise), M = 512, c = 512; 2k: 48 cases.
+# - ablations (2k): question pooling, question weight, one compression at the end (all in the
+#   same folder: each is paired with the headline's FM question-aware row on the same cases).
+# `make bench-eval` runs them all and refreshes docs/evaluation.md and the README summary.
+EVAL_COMMON ?= --budgets 512 --chunk 512 --scorers chunk-attention --ropes compact \
+	--depths 0.167,0.5,0.833 --needles passkey,code,word,name --metrics accuracy,kl,retention --quiet
+EVAL_MEMSTEP ?= --schedules full,fm,imdc --question-aware both
+EVAL_PEERS ?= --schedules full --peers kvpress --presses snapkv,chunkkv,finch,keydiff --question-aware yes
+EVAL_2K ?= --lengths 2048 --seeds 0,1
+EVAL_4K ?= --lengths 4096 --seeds 0
+EVAL_8K ?= --lengths 8192 --seeds 0
+# the engine's defaults (pool max:15, weight 0.75, chunked) are the headline's FM question-aware row
+EVAL_POOLS ?= --schedules full,fm --question-aware yes --question-pools mean:5,none
+EVAL_WEIGHTS ?= --schedules full,fm --question-aware yes --question-weights 0.25,0.5,1.0
+EVAL_ONCE ?= --schedules full,once --question-aware both
+RESULTS ?= results/eval
+EVAL := $(VENV)/bin/memstep eval $(EVAL_COMMON)
+.PHONY: bench-eval bench-headline bench-ablations eval-docs
+bench-headline: install-dev model kvpress-venv
+	$(EVAL) $(EVAL_MEMSTEP) $(EVAL_2K) --output $(RESULTS) > /dev/null
+	$(EVAL) $(EVAL_PEERS) $(EVAL_2K) --output $(RESULTS) > /dev/null
+	$(EVAL) $(EVAL_MEMSTEP) $(EVAL_4K) --output $(RESULTS) > /dev/null
+	$(EVAL) $(EVAL_PEERS) $(EVAL_4K) --output $(RESULTS) > /dev/null
+	$(EVAL) $(EVAL_MEMSTEP) $(EVAL_8K) --output $(RESULTS) > /dev/null
+	$(EVAL) $(EVAL_PEERS) $(EVAL_8K) --output $(RESULTS) > /dev/null
+bench-ablations: install-dev model
+	$(EVAL) $(EVAL_POOLS) $(EVAL_2K) --output $(RESULTS) > /dev/null
+	$(EVAL) $(EVAL_WEIGHTS) $(EVAL_2K) --output $(RESULTS) > /dev/null
+	$(EVAL) $(EVAL_ONCE) $(EVAL_2K) --output $(RESULTS) > /dev/null
+eval-docs: install-dev
+	$(PY) benchmarks/eval_docs.py --results $(RESULTS) --docs docs/evaluation.md --readme README.md
+bench-eval: bench-headline bench-ablations eval-docs
+
+# `make bench`: the evaluation, as before (the engine's own benchmarks: docs/benchmarks.md).
+bench: bench-eval

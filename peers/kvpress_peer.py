@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # memstep's mod
 
 import torch  # noqa: E402
 
-from memstep.evaluation.process import load_job, serve_cases  # noqa: E402
+from memstep.evaluation.process import emit, load_job, serve_cases  # noqa: E402
 
 
 QUESTION_PRESSES = ("finch",)
@@ -253,7 +253,29 @@ def run_case(model, tokenizer, press, settings: dict, case: dict, reference: dic
     return result
 
 
+def observed_window(press) -> int | None:
+    """The observation window a built press will use (read off the press object itself)."""
+    inner = getattr(press, "press", press)
+    return getattr(inner, "window_size", None)
+
+
+def describe(job: dict) -> int:
+    """Each case's press as built for this job, without a model: what the press object holds
+    and the settings recorded with its cells (``--describe JOB``)."""
+    config = job["config"]
+    for item in job["cases"]:
+        aware = bool(config.get("question_aware"))
+        press, settings = make_press(config.get("scorer"), aware, len(item["case"]["question_ids"]),
+                                     job["settings"].get("peer_window", 64), job["settings"].get("chunk", 512))
+        emit("press", key=item["key"], question_tokens=len(item["case"]["question_ids"]),
+             press_class=type(press).__name__ if press is not None else None,
+             window_size=observed_window(press), **settings)
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--describe":
+        return describe(load_job(argv[1]))
     job = load_job(argv[0])
     torch.set_num_threads(job.get("threads", 2))
     from memstep.models import load_model

@@ -48,15 +48,12 @@ def continuation_logits(run, held_out: list[int]):
     return torch.cat(rows).cpu().numpy()
 
 
-def run_case(lm, config: dict, settings: dict, case: dict, reference: dict | None = None) -> dict:
-    """One cell; ``reference``: {"read": path} scores the continuation against the full
-    cache's saved log-probabilities, {"write": path} saves this run's as that reference."""
-    from memstep.evaluation.divergence import save_reference, score_against
+def document_run(lm, config: dict, settings: dict, case: dict, question: str | None, held_out: list[int]):
+    """The DocumentRun a configuration makes of a case (its schedule, scorer, positions,
+    reference switches and question-aware pooling and weight)."""
     from memstep.presets import fidelity_variant
     from memstep.runner import DocumentRun
 
-    reference = reference or {}
-    continuation = case["continuation_ids"]
     fidelity = fidelity_variant(config.get("fidelity"))
     # RoPE positions: memstep's full cache (no eviction) has none set, and both modes agree there
     positions = {"rope": config["rope"]} if config.get("rope") else {}
@@ -64,21 +61,29 @@ def run_case(lm, config: dict, settings: dict, case: dict, reference: dict | Non
         fidelity = fidelity.with_memstep("ntk")  # dynamic NTK rescales compact positions only
     schedule, chunk = config["schedule"], config.get("chunk") or 512
     if schedule == "once":  # one step reads the whole document (prompt head included), then cuts to M
-        schedule, chunk = "fm", len(case["head_ids"]) + len(case["document_ids"])
+        schedule, chunk = "fm", len(case.get("head_ids") or []) + len(case["document_ids"])
     ablation = {k: config[k] for k in ("question_pool", "question_weight") if config.get(k) is not None}
+    return DocumentRun(
+        lm, case["document_ids"] + held_out, schedule=schedule, chunk=chunk, memory=config.get("budget") or 512,
+        growth=config.get("growth") or "linear", scorer=config.get("scorer") or "chunk-attention",
+        sinks=settings["sinks"], seed=case["seed"], window=settings["window"],
+        question=question, max_new_tokens=settings["max_new_tokens"],
+        continuation_tokens=len(held_out), question_aware=bool(config.get("question_aware")),
+        fidelity=fidelity, **positions, **ablation)
 
-    def prefill(question, held_out):
-        return DocumentRun(
-            lm, case["document_ids"] + held_out, schedule=schedule, chunk=chunk, memory=config.get("budget") or 512,
-            growth=config.get("growth") or "linear", scorer=config.get("scorer") or "chunk-attention",
-            sinks=settings["sinks"], seed=case["seed"], window=settings["window"],
-            question=question, max_new_tokens=settings["max_new_tokens"],
-            continuation_tokens=len(held_out), question_aware=bool(config.get("question_aware")),
-            fidelity=fidelity, **positions, **ablation)
 
+def run_case(lm, config: dict, settings: dict, case: dict, reference: dict | None = None) -> dict:
+    """One cell; ``reference``: {"read": path} scores the continuation against the full
+    cache's saved log-probabilities, {"write": path} saves this run's as that reference."""
+    from memstep.evaluation.divergence import save_reference, score_against
+    from memstep.presets import fidelity_variant
+
+    reference = reference or {}
+    continuation = case["continuation_ids"]
+    prefill = lambda question, held_out: document_run(lm, config, settings, case, question, held_out)  # noqa: E731
+    in_prompt = fidelity_variant(config.get("fidelity")).question_place == "prompt"
     began = time.perf_counter()
-    scored = None  # the run whose memory the continuation follows
-    if fidelity.question_place == "prompt" and continuation:
+    if in_prompt and continuation:
         # the question ends the prompt, so the continuation is scored in a prefill of its own
         scored = prefill(None, continuation)
         scored.run()
@@ -108,7 +113,8 @@ def run_case(lm, config: dict, settings: dict, case: dict, reference: dict | Non
         "needle_whole": whole_needle(last.kept_positions, answer_positions),
         "peak_bytes_modeled": result.peak_bytes_modeled,
         "settings": {"question_pool": result.question_pool, "question_weight": result.question_weight,
-                     "chunk": chunk, "steps": result.schedule["steps"]},
+                     "chunk": "whole document" if config["schedule"] == "once" else config.get("chunk"),
+                     "steps": result.schedule["steps"]},
         **divergence,
     }
 
