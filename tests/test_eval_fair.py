@@ -285,3 +285,39 @@ def test_bad_input_is_one_line_exit_2_before_any_model(argv, words, tmp_path, ca
     assert main(["eval", "--peers", "kvpress", *argv, "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and len(err.splitlines()) == 1
+
+
+# ---- summary: counted accuracy, KL rows, paired against the anchor ---------------------------
+def _fair_cell(config: Config, depth: float, correct: bool, kl: float, settings=None) -> dict:
+    return {"key": f"{config.label}{depth}", "config": config.to_dict(), "label": config.label,
+            "peer": config.is_peer, "haystack": "a.txt", "length": 2048, "depth": depth, "seed": 0, "kind": "word",
+            "correct": correct, "continuation_nll": 2.0 + kl, "prefill_seconds": 1.0, "seconds": 2.0,
+            "peak_rss_bytes": 10, "baseline_rss_bytes": 5, "memory_entries": 516, "retention": [0.5],
+            "kl": kl, "top1": 1.0 - kl, "needle_whole": 0.5, "settings": settings}
+
+
+def test_counted_accuracy_kl_and_paired_rows():
+    from memstep.evaluation import metrics, report
+
+    full = Config("memstep", "full")
+    anchor = Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact", True)
+    press = Config("kvpress", "full", None, "snapkv", 512, question_aware=True)
+    depths = (0.1, 0.3, 0.5, 0.7)
+    cells = [_fair_cell(full, d, d < 0.6, 0.0) for d in depths]  # the full cache answers 0.1, 0.3 and 0.5
+    cells += [_fair_cell(anchor, d, ok, kl) for d, ok, kl in zip(depths, (True, True, False, True), (.1, .2, .3, .4))]
+    cells += [_fair_cell(press, d, ok, kl, {"window": w, "press": "SnapKVPress", "window_is": "the question"})
+              for d, ok, kl, w in zip(depths, (True, False, False, True), (.2, .4, .4, .4), (19, 21, 21, 20))]
+    summary = metrics.summarize(cells)
+    rows = {r["label"]: r for r in summary["rows"]}
+    mine, peer = rows[anchor.label], rows[press.label]
+    assert (mine["counted"], mine["counted_correct"]) == (3, 2)  # depth 0.7 answered but not counted
+    assert (peer["counted"], peer["counted_correct"]) == (3, 1)
+    assert (mine["counted_low"], mine["counted_high"]) == pytest.approx(wilson_interval(2, 3))
+    assert mine["kl"] == pytest.approx(0.25) and peer["peer_settings"]["window"] == [19, 21]
+    (paired,) = [p for p in summary["paired"] if p["label"] == press.label]
+    assert paired["anchor"] == anchor.label and (paired["cases"], paired["counted"]) == (4, 3)
+    assert (paired["only_row"], paired["only_anchor"]) == (0, 1)
+    assert paired["kl_difference"] == pytest.approx(0.1)  # (0.1 + 0.2 + 0.1 + 0.0) / 4
+    text = report.fair_table(summary)
+    assert "window 19-21 tokens = the question" in text and "2/3 (67%" in text
+    assert any("do not tell them apart" in line for line in report.unsupported(summary))
