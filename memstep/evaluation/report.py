@@ -149,12 +149,23 @@ def _span(value, unit: str = "") -> str:
     return f"{value}{unit}"
 
 
-def settings_text(row: dict) -> str:
+def settings_text(row: dict, short: bool = False) -> str:
     """How a row was set, as its cells recorded it: a press's window, pooling and chunk;
-    memstep's chunk, pooling and weight (the engine's defaults when the row does not set them)."""
+    memstep's chunk, pooling and weight (the engine's defaults when the row does not set them).
+    ``short``: the few words a narrow table column holds."""
     config, found = row["config"], row.get("peer_settings") or {}
     if config["kind"] == "hf" or (config["kind"] == "memstep" and config["schedule"] == "full"):
         return "no eviction"
+    if config["kind"] == "kvpress" and short:
+        parts = [str(found.get("press", config["scorer"])).replace("Press", "")]
+        if found.get("window") is not None:
+            parts.append(f"window {_span(found['window'])}" + (" = question" if "question" in
+                                                                found.get("window_is", "") else ""))
+        parts += [f"{label} {found[key]}" for key, label in (("chunk_length", "chunks"), ("block_size", "blocks"))
+                  if found.get(key)]
+        if "kernel 5" in str(found.get("pooling")):
+            parts.append("avg-pool 5")
+        return ", ".join(parts)
     if config["kind"] == "kvpress":
         press = found.get("press", config["scorer"])
         parts = [press]
@@ -169,6 +180,12 @@ def settings_text(row: dict) -> str:
         if found.get("pooling"):
             parts.append(found["pooling"])
         return "; ".join(parts)
+    if short:
+        chunk = "one step" if config["schedule"] == "once" else f"c {config.get('chunk')}"
+        if not config.get("question_aware"):
+            return f"{chunk}, no question"
+        return (f"{chunk}, pool {found.get('question_pool') or config.get('question_pool')}, "
+                f"weight {found.get('question_weight') or config.get('question_weight')}")
     chunk = "one step (the whole document)" if config["schedule"] == "once" else f"c = {config.get('chunk')}"
     parts = [chunk, f"M = {config.get('budget')}"]
     if config.get("question_aware"):

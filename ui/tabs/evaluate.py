@@ -59,7 +59,7 @@ def table_rows(summary: dict) -> list[list]:
         return None if value is None else round(value * scale, digits)
 
     if is_fair(summary):
-        return [[r["length"], r["label"], settings_text(r), entries_text(r), counted_text(r), interval_text(r, "kl"),
+        return [[r["length"], r["label"], settings_text(r, short=True), entries_text(r), counted_text(r), interval_text(r, "kl"),
                  interval_text(r, "top1", percent=True), interval_text(r, "needle_whole", percent=True)]
                 for r in summary["rows"]]
 
@@ -74,6 +74,17 @@ def headline(found: tuple[Path, dict] | None) -> str:
         return ("**No evaluation results yet.** Run `memstep eval` (results in `results/local/`) or "
                 "`make bench` (the default grid, committed in `results/`), then press Reload.")
     folder, summary = found
+    where = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
+    if is_fair(summary):
+        cases = {r["length"]: r.get("reference_cases") or r["cells"] for r in summary["rows"]
+                 if r["config"]["kind"] == "memstep" and r["config"]["schedule"] == "full"}
+        return (f"Results from `{where}`: {len({r['label'] for r in summary['rows']})} configurations; "
+                + ", ".join(f"{n} cases at {length:,} tokens" for length, n in sorted(cases.items()))
+                + ". KL: the mean KL divergence (nats per token) of the memory's next-token distributions from the "
+                "full cache's over the prose that follows the document, with its 95% t interval; top-1 agreement: "
+                "how often both pick the same token. Answers are counted on the cases memstep's full cache answers "
+                "(Wilson 95% interval). Each kvpress press keeps the same number of document entries and runs as "
+                "its authors run it (its settings are in the table). Peak memory and seconds: the trade-off chart.")
     run = summary.get("run", {})
     settings = run.get("settings", {})
     configs = len({r["label"] for r in summary["rows"]})
