@@ -59,10 +59,11 @@ def register(sub) -> None:
                         "'magic number' template, code another number in another sentence, word and name facts "
                         "that are not numbers")
     p.add_argument("--metrics", default=",".join(METRICS),
-                   help=f"what to measure besides the answer and the continuation's NLL (default {','.join(METRICS)}): "
-                        "kl = KL divergence from the full cache's next-token distributions over the held-out "
-                        "continuation and top-1 agreement (memstep's full cache runs first as the reference); "
-                        "retention = which layer-head slots keep the answer's tokens; accuracy = answers right")
+                   help=f"what to measure (default {','.join(METRICS)}): kl = KL divergence from the full cache's "
+                        "next-token distributions over the held-out continuation and top-1 agreement (memstep's full "
+                        "cache runs first at each length as the reference: leave kl out to skip it); accuracy (the "
+                        "answers, also counted on the cases the full cache answers) and retention (which layer-head "
+                        "slots keep the answer's tokens) come with every run at no cost")
     p.add_argument("--question-pools", default=None,
                    help="memstep question-aware ablation: how the question's attention spreads over neighbouring "
                         "keys, comma-separated max:N, mean:N or none (default: the engine's, max:15)")
