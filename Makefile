@@ -55,42 +55,45 @@ $(KVPRESS_VENV)/.installed: peers/requirements.txt
 
 kvpress-venv: $(KVPRESS_VENV)/.installed
 
-# The evaluation (docs/evaluation.md), sized for this shared 2-core machine; resumable (a rerun
-# recomputes nothing already in the results folder's cells.jsonl: after an engine or scorer
-# change, move that file away first). Every case: one of two Austen texts x a needle kind
-# (passkey, code, word, name) x depth 1/6, 1/2, 5/6 x seed; memstep's full cache runs first
-# and is the reference of the KL / top-1 agreement; accuracy is counted on the cases it answers.
-# - headline: memstep FM and IMDC (chunk-attention, compact positions) question-aware and
-#   agnostic, and the kvpress presses as their authors run them (SnapKV and ChunkKV with the
-#   question as the window, Finch, KeyDiff block-wise), M = 512, c = 512; 2k: 48 cases.
-# - ablations (2k): question pooling, question weight, one compression at the end (all in the
-#   same folder: each is paired with the headline's FM question-aware row on the same cases).
-# `make bench-eval` runs them all and refreshes docs/evaluation.md and the README summary.
+# The evaluation (docs/evaluation.md), sized for this shared 2-core machine (about 2 CPU-hours;
+# a 2k cell costs 5-10 CPU-seconds, an 8k one about 60); resumable: a rerun recomputes nothing
+# already in the results folder's cells.jsonl (after an engine or scorer change, move that file
+# away first). A case: one of two Austen texts x a needle kind (passkey, code, word, name) x a
+# depth x a seed. memstep's full cache runs first and is the reference of the KL / top-1
+# agreement; accuracy is counted on the cases it answers. Lines in priority order, each useful
+# on its own:
+# - headline (2k, 24 cases): memstep FM question-aware and agnostic, IMDC, and the kvpress
+#   presses as their authors run them (SnapKV and ChunkKV with the question as the window,
+#   Finch, KeyDiff block-wise), M = 512, c = 512;
+# - ablations (2k, 16 cases: depths 1/6 and 5/6): question pooling, question weight, one
+#   compression at the end, each paired with the headline's FM question-aware row (the
+#   engine's defaults: pool max:15, weight 0.75, chunked) on the same cases;
+# - bench-long: the headline rows at 4k and 8k (not in the committed results: hours here).
 EVAL_COMMON ?= --budgets 512 --chunk 512 --scorers chunk-attention --ropes compact \
-	--depths 0.167,0.5,0.833 --needles passkey,code,word,name --metrics accuracy,kl,retention --quiet
-EVAL_MEMSTEP ?= --schedules full,fm,imdc --question-aware both
+	--needles passkey,code,word,name --metrics accuracy,kl,retention --quiet
+EVAL_HEAD ?= --depths 0.167,0.5,0.833 --seeds 0
+EVAL_ABLATE ?= --lengths 2048 --depths 0.167,0.833 --seeds 0
+EVAL_MEMSTEP ?= --schedules full,fm --question-aware both
+EVAL_IMDC ?= --schedules full,imdc --question-aware both
 EVAL_PEERS ?= --schedules full --peers kvpress --presses snapkv,chunkkv,finch,keydiff --question-aware yes
-EVAL_2K ?= --lengths 2048 --seeds 0,1
-EVAL_4K ?= --lengths 4096 --seeds 0
-EVAL_8K ?= --lengths 8192 --seeds 0
-# the engine's defaults (pool max:15, weight 0.75, chunked) are the headline's FM question-aware row
 EVAL_POOLS ?= --schedules full,fm --question-aware yes --question-pools mean:5,none
 EVAL_WEIGHTS ?= --schedules full,fm --question-aware yes --question-weights 0.25,0.5,1.0
 EVAL_ONCE ?= --schedules full,once --question-aware both
 RESULTS ?= results/eval
-EVAL := $(VENV)/bin/memstep eval $(EVAL_COMMON)
-.PHONY: bench-eval bench-headline bench-ablations eval-docs
+EVAL := $(VENV)/bin/memstep eval $(EVAL_COMMON) --output $(RESULTS)
+.PHONY: bench-eval bench-headline bench-ablations bench-long eval-docs
 bench-headline: install-dev model kvpress-venv
-	$(EVAL) $(EVAL_MEMSTEP) $(EVAL_2K) --output $(RESULTS) > /dev/null
-	$(EVAL) $(EVAL_PEERS) $(EVAL_2K) --output $(RESULTS) > /dev/null
-	$(EVAL) $(EVAL_MEMSTEP) $(EVAL_4K) --output $(RESULTS) > /dev/null
-	$(EVAL) $(EVAL_PEERS) $(EVAL_4K) --output $(RESULTS) > /dev/null
-	$(EVAL) $(EVAL_MEMSTEP) $(EVAL_8K) --output $(RESULTS) > /dev/null
-	$(EVAL) $(EVAL_PEERS) $(EVAL_8K) --output $(RESULTS) > /dev/null
+	$(EVAL) $(EVAL_HEAD) --lengths 2048 $(EVAL_MEMSTEP) > /dev/null
+	$(EVAL) $(EVAL_HEAD) --lengths 2048 $(EVAL_PEERS) > /dev/null
+	$(EVAL) $(EVAL_HEAD) --lengths 2048 $(EVAL_IMDC) > /dev/null
 bench-ablations: install-dev model
-	$(EVAL) $(EVAL_POOLS) $(EVAL_2K) --output $(RESULTS) > /dev/null
-	$(EVAL) $(EVAL_WEIGHTS) $(EVAL_2K) --output $(RESULTS) > /dev/null
-	$(EVAL) $(EVAL_ONCE) $(EVAL_2K) --output $(RESULTS) > /dev/null
+	$(EVAL) $(EVAL_ABLATE) $(EVAL_POOLS) > /dev/null
+	$(EVAL) $(EVAL_ABLATE) $(EVAL_ONCE) > /dev/null
+	$(EVAL) $(EVAL_ABLATE) $(EVAL_WEIGHTS) > /dev/null
+bench-long: install-dev model kvpress-venv
+	$(EVAL) $(EVAL_HEAD) --lengths 4096,8192 $(EVAL_MEMSTEP) > /dev/null
+	$(EVAL) $(EVAL_HEAD) --lengths 4096,8192 $(EVAL_PEERS) > /dev/null
+	$(EVAL) $(EVAL_HEAD) --lengths 4096,8192 $(EVAL_IMDC) > /dev/null
 eval-docs: install-dev
 	$(PY) benchmarks/eval_docs.py --results $(RESULTS) --docs docs/evaluation.md --readme README.md
 bench-eval: bench-headline bench-ablations eval-docs
