@@ -98,11 +98,13 @@ class KeptIndex:
 
     def __init__(self, press, rerotated: bool):
         self.kept: dict[int, torch.Tensor] = {}
-        compress = press.compress
+        # one wrapper per press, whatever the number of cases: wrap the press's own method
+        compress = press.__dict__.setdefault("_unwrapped_compress", press.compress)
         if rerotated:
             from kvpress.presses.key_rerotation_press import KeyRerotationPress
 
-            rerotate = KeyRerotationPress.rerotate_keys
+            rerotate = KeyRerotationPress.__dict__.get("_unwrapped", KeyRerotationPress.rerotate_keys)
+            KeyRerotationPress._unwrapped = staticmethod(rerotate)
 
             def spy(module, indices, keys):
                 self.kept[module.layer_idx] = indices[0].clone()
