@@ -221,9 +221,9 @@ def entries_text(row: dict) -> str:
     return "-" if row.get("memory_entries") is None else str(row["memory_entries"])
 
 
-FAIR_HEAD = ("| length | configuration | settings | entries kept | answered, of the cases the full cache answers "
-             "| KL from the full cache, nats/token (95% CI) | top-1 agreement (95% CI) | answer kept whole, "
-             "layer-head slots (95% CI) |\n|---:|---|---|---:|---:|---:|---:|---:|")
+FAIR_HEAD = ("| length | configuration | settings | entries kept | cases | answered, of the cases the full cache "
+             "answers | KL from the full cache, nats/token (95% CI) | top-1 agreement (95% CI) | answer kept whole, "
+             "layer-head slots (95% CI) |\n|---:|---|---|---:|---:|---:|---:|---:|---:|")
 
 
 def fair_table(summary: dict, keep=None) -> str:
@@ -233,7 +233,7 @@ def fair_table(summary: dict, keep=None) -> str:
         if keep is not None and not keep(r):
             continue
         label = f"**{r['label']}**" if r["peer"] else r["label"]
-        lines.append(f"| {r['length']} | {label} | {settings_text(r)} | {entries_text(r)} | {counted_text(r)} "
+        lines.append(f"| {r['length']} | {label} | {settings_text(r)} | {entries_text(r)} | {r['cells']} | {counted_text(r)} "
                      f"| {interval_text(r, 'kl')} | {interval_text(r, 'top1', percent=True)} "
                      f"| {interval_text(r, 'needle_whole', percent=True)} |")
     return "\n".join(lines)

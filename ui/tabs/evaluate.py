@@ -27,7 +27,8 @@ RESULT_FOLDERS = (ROOT / "results" / "local", ROOT / "results" / "eval", ROOT / 
 TABLE_HEADERS = ["length", "configuration", "kind", "passkey accuracy (95% CI)", "passkey kept", "NLL gap (95% CI)",
                  "seconds", "peak MiB", "peak - baseline MiB"]
 # results with a KL against the full cache: the settings beside the numbers, counted accuracy, KL, top-1
-FAIR_HEADERS = ["length", "configuration", "settings", "entries kept", "answered, of the cases the full cache answers",
+FAIR_HEADERS = ["length", "configuration", "settings", "entries kept", "cases",
+                "answered, of the cases the full cache answers",
                 "KL from the full cache (95% CI)", "top-1 agreement (95% CI)", "answer kept whole (95% CI)"]
 
 
@@ -59,7 +60,7 @@ def table_rows(summary: dict) -> list[list]:
         return None if value is None else round(value * scale, digits)
 
     if is_fair(summary):
-        return [[r["length"], r["label"], settings_text(r, short=True), entries_text(r), counted_text(r), interval_text(r, "kl"),
+        return [[r["length"], r["label"], settings_text(r, short=True), entries_text(r), r["cells"], counted_text(r), interval_text(r, "kl"),
                  interval_text(r, "top1", percent=True), interval_text(r, "needle_whole", percent=True)]
                 for r in summary["rows"]]
 
