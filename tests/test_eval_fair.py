@@ -253,9 +253,15 @@ def test_paired_interval_by_hand():
     assert diff == pytest.approx(p1 - p2)
     assert low == pytest.approx(p1 - p2 - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2))
     assert high == pytest.approx(p1 - p2 + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2))
-    # positively correlated pairs narrow it; every pair agreeing leaves no difference to see
-    assert paired_difference_interval(6, 2, 0, 4)[1] > paired_difference_interval(4, 4, 2, 2)[1] - 0.2
-    assert paired_difference_interval(6, 0, 0, 6) == (0.0, 0.0, 0.0)
+    # positively correlated pairs: phi from ad - bc shrunk by n/2 (Newcombe's correction)
+    diff, low, high = paired_difference_interval(6, 2, 0, 4)
+    n, p1, p2 = 12, 8 / 12, 6 / 12
+    l1, u1 = wilson_interval(8, 12)
+    l2, u2 = wilson_interval(6, 12)
+    phi = (6 * 4 - 2 * 0 - n / 2) / math.sqrt(8 * 4 * 6 * 6)
+    assert low == pytest.approx(p1 - p2 - math.sqrt((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
+    assert high == pytest.approx(p1 - p2 + math.sqrt((u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
+    assert high - low < paired_difference_interval(4, 4, 2, 2)[2] - paired_difference_interval(4, 4, 2, 2)[1]
     low = 1.0 - math.sqrt((1.0 - wilson_interval(10, 10)[0]) ** 2 + wilson_interval(0, 10)[1] ** 2)
     assert paired_difference_interval(0, 10, 0, 0) == pytest.approx((1.0, low, 1.0))  # 10 discordant of 10
 
