@@ -96,7 +96,11 @@ def docs(summary: dict, cells: list[dict], earlier: dict | None) -> str:
         "",
         "## Headline",
         "",
+        report.recommendation(summary),
+        "",
         report.fair_table(summary, headline),
+        "",
+        "![answers on the cases the full cache answers, and KL, with 95% intervals](../results/eval/intervals.png)",
         "",
         "What the full cache answers, per needle kind (how much each kind can resolve):",
         "",
@@ -148,7 +152,8 @@ def _config_of(summary: dict, paired: dict) -> dict:
 def readme_block(summary: dict) -> str:
     keep = lambda r: headline(r) and (r["config"]["kind"] != "memstep" or r["config"]["schedule"] != "imdc" # noqa: E731
                                      or r["config"].get("question_aware"))
-    return "\n".join(report.fair_takeaway(summary) + ["", report.fair_table(summary, keep), "",
+    return "\n".join([report.recommendation(summary), ""] + report.fair_takeaway(summary)
+                     + ["", report.fair_table(summary, keep), "",
                                                        "All rows, the paired intervals and the ablations: "
                                                        "[docs/evaluation.md](docs/evaluation.md)."])
 

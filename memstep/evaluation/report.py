@@ -317,3 +317,44 @@ def fair_takeaway(summary: dict) -> list[str]:
                          f"of those, KL {interval_text(row, 'kl')}")
         lines.append("- " + "; ".join(parts) + ".")
     return lines
+
+
+def _seconds(row: dict) -> str:
+    return "-" if row.get("seconds") is None else f"{row['seconds']:.1f} s"
+
+
+def recommendation(summary: dict, length: int | None = None) -> str:
+    """The takeaway a reader needs, from the numbers at one length (the shortest with an anchor):
+    which memstep setting to use, what it costs next to the question-agnostic memory, and the
+    best kvpress press beside it with its settings. Says when the intervals do not separate them."""
+    lengths = sorted({r["length"] for r in summary["rows"]})
+    default = lambda c: not c.get("question_pool") and c.get("question_weight") is None  # noqa: E731
+    for at in ([length] if length else lengths):
+        aware = _row(summary, at, lambda c: c["kind"] == "memstep" and c["schedule"] == "fm"
+                     and c.get("question_aware") and default(c))
+        agnostic = _row(summary, at, lambda c: c["kind"] == "memstep" and c["schedule"] == "fm"
+                        and not c.get("question_aware"))
+        if aware and agnostic:
+            break
+    else:
+        return ""
+    paired = {p["label"]: p for p in summary.get("paired") or [] if p["length"] == at}
+    versus = paired.get(agnostic["label"], {})
+    separated = versus.get("kl_difference_low") is not None and versus["kl_difference_low"] > 0
+    peers = [r for r in summary["rows"] if r["length"] == at and r["config"]["kind"] == "kvpress"
+             and r.get("kl") is not None]
+    best = min(peers, key=lambda r: r["kl"], default=None)
+    text = (f"**Takeaway ({at:,} tokens, M = {aware['config'].get('budget')}).** "
+            + ("When the question is known, use question-aware FM" if separated else
+               "Question-aware FM and the question-agnostic memory are not told apart here")
+            + f" ({settings_text(aware)}): KL from the full cache {interval_text(aware, 'kl')} against "
+              f"{interval_text(agnostic, 'kl')} without the question, answers {counted_text(aware)} against "
+              f"{counted_text(agnostic)} of the cases the full cache answers; it costs {_seconds(aware)} per "
+              f"case against {_seconds(agnostic)} (the question is read again with every chunk).")
+    if best is not None:
+        mine = paired.get(best["label"], {})
+        told = mine.get("kl_difference_low") is not None and not mine["kl_difference_low"] <= 0 <= mine["kl_difference_high"]
+        text += (f" The closest kvpress press, {best['label']} ({settings_text(best)}), reaches KL "
+                 f"{interval_text(best, 'kl')} and answers {counted_text(best)}"
+                 + ("" if told else "; the paired KL interval does not separate it from memstep's") + ".")
+    return text

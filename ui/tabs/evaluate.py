@@ -17,7 +17,8 @@ import gradio as gr
 
 from memstep.evaluation.plots import heatmap_figure, intervals_figure, tradeoff_figure
 from memstep.evaluation.report import (accuracy_text, contrasts_text, counted_text, entries_text, fair_takeaway,
-                                       interval_text, paired_table, plus_minus, retention_text, settings_text,
+                                       interval_text, paired_table, plus_minus, recommendation, retention_text,
+                                       settings_text,
                                        unsupported)
 from memstep.evaluation.store import SUMMARY, load_summary
 
@@ -118,10 +119,9 @@ def takeaway(summary: dict) -> str:
         lines = fair_takeaway(summary)
         if not lines:
             return ""
-        return ("**What the results say.** With the question known, memstep's question-aware memory is the setting "
-                "to use; it costs the question's tokens read again after every chunk. Per length, each memory's "
-                "answers on the cases the full cache answers and its KL from the full cache, with the settings it "
-                "ran with (95% intervals):\n\n" + "\n".join(lines))
+        return (recommendation(summary) + "\n\nPer length, each memory's answers on the cases the full cache "
+                "answers and its KL from the full cache, with the settings it ran with (95% intervals):\n\n"
+                + "\n".join(lines))
     lines = []
     for length in lengths(summary):
         rows = [r for r in summary["rows"] if r["length"] == length]
