@@ -323,10 +323,45 @@ def _seconds(row: dict) -> str:
     return "-" if row.get("seconds") is None else f"{row['seconds']:.1f} s"
 
 
+def _difference(p: dict, name: str, scale: float = 1.0, unit: str = "", digits: int = 3) -> str:
+    """"+0.012 (95% CI -0.004 to +0.028)" of a paired difference, the anchor's side flipped
+    (``scale`` -1: anchor minus row)."""
+    mean, low, high = p.get(f"{name}_difference"), p.get(f"{name}_difference_low"), p.get(f"{name}_difference_high")
+    if mean is None:
+        return "-"
+    low, high = sorted((scale * low, scale * high)) if low is not None else (None, None)
+    text = f"{scale * mean:+.{digits}f}{unit}"
+    return text if low is None else f"{text} (95% CI {low:+.{digits}f} to {high:+.{digits}f}{unit})"
+
+
+def _excludes_zero(p: dict, name: str) -> bool:
+    low, high = p.get(f"{name}_difference_low"), p.get(f"{name}_difference_high")
+    return low is not None and not low <= 0 <= high
+
+
+def _question_cost(summary: dict, aware: dict) -> str:
+    """What question-awareness costs, counted (not timed on a shared machine): the question's
+    tokens prefilled again with every chunk, and no more memory."""
+    windows = [w for r in summary["rows"] if r["config"]["kind"] == "kvpress" and r["config"].get("question_aware")
+               for w in ([(r.get("peer_settings") or {}).get("window")] if r.get("peer_settings") else [])
+               if w is not None]
+    flat = [v for w in windows for v in (w if isinstance(w, list) else [w])]
+    chunk = aware["config"].get("chunk") or 512
+    if not flat:
+        return (f"It costs the question's tokens, prefilled again with every {chunk}-token chunk, and no more "
+                "memory.")
+    low, high = min(flat), max(flat)
+    tokens = f"{low}-{high}" if low != high else f"{low}"
+    return (f"It costs the question's {tokens} tokens, prefilled again with every {chunk}-token chunk (about "
+            f"{100 * high / chunk:.0f}% more tokens through the model), and no more memory ({entries_text(aware)} "
+            "entries).")
+
+
 def recommendation(summary: dict, length: int | None = None) -> str:
-    """The takeaway a reader needs, from the numbers at one length (the shortest with an anchor):
-    which memstep setting to use, what it costs next to the question-agnostic memory, and the
-    best kvpress press beside it with its settings. Says when the intervals do not separate them."""
+    """The takeaway a reader needs, from the numbers at one length (the shortest with both):
+    whether to use memstep's question-aware memory, what it buys and costs next to the
+    question-agnostic one (paired on the same cases), and the closest kvpress press with its
+    settings. Says when the intervals do not separate them."""
     lengths = sorted({r["length"] for r in summary["rows"]})
     default = lambda c: not c.get("question_pool") and c.get("question_weight") is None  # noqa: E731
     for at in ([length] if length else lengths):
@@ -339,22 +374,26 @@ def recommendation(summary: dict, length: int | None = None) -> str:
     else:
         return ""
     paired = {p["label"]: p for p in summary.get("paired") or [] if p["length"] == at}
-    versus = paired.get(agnostic["label"], {})
-    separated = versus.get("kl_difference_low") is not None and versus["kl_difference_low"] > 0
-    peers = [r for r in summary["rows"] if r["length"] == at and r["config"]["kind"] == "kvpress"
-             and r.get("kl") is not None]
-    best = min(peers, key=lambda r: r["kl"], default=None)
+    versus = paired.get(agnostic["label"], {})  # agnostic minus aware, on the same cases
+    answers_better = versus.get("accuracy_difference_high") is not None and versus["accuracy_difference_high"] < 0
+    kl_better = _excludes_zero(versus, "kl") and versus["kl_difference"] > 0
+    use = answers_better or kl_better
     text = (f"**Takeaway ({at:,} tokens, M = {aware['config'].get('budget')}).** "
-            + ("When the question is known, use question-aware FM" if separated else
-               "Question-aware FM and the question-agnostic memory are not told apart here")
-            + f" ({settings_text(aware)}): KL from the full cache {interval_text(aware, 'kl')} against "
-              f"{interval_text(agnostic, 'kl')} without the question, answers {counted_text(aware)} against "
-              f"{counted_text(agnostic)} of the cases the full cache answers; it costs {_seconds(aware)} per "
-              f"case against {_seconds(agnostic)} (the question is read again with every chunk).")
+            + ("When the question is known, use question-aware FM" if use else
+               "Question-aware FM is not told apart from the question-agnostic memory here")
+            + f" ({settings_text(aware)}): it answers {counted_text(aware)} of the cases the full cache answers, "
+              f"the agnostic memory {counted_text(agnostic)} (paired difference "
+              f"{_difference(versus, 'accuracy', -100, ' points', 0)}); KL from the full cache over the prose "
+              f"that follows {interval_text(aware, 'kl')} against {interval_text(agnostic, 'kl')} (paired "
+              f"{_difference(versus, 'kl', -1)}"
+            + ("" if _excludes_zero(versus, "kl") else ": the question costs nothing measurable in general fidelity")
+            + f"). {_question_cost(summary, aware)}")
+    peers = [r for r in summary["rows"] if r["length"] == at and r["config"]["kind"] == "kvpress"
+             and r.get("counted")]
+    best = max(peers, key=lambda r: (r["counted_accuracy"], -(r.get("kl") or 0)), default=None)
     if best is not None:
         mine = paired.get(best["label"], {})
-        told = mine.get("kl_difference_low") is not None and not mine["kl_difference_low"] <= 0 <= mine["kl_difference_high"]
-        text += (f" The closest kvpress press, {best['label']} ({settings_text(best)}), reaches KL "
-                 f"{interval_text(best, 'kl')} and answers {counted_text(best)}"
-                 + ("" if told else "; the paired KL interval does not separate it from memstep's") + ".")
+        text += (f" The best kvpress press here, {best['label']} ({settings_text(best)}), answers "
+                 f"{counted_text(best)} (paired difference to memstep's {_difference(mine, 'accuracy', 100, ' points', 0)})"
+                 f", KL {interval_text(best, 'kl')} (paired {_difference(mine, 'kl')}).")
     return text
