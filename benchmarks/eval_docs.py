@@ -79,6 +79,10 @@ def docs(summary: dict, cells: list[dict], earlier: dict | None) -> str:
         "password of the museum is juniper.\"), `name` (\"The keeper of the harbour was a man named Tobias.\"), "
         "each asked back by the thing it is about.",
         "",
+        f"Not every row has the cases `make bench-eval` asks for (24 per headline row, 16 per ablation): "
+        f"{short_rows(summary)}. The run was cut to fit a shared 2-core machine; `make bench-eval` fills "
+        "the rest (finished cells are kept), and every interval below is computed on the cases a row has.",
+        "",
         "## How to read the numbers",
         "",
         "- **KL from the full cache**: over the 32 held-out tokens of prose that follow the document, the mean "
@@ -143,6 +147,13 @@ def docs(summary: dict, cells: list[dict], earlier: dict | None) -> str:
                   setup.strip(), "", report.results_table(earlier), "", report.contrasts_text(earlier), "",
                   "Reading it (written when that grid ran):", "", reading.strip()]
     return "\n".join(parts) + "\n"
+
+
+def short_rows(summary: dict) -> str:
+    """The rows with fewer cases than the grid asks for, with their counts."""
+    short = [f"{r['label']} {r['cells']}" for r in summary["rows"]
+             if r["cells"] < (16 if is_ablation(r["config"]) else 24)]
+    return ", ".join(short) if short else "none"
 
 
 def _config_of(summary: dict, paired: dict) -> dict:
