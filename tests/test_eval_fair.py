@@ -327,3 +327,25 @@ def test_counted_accuracy_kl_and_paired_rows():
     text = report.fair_table(summary)
     assert "window 19-21 tokens = the question" in text and "2/3 (67%" in text
     assert any("do not tell them apart" in line for line in report.unsupported(summary))
+
+
+def test_evaluate_tab_leads_with_the_takeaway_and_the_numbers():
+    from memstep.evaluation import metrics
+    from ui.tabs import evaluate
+
+    full = Config("memstep", "full")
+    anchor = Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact", True)
+    agnostic = Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact")
+    cells = []
+    for i, depth in enumerate((0.1, 0.2, 0.3, 0.4, 0.5, 0.6)):
+        recorded = {"question_pool": "max:15", "question_weight": 0.75, "chunk": 512}  # as the worker records them
+        cells += [_fair_cell(full, depth, True, 0.0), _fair_cell(anchor, depth, True, 0.05 + i / 100, recorded),
+                  _fair_cell(agnostic, depth, False, 0.06 + i / 100)]
+    summary = metrics.summarize(cells)
+    rows = evaluate.table_rows(summary)
+    assert evaluate.FAIR_HEADERS[2].startswith("answered") and evaluate.FAIR_HEADERS[-1] == "settings"
+    row = next(r for r in rows if r[1] == anchor.label)
+    assert row[2].startswith("6/6") and row[-1] == "c 512, pool max:15, weight 0.75"
+    text = evaluate.takeaway(summary)
+    assert text.startswith("**Takeaway (2,048 tokens, M = 512).** When the question is known, use question-aware FM")
+    assert "0/6" in text and "paired difference +100 points" in text
