@@ -163,8 +163,12 @@ def _config_of(summary: dict, paired: dict) -> dict:
 def readme_block(summary: dict) -> str:
     keep = lambda r: headline(r) and (r["config"]["kind"] != "memstep" or r["config"]["schedule"] != "imdc" # noqa: E731
                                      or r["config"].get("question_aware"))
+    same = report.unsupported(summary, lambda p: not is_ablation(_config_of(summary, p)))
     return "\n".join([report.recommendation(summary), ""] + report.fair_takeaway(summary)
                      + ["", report.fair_table(summary, keep), "",
+                        f"Rows have different numbers of cases (the *cases* column: {short_rows(summary)} are short "
+                        "of the grid's, cut for time on a 2-core machine). What the intervals do not support:", "",
+                        *(same or ["- nothing: every paired interval excludes zero"]), "",
                                                        "All rows, the paired intervals and the ablations: "
                                                        "[docs/evaluation.md](docs/evaluation.md)."])
 
