@@ -62,26 +62,48 @@ $(KVPRESS_VENV)/.installed: peers/requirements.txt
 
 kvpress-venv: $(KVPRESS_VENV)/.installed
 
-# The default evaluation grid (issue 8: what the reference code's choices cost), sized for
-# this shared 2-core machine: an hour or two when quiet (run it with nothing else heavy).
-# 2k tokens: RoPE positions compact vs document x scorers chunk-attention, conv (the
-# reference's pooled score), snapkv x FM vs IMDC, with kvpress SnapKV and StreamingLLM, the
-# HF full cache and memstep's full cache: 12 cases per configuration (2 haystack texts x 3
-# depths x 2 seeds). 8k tokens: the default scorer only, both position modes, FM and IMDC,
-# the same peers: 6 cases (2 texts x 3 depths). The 2k grid runs first: it holds the
-# comparisons this grid is for, so an interrupted run still has them whole; the last
-# command refreshes the README block and the plots from every cell in results/.
-# Resumable: rerunning recomputes nothing already in results/cells.jsonl (after an engine
-# or scorer change, move that file away first). Wider grids: `memstep eval --help`.
-BENCH_COMMON ?= --schedules full,fm,imdc --budgets 512 --chunk 512 --ropes compact,document \
-	--depths 0.167,0.5,0.833 --peers kvpress,hf --presses snapkv,streaming-llm --output results
-# Question-aware (memstep's option and kvpress with the question at the end of the context)
-# against agnostic, for FM and IMDC with the default scorer and compact positions, at both lengths.
-BENCH_2K ?= --lengths 2048 --seeds 0,1 --scorers chunk-attention,conv,snapkv
-BENCH_8K ?= --lengths 8192 --seeds 0 --scorers chunk-attention
-BENCH_QA ?= --scorers chunk-attention --ropes compact --question-aware yes
-bench: install-dev model kvpress-venv chromium  # install-dev: kaleido writes the PNG plots
-	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_2K) --quiet > /dev/null
-	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_2K) $(BENCH_QA) --quiet > /dev/null
-	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_8K) --quiet > /dev/null
-	$(VENV)/bin/memstep eval $(BENCH_COMMON) $(BENCH_8K) $(BENCH_QA) --readme README.md
+# The evaluation (docs/evaluation.md), sized for this shared 2-core machine (about 2 CPU-hours;
+# a 2k cell costs 5-10 CPU-seconds, an 8k one about 60); resumable: a rerun recomputes nothing
+# already in the results folder's cells.jsonl (after an engine or scorer change, move that file
+# away first). A case: one of two Austen texts x a needle kind (passkey, code, word, name) x a
+# depth x a seed. memstep's full cache runs first and is the reference of the KL / top-1
+# agreement; accuracy is counted on the cases it answers. Lines in priority order, each useful
+# on its own:
+# - headline (2k, 24 cases): memstep FM question-aware and agnostic, IMDC, and the kvpress
+#   presses as their authors run them (SnapKV and ChunkKV with the question as the window,
+#   Finch, KeyDiff block-wise), M = 512, c = 512;
+# - ablations (2k, 16 cases: depths 1/6 and 5/6): question pooling, question weight, one
+#   compression at the end, each paired with the headline's FM question-aware row (the
+#   engine's defaults: pool max:15, weight 0.75, chunked) on the same cases;
+# - bench-long: the headline rows at 4k and 8k (not in the committed results: hours here).
+EVAL_COMMON ?= --budgets 512 --chunk 512 --scorers chunk-attention --ropes compact \
+	--needles passkey,code,word,name --metrics accuracy,kl,retention --quiet
+EVAL_HEAD ?= --depths 0.167,0.5,0.833 --seeds 0
+EVAL_ABLATE ?= --lengths 2048 --depths 0.167,0.833 --seeds 0
+EVAL_MEMSTEP ?= --schedules full,fm --question-aware both
+EVAL_IMDC ?= --schedules full,imdc --question-aware both
+EVAL_PEERS ?= --schedules full --peers kvpress --presses snapkv,chunkkv,finch,keydiff --question-aware yes
+EVAL_POOLS ?= --schedules full,fm --question-aware yes --question-pools mean:5,none
+EVAL_WEIGHTS ?= --schedules full,fm --question-aware yes --question-weights 0.25,0.5,1.0
+EVAL_ONCE ?= --schedules full,once --question-aware both
+RESULTS ?= results/eval
+EVAL := $(VENV)/bin/memstep eval $(EVAL_COMMON) --output $(RESULTS)
+.PHONY: bench-eval bench-headline bench-ablations bench-long eval-docs
+bench-headline: install-dev model kvpress-venv
+	$(EVAL) $(EVAL_HEAD) --lengths 2048 $(EVAL_MEMSTEP) > /dev/null
+	$(EVAL) $(EVAL_HEAD) --lengths 2048 $(EVAL_PEERS) > /dev/null
+	$(EVAL) $(EVAL_HEAD) --lengths 2048 $(EVAL_IMDC) > /dev/null
+bench-ablations: install-dev model
+	$(EVAL) $(EVAL_ABLATE) $(EVAL_POOLS) > /dev/null
+	$(EVAL) $(EVAL_ABLATE) $(EVAL_ONCE) > /dev/null
+	$(EVAL) $(EVAL_ABLATE) $(EVAL_WEIGHTS) > /dev/null
+bench-long: install-dev model kvpress-venv
+	$(EVAL) $(EVAL_HEAD) --lengths 4096,8192 $(EVAL_MEMSTEP) > /dev/null
+	$(EVAL) $(EVAL_HEAD) --lengths 4096,8192 $(EVAL_PEERS) > /dev/null
+	$(EVAL) $(EVAL_HEAD) --lengths 4096,8192 $(EVAL_IMDC) > /dev/null
+eval-docs: install-dev
+	$(PY) benchmarks/eval_docs.py --results $(RESULTS) --docs docs/evaluation.md --readme README.md
+bench-eval: bench-headline bench-ablations eval-docs
+
+# `make bench`: the evaluation, as before (the engine's own benchmarks: docs/benchmarks.md).
+bench: bench-eval

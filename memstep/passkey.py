@@ -84,7 +84,17 @@ def make_haystack(haystack_text: str, tokenizer, length_tokens: int, depth: floa
                            "load it with AutoTokenizer.from_pretrained(..., use_fast=True).")
     length_tokens, depth, answer = _check_inputs(haystack_text, length_tokens, depth, passkey,
                                                  thing)
-    needle = needle_sentence(answer, thing)
+    doc = place_needle(haystack_text, tokenizer, length_tokens, depth, needle_sentence(answer, thing))
+    doc.question, doc.answer = question_for(thing), answer
+    return doc
+
+
+def place_needle(haystack_text: str, tokenizer, length_tokens: int, depth: float, needle: str) -> PasskeyDoc:
+    """Any needle sentence hidden in prose as ``make_haystack`` hides the passkey (its
+    ``question`` and ``answer`` left empty for the caller); inputs already checked."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise MemstepError("Needle documents need a fast tokenizer (with offsets); "
+                           "load it with AutoTokenizer.from_pretrained(..., use_fast=True).")
     needle_tokens = _count(tokenizer, " " + needle)
     if length_tokens <= needle_tokens:
         raise MemstepError(f"length_tokens={length_tokens} cannot hold the needle "
@@ -103,7 +113,6 @@ def make_haystack(haystack_text: str, tokenizer, length_tokens: int, depth: floa
     while n > 0:
         doc = _assemble(source, spans[:n], tokens_before, needle, depth, tokenizer)
         if doc.length_tokens <= length_tokens:  # merges at the joins can add a token or two
-            doc.question, doc.answer = question_for(thing), answer
             return doc
         n -= 1
     raise MemstepError("The haystack text has no sentence short enough to fit in "

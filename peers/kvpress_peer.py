@@ -7,8 +7,16 @@ kvpress 0.5.5 needs transformers<5.3, so this runs in its own virtualenv and spe
 memstep only through the job file (token ids, prepared by memstep) and JSON lines on
 stdout (memstep.evaluation.process). The whole context is prefilled in one pass with the
 press's hooks compressing each layer to the same final budget as memstep (budget + sinks
-entries); then the held-out continuation is scored and the question answered greedily,
-in the same order and with the same positions as memstep's runner.
+entries of the document); then the question is answered greedily and the held-out
+continuation is scored over the document's memory, with the positions kvpress's own
+pipeline uses (true positions; after a press that re-rotates keys, the cache's length).
+
+Each press is set as its authors set it, and those settings go into every cell:
+question-aware, the question ends the compressed context (SnapKV's observation window is
+the question, as in its paper; ChunkKV wraps that SnapKV and keeps whole chunks of 20;
+Finch reads the question after a delimiter and keeps the top entries chunk by chunk);
+KeyDiff runs block-wise (BlockPress, as kvpress's docstring says reproduces its paper),
+question-agnostic like Knorm and StreamingLLM.
 """
 
 from __future__ import annotations
@@ -21,31 +29,112 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # memstep's mod
 
 import torch  # noqa: E402
 
-from memstep.evaluation.process import load_job, serve_cases  # noqa: E402
+from memstep.evaluation.process import emit, load_job, serve_cases  # noqa: E402
 
 
-def make_press(name: str | None, window: int):
-    """The kvpress press for a peer configuration; None = no compression (HF full cache)."""
+QUESTION_PRESSES = ("finch",)
+AGNOSTIC_PRESSES = ("keydiff", "knorm", "streaming-llm")
+CHUNKKV_CHUNK = 20  # ChunkKV's paper and kvpress default
+KEYDIFF_BLOCK = 128  # kvpress BlockPress default, its KeyDiff docstring's recipe
+SNAPKV_KERNEL = 5  # kvpress and the SnapKV paper
+
+
+def make_press(name: str | None, aware: bool, question_tokens: int, window: int = 64, chunk: int = 512):
+    """The kvpress press for a peer configuration and its settings as recorded; (None, {}) =
+    no compression (HF full cache). ``window``: SnapKV's window without the question;
+    ``chunk``: Finch's chunk (memstep's c, the chunked mode it is closest to)."""
     if name is None:
-        return None
+        return None, {}
     import kvpress
 
-    presses = {"snapkv": lambda: kvpress.SnapKVPress(window_size=window),
-               "knorm": kvpress.KnormPress,
-               "streaming-llm": kvpress.StreamingLLMPress,
-               "observed-attention": kvpress.ObservedAttentionPress}
-    if name not in presses:
-        raise SystemExit(f"unknown press '{name}': choose from {', '.join(presses)}")
-    return presses[name]()
+    observe = question_tokens if aware else window
+    if name == "snapkv":
+        return kvpress.SnapKVPress(window_size=observe, kernel_size=SNAPKV_KERNEL), {
+            "press": "SnapKVPress", "window": observe, "window_is": "the question" if aware else "the context's end",
+            "pooling": f"mean over the window's queries, avg_pool1d kernel {SNAPKV_KERNEL}"}
+    if name == "chunkkv":
+        inner = kvpress.SnapKVPress(window_size=observe, kernel_size=SNAPKV_KERNEL)
+        return kvpress.ChunkKVPress(press=inner, chunk_length=CHUNKKV_CHUNK), {
+            "press": "ChunkKVPress(SnapKVPress)", "window": observe,
+            "window_is": "the question" if aware else "the context's end", "chunk_length": CHUNKKV_CHUNK,
+            "pooling": f"SnapKV mean + avg_pool1d kernel {SNAPKV_KERNEL}, then the mean over each chunk"}
+    if name == "finch":
+        if not aware:
+            raise SystemExit("finch reads the question: run it question-aware")
+        return kvpress.FinchPress(chunk_length=chunk, normalize_scores=True, rerotate_keys=True), {
+            "press": "FinchPress", "window": question_tokens, "window_is": "the question (after a delimiter)",
+            "chunk_length": chunk, "rerotate_keys": True, "pooling": "mean over the window's queries, normalized"}
+    if name == "keydiff":
+        return kvpress.BlockPress(press=kvpress.KeyDiffPress(), block_size=KEYDIFF_BLOCK), {
+            "press": "BlockPress(KeyDiffPress)", "block_size": KEYDIFF_BLOCK, "window": None,
+            "pooling": "none (cosine to the mean key)"}
+    simple = {"knorm": kvpress.KnormPress, "streaming-llm": kvpress.StreamingLLMPress,
+              "observed-attention": kvpress.ObservedAttentionPress}
+    if name not in simple:
+        raise SystemExit(f"unknown press '{name}'")
+    return simple[name](), {"press": simple[name].__name__, "window": None}
 
 
-def set_ratio(press, context_tokens: int, keep: int) -> None:
-    """kvpress keeps int(tokens * (1 - ratio)) entries; pick the ratio that keeps exactly ``keep``."""
-    press.compression_ratio = max(0.0, 1.0 - (keep + 0.5) / context_tokens) if keep < context_tokens else 0.0
+def set_ratio(press, context_tokens: int, keep: int, chunk_of: int | None = None) -> None:
+    """kvpress keeps int(tokens * (1 - ratio)) entries; pick the ratio that keeps exactly
+    ``keep`` (a chunk press: the nearest whole number of chunks of ``chunk_of``)."""
+    if keep >= context_tokens:
+        press.compression_ratio = 0.0
+        return
+    if chunk_of:  # ChunkKV keeps int(chunks * (1 - ratio)) chunks
+        chunks = -(-context_tokens // chunk_of)
+        want = max(1, round(keep / chunk_of))
+        press.compression_ratio = max(0.0, 1.0 - (want + 0.5) / chunks)
+        return
+    press.compression_ratio = max(0.0, 1.0 - (keep + 0.5) / context_tokens)
+
+
+class KeptIndex:
+    """Which context positions each layer's press kept, per KV head. Presses gather the rows
+    of the layer's keys, so the kept keys are matched back to the full ones (RoPE makes
+    every position's key distinct; values are not: the first layer's values depend on the
+    token alone). Finch re-rotates the keys it keeps, so there the indices are read where it
+    hands them to the re-rotation."""
+
+    def __init__(self, press, rerotated: bool):
+        self.kept: dict[int, torch.Tensor] = {}
+        # one wrapper per press, whatever the number of cases: wrap the press's own method
+        compress = press.__dict__.setdefault("_unwrapped_compress", press.compress)
+        if rerotated:
+            from kvpress.presses.key_rerotation_press import KeyRerotationPress
+
+            rerotate = KeyRerotationPress.__dict__.get("_unwrapped", KeyRerotationPress.rerotate_keys)
+            KeyRerotationPress._unwrapped = staticmethod(rerotate)
+
+            def spy(module, indices, keys):
+                self.kept[module.layer_idx] = indices[0].clone()
+                return rerotate(module, indices, keys)
+
+            KeyRerotationPress.rerotate_keys = staticmethod(spy)
+
+        def tracked(module, hidden_states, keys, values, attentions, kwargs):
+            new_keys, new_values = compress(module, hidden_states, keys, values, attentions, kwargs)
+            if not rerotated:
+                self.kept[module.layer_idx] = self.match(keys[0], new_keys[0])
+            return new_keys, new_values
+
+        press.compress = tracked
+
+    @staticmethod
+    def match(full: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+        """(heads, kept) positions in ``full`` (heads, tokens, dim) of the rows of ``kept``."""
+        probe = torch.randn(full.shape[-1], dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        a, b = full.double() @ probe, kept.double() @ probe
+        order = a.argsort(dim=-1)
+        found = torch.searchsorted(a.gather(-1, order), b).clamp(max=a.shape[-1] - 1)
+        return order.gather(-1, found)
+
+    def positions(self) -> list[torch.Tensor]:
+        return [self.kept[i] for i in sorted(self.kept)]
 
 
 def extend(model, cache, ids: list[int], position: int, last_only: bool) -> torch.Tensor:
-    """Append tokens after the cache at their true positions; logits (tokens or last, vocab)."""
+    """Append tokens after the cache at ``position`` on; logits (tokens or last, vocab)."""
     positions = torch.arange(position, position + len(ids), device=model.device)[None]
     out = model(input_ids=torch.tensor([ids], device=model.device), past_key_values=cache,
                 position_ids=positions, use_cache=True, logits_to_keep=1 if last_only else 0)
@@ -57,22 +146,50 @@ def crop(cache, entries: list[int]) -> None:
         layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
 
 
-def run_case(model, tokenizer, press, settings: dict, case: dict) -> dict:
+def drop_positions(cache, kept: list[torch.Tensor], start: int) -> None:
+    """Remove the entries of context positions >= ``start`` (the question) from every layer;
+    the question is kept whole in every head (its scores are the window's maximum), so each
+    head keeps as many document entries."""
+    for layer, positions in zip(cache.layers, kept):
+        rows = [torch.nonzero(head < start).squeeze(-1) for head in positions]
+        index = torch.stack(rows)[None, :, :, None].expand(1, -1, -1, layer.keys.shape[-1])
+        layer.keys, layer.values = layer.keys.gather(2, index), layer.values.gather(2, index)
+
+
+def retention(kept: list[torch.Tensor], positions: range) -> tuple[list[float], float]:
+    """Per layer the share of (KV head, answer token) pairs kept, and the share of (layer,
+    head) slots that keep every answer token (as memstep's worker reports them)."""
+    wanted = torch.tensor(list(positions))
+    per_layer, whole = [], []
+    for layer in kept:
+        hits = torch.isin(layer, wanted).sum(dim=-1)  # (heads,)
+        per_layer.append(round(float(hits.sum()) / (layer.shape[0] * len(wanted)), 4))
+        whole += (hits == len(wanted)).tolist()
+    return per_layer, round(sum(whole) / len(whole), 4)
+
+
+def run_case(model, tokenizer, press, settings: dict, case: dict, reference: dict | None = None) -> dict:
     from transformers import DynamicCache
 
-    # question-aware: the question (the chat template's tail) ends the context the press compresses, so
-    # SnapKV's window is the question; the document keeps the same budget, the question its own entries
+    from memstep.evaluation.divergence import save_reference, score_against
+
+    name = settings.get("press_name")
     aware = bool(settings.get("question_aware"))
     question = case["question_ids"]
-    context = case["head_ids"] + case["document_ids"] + (question if aware else [])
-    continuation = [] if aware else case["continuation_ids"]  # the question would sit before it
+    document = case["head_ids"] + case["document_ids"]
+    delimiter = [settings["delimiter_id"]] if name == "finch" else []
+    context = document + delimiter + (question if aware else [])
+    seen = len(context) - len(delimiter)  # the tokens the layers see (Finch's hook drops the delimiter)
     keep = settings["budget"] + settings["sinks"] + (len(question) if aware else 0) if settings.get("budget") \
-        else len(context)
+        else seen
+    rerotated = name == "finch"
+    index = KeptIndex(press, rerotated) if press is not None else None
     cache = DynamicCache()
+    vocab = settings["vocab"]
     began = time.perf_counter()
     with torch.inference_mode():
         if press is not None:
-            set_ratio(press, len(context), keep)
+            set_ratio(press, seen, keep, CHUNKKV_CHUNK if name == "chunkkv" else None)
             with press(model):
                 hidden = model.model(input_ids=torch.tensor([context], device=model.device),
                                      past_key_values=cache, use_cache=True).last_hidden_state
@@ -81,20 +198,16 @@ def run_case(model, tokenizer, press, settings: dict, case: dict) -> dict:
                                  past_key_values=cache, use_cache=True).last_hidden_state
         prefill_seconds = time.perf_counter() - began
         entries = [layer.keys.shape[2] for layer in cache.layers]
-        nll = None
-        if continuation:
-            first = model.get_output_embeddings()(hidden[:, -1]).float()
-            rest = extend(model, cache, continuation[:-1], len(context), False) if len(continuation) > 1 else first[:0]
-            target = torch.tensor(continuation, device=first.device)
-            nll = float(torch.nn.functional.cross_entropy(torch.cat([first, rest]), target))
-            crop(cache, entries)
+        kept = index.positions() if index is not None and index.kept else None
+        last = model.get_output_embeddings()(hidden[:, -1]).float()[:, :vocab]
         eos = model.generation_config.eos_token_id
         eos = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
-        position = len(context)
+        # positions as kvpress's pipeline sets them: true ones, or the cache length after re-rotation
+        position = entries[0] if rerotated else seen
         if aware:  # the question is in the cache already
-            logits = model.get_output_embeddings()(hidden[:, -1]).float()
+            logits = last
         else:
-            logits = extend(model, cache, question, position, True)
+            logits = extend(model, cache, question, position, True)[:, :vocab]
             position += len(question)
         out: list[int] = []
         for _ in range(settings["max_new_tokens"]):
@@ -102,14 +215,69 @@ def run_case(model, tokenizer, press, settings: dict, case: dict) -> dict:
             if token in eos:
                 break
             out.append(token)
-            logits = extend(model, cache, [token], position, True)
+            logits = extend(model, cache, [token], position, True)[:, :vocab]
             position += 1
-    return {"answer": tokenizer.decode(out, skip_special_tokens=True).strip(), "continuation_nll": nll,
-            "prefill_seconds": prefill_seconds, "seconds": time.perf_counter() - began,
-            "memory_entries": max(entries), "retention": None}
+        crop(cache, entries)
+        # the continuation follows the document's memory: the question's entries go first
+        if aware:
+            if kept is None:  # no compression: the document's entries are the first ones
+                crop(cache, [len(document)] * len(entries))
+            else:
+                drop_positions(cache, kept, len(document))
+        memory = cache.layers[0].keys.shape[2]
+        continuation = case["continuation_ids"]
+        nll, divergence = None, {}
+        if continuation:
+            # the first row: the document's last token read over the whole context before the cut (as
+            # memstep's last chunk reads its memory before its cut); the rest over the compressed memory
+            first = model.get_output_embeddings()(hidden[:, len(document) - 1]).float()[:, :vocab]
+            start = memory if rerotated else len(document)
+            rest = extend(model, cache, continuation[:-1], start, False)[:, :vocab] if len(continuation) > 1 \
+                else first[:0]
+            rows = torch.cat([first, rest])
+            target = torch.tensor(continuation, device=rows.device)
+            nll = float(torch.nn.functional.cross_entropy(rows, target))
+            reference = reference or {}
+            if reference.get("write"):
+                save_reference(reference["write"], rows.cpu().numpy())
+            divergence = score_against(reference.get("read") or reference.get("write"), rows.cpu().numpy())
+    result = {"answer": tokenizer.decode(out, skip_special_tokens=True).strip(), "continuation_nll": nll,
+              "prefill_seconds": prefill_seconds, "seconds": time.perf_counter() - began,
+              "memory_entries": memory, "context_entries": max(entries), "retention": None,
+              "settings": {**settings["press_settings"], "kept_entries": max(entries), "document_entries": memory,
+                           "compression_ratio": round(float(getattr(press, "compression_ratio", 0.0)), 4)
+                           if press is not None else None},
+              **divergence}
+    if kept is not None:
+        offset = len(case["head_ids"])
+        start, end = case["passkey_tokens"]
+        result["retention"], result["needle_whole"] = retention(kept, range(offset + start, offset + end))
+    return result
+
+
+def observed_window(press) -> int | None:
+    """The observation window a built press will use (read off the press object itself)."""
+    inner = getattr(press, "press", press)
+    return getattr(inner, "window_size", None)
+
+
+def describe(job: dict) -> int:
+    """Each case's press as built for this job, without a model: what the press object holds
+    and the settings recorded with its cells (``--describe JOB``)."""
+    config = job["config"]
+    for item in job["cases"]:
+        aware = bool(config.get("question_aware"))
+        press, settings = make_press(config.get("scorer"), aware, len(item["case"]["question_ids"]),
+                                     job["settings"].get("peer_window", 64), job["settings"].get("chunk", 512))
+        emit("press", key=item["key"], question_tokens=len(item["case"]["question_ids"]),
+             press_class=type(press).__name__ if press is not None else None,
+             window_size=observed_window(press), **settings)
+    return 0
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--describe":
+        return describe(load_job(argv[1]))
     job = load_job(argv[0])
     torch.set_num_threads(job.get("threads", 2))
     from memstep.models import load_model
@@ -119,10 +287,29 @@ def main(argv: list[str]) -> int:
     config, settings = job["config"], dict(job["settings"])
     settings["budget"] = config.get("budget")
     settings["question_aware"] = config.get("question_aware")
-    press = make_press(config.get("scorer"), settings.get("peer_window", 64))
+    settings["press_name"] = config.get("scorer")
+    settings["vocab"] = lm.model.get_output_embeddings().weight.shape[0]  # before Finch adds its delimiter
+    question_tokens = len(job["cases"][0]["case"]["question_ids"]) if job["cases"] else 0
+    press, settings["press_settings"] = make_press(config.get("scorer"), bool(config.get("question_aware")),
+                                                   question_tokens, settings.get("peer_window", 64),
+                                                   settings.get("chunk", 512))
+    if config.get("scorer") == "finch":  # the authors' way: a delimiter token between context and question
+        press.update_model_and_tokenizer(lm.model, lm.tokenizer)
+        settings["delimiter_id"] = press.delimiter_token_id
     if config.get("scorer") == "observed-attention":  # needs the attention weights
         lm.model.set_attn_implementation("eager")
-    return serve_cases(lm, job, lambda case: run_case(lm.model, lm.tokenizer, press, settings, case), began)
+
+    def one(case, reference):
+        if press is not None and config.get("question_aware") and len(case["question_ids"]) != question_tokens:
+            # the window follows each case's question
+            fresh, settings["press_settings"] = make_press(config.get("scorer"), True, len(case["question_ids"]),
+                                                           settings.get("peer_window", 64), settings.get("chunk", 512))
+            if config.get("scorer") == "finch":
+                fresh.delimiter_token_id, fresh.delimiter_token = press.delimiter_token_id, press.delimiter_token
+            return run_case(lm.model, lm.tokenizer, fresh, settings, case, reference)
+        return run_case(lm.model, lm.tokenizer, press, settings, case, reference)
+
+    return serve_cases(lm, job, one, began)
 
 
 if __name__ == "__main__":

@@ -216,8 +216,11 @@ def test_worker_passes_the_rope_mode(monkeypatch):
 
         def run(self):
             step = type("Step", (), {"memory_after": 36, "kept_positions": np.zeros((1, 1, 36), dtype=int)})
-            return type("Result", (), {"answer": "1", "continuation_nll": 2.0, "seconds": 0.1, "prefix_tokens": 0,
-                                       "steps": [step], "peak_bytes_modeled": 1})
+            self.result = type("Result", (), {"answer": "1", "continuation_nll": 2.0, "seconds": 0.1,
+                                              "prefix_tokens": 0, "steps": [step], "peak_bytes_modeled": 1,
+                                              "question_pool": None, "question_weight": None,
+                                              "schedule": {"steps": 1}})
+            return self.result
 
     monkeypatch.setattr(document_runner, "DocumentRun", FakeRun)
     case = {"document_ids": list(range(50)), "continuation_ids": [1, 2], "seed": 0, "question": "q?",
@@ -229,6 +232,14 @@ def test_worker_passes_the_rope_mode(monkeypatch):
     assert [k.get("rope") for k in seen] == ["compact", "document", None]  # full: the engine's default
     worker.run_case(None, Config("memstep", "fm", None, "conv", 32, 16, "compact", True).to_dict(), settings, case)
     assert [k["question_aware"] for k in seen] == [False, False, False, True]
+    # the ablation axes reach the run; "once" is FM with one chunk holding the head and the whole document
+    case["head_ids"] = [7, 8, 9]
+    worker.run_case(None, Config("memstep", "once", None, "conv", 32, None, "compact", True, None, "mean:5",
+                                 0.5).to_dict(), settings, case)
+    assert seen[-1]["schedule"] == "fm" and seen[-1]["chunk"] == 3 + 50
+    assert seen[-1]["question_pool"] == "mean:5" and seen[-1]["question_weight"] == 0.5
+    worker.run_case(None, Config("memstep", "fm", None, "conv", 32, 16, "compact", True).to_dict(), settings, case)
+    assert "question_pool" not in seen[-1] and "question_weight" not in seen[-1]  # the engine's defaults
 
 
 # ---- scoring and retention ---------------------------------------------------------------
@@ -263,7 +274,8 @@ def test_run_grid_skips_finished_cells(tmp_path, tokenizer, prose, monkeypatch):
     settings = runner.EvalSettings()
     calls = []
 
-    def fake_group(config, group, keys, settings, store, report, on_cell=None, kvpress_python=None):
+    def fake_group(config, group, keys, settings, store, report, on_cell=None, kvpress_python=None,
+                   divergence=False):
         calls.append((config.label, [c.depth for c in group]))
         for key in keys:
             store.add({"key": key})

@@ -22,7 +22,8 @@ def test_eval_two_cells_then_resume(tmp_path, capsys):
     out = tmp_path / "results"
     argv = ["eval", "--lengths", "160", "--depths", "0.5", "--schedules", "full,fm", "--scorers", "recency",
             "--budgets", "32", "--chunk", "64", "--ropes", "compact,document", "--max-new-tokens", "16",
-            "--continuation-tokens", "8", "--output", str(out), "--readme", str(readme), "--quiet"]
+            "--continuation-tokens", "8", "--needles", "passkey", "--output", str(out), "--readme", str(readme),
+            "--quiet"]
     assert main(argv) == 0
     first = capsys.readouterr().out
     assert "6 cells run, 0 already done" in first and "Paired differences" in first
@@ -39,6 +40,10 @@ def test_eval_two_cells_then_resume(tmp_path, capsys):
     # the same cache entries either way; the positions RoPE saw differ, and with them the continuation's NLL
     assert {c["haystack"]: c["continuation_nll"] for c in compact} != {c["haystack"]: c["continuation_nll"]
                                                                         for c in document}
+    # KL and top-1 agreement against the full cache: nothing for the full cache itself, something for M=32
+    assert all(c["kl"] == 0.0 and c["top1"] == 1.0 for c in full)
+    assert all(c["kl"] > 0 for c in compact + document)
+    assert len(list((out / "logits").glob("*.npy"))) == 2
     for cell in cells:
         assert cell["peak_rss_bytes"] >= cell["baseline_rss_bytes"] > 100 * 2**20
         assert cell["seconds"] >= cell["prefill_seconds"] > 0 and cell["continuation_nll"] > 0
@@ -79,53 +84,46 @@ def _make_variable(text: str, name: str) -> str:
     return match.group(1).replace("\\\n", " ")
 
 
-def test_make_bench_runs_the_issue_grid():
-    """`make bench`'s arguments give the grid issue 8 asks for: at 2k both RoPE modes x three
-    scorers x FM/IMDC plus the peers, 12+ cases each; at 8k the default scorer, 6+ cases."""
+def _grid(makefile: str, *parts: str):
+    """The configurations and case count one `make bench-eval` line asks for."""
     from memstep.cli import build_parser
     from memstep.cli.common import fractions as _floats, ints as _ints, names as _names
+    from memstep.cli.eval import QUESTION_AWARE, floats
     from memstep.evaluation.grid import make_grid
     from memstep.evaluation.suite import DEFAULT_HAYSTACKS
 
-    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
-    common = _make_variable(makefile, "BENCH_COMMON")
-    found = {}
-    for part in ("BENCH_2K", "BENCH_8K"):
-        args = build_parser().parse_args(["eval", *common.split(), *_make_variable(makefile, part).split()])
-        configs = make_grid(_names(args.schedules), _names(args.scorers), _ints(args.budgets), args.chunk,
-                            _names(args.peers), _names(args.presses), _names(args.ropes))
-        haystacks = len(_names(args.haystacks)) if args.haystacks else len(DEFAULT_HAYSTACKS)
-        cases = haystacks * len(_floats(args.depths)) * len(_ints(args.seeds))
-        found[part] = (_ints(args.lengths), [c.label for c in configs], cases, haystacks)
-    lengths, labels, cases, haystacks = found["BENCH_2K"]
-    peers = ["kvpress snapkv M=512", "kvpress streaming-llm M=512", "hf full cache"]
-    assert lengths == [2048] and cases >= 12 and haystacks >= 2
-    assert sorted(labels) == sorted([f"{s} {scorer} M=512 {rope}" for s in ("fm", "imdc")
-                                     for scorer in ("chunk-attention", "conv", "snapkv")
-                                     for rope in ("compact", "document")] + ["memstep full"] + peers)
-    lengths, labels, cases, haystacks = found["BENCH_8K"]
-    assert lengths == [8192] and cases >= 6 and haystacks >= 2
-    assert sorted(labels) == sorted([f"{s} chunk-attention M=512 {rope}" for s in ("fm", "imdc")
-                                     for rope in ("compact", "document")] + ["memstep full"] + peers)
-
-
-def test_make_bench_runs_question_aware_beside_agnostic():
-    """Issue 13's grid: question-aware FM and IMDC (chunk-attention, compact) and kvpress with the
-    question in the context, at 2k (12+ cases) and 8k, next to the agnostic runs of the same lengths."""
-    from memstep.cli import build_parser
-    from memstep.cli.common import ints as _ints, names as _names
-    from memstep.cli.eval import QUESTION_AWARE
-    from memstep.evaluation.grid import make_grid
-
-    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
-    common, qa = _make_variable(makefile, "BENCH_COMMON"), _make_variable(makefile, "BENCH_QA")
-    assert "$(BENCH_2K) $(BENCH_QA)" in makefile and "$(BENCH_8K) $(BENCH_QA)" in makefile
-    args = build_parser().parse_args(["eval", *common.split(), *_make_variable(makefile, "BENCH_2K").split(),
-                                      *qa.split()])
+    words = [w for part in ("EVAL_COMMON", *parts) for w in _make_variable(makefile, part).split()]
+    args = build_parser().parse_args(["eval", *words])
     configs = make_grid(_names(args.schedules), _names(args.scorers), _ints(args.budgets), args.chunk,
                         _names(args.peers), _names(args.presses), _names(args.ropes),
-                        QUESTION_AWARE[args.question_aware])
-    assert sorted(c.label for c in configs if c.question_aware) == sorted([
-        "fm chunk-attention M=512 compact question-aware", "imdc chunk-attention M=512 compact question-aware",
-        "kvpress snapkv M=512 question-aware", "kvpress streaming-llm M=512 question-aware"])
-    assert len(_ints(args.seeds)) * len(_names(args.depths)) * 2 >= 12
+                        QUESTION_AWARE[args.question_aware], ("memstep",),
+                        _names(args.question_pools) if args.question_pools else (None,),
+                        floats(args.question_weights) if args.question_weights else (None,))
+    haystacks = len(_names(args.haystacks)) if args.haystacks else len(DEFAULT_HAYSTACKS)
+    cases = haystacks * len(_names(args.needles)) * len(_floats(args.depths)) * len(_ints(args.seeds))
+    return _ints(args.lengths or "2048"), sorted(c.label for c in configs), cases, args
+
+
+def test_make_bench_eval_runs_the_headline_and_ablations():
+    """The headline rows (memstep FM/IMDC aware and agnostic, SnapKV/ChunkKV/Finch with the question,
+    KeyDiff, the full cache) at 2k (and 4k, 8k in bench-long); the ablations at 2k; needle kinds; KL on."""
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    aware = "fm chunk-attention M=512 compact question-aware"
+    lengths, labels, cases, args = _grid(makefile, "EVAL_HEAD", "EVAL_MEMSTEP")
+    assert labels == sorted(["memstep full", aware, "fm chunk-attention M=512 compact"]) and cases == 24
+    assert set(args.needles.split(",")) == {"passkey", "code", "word", "name"} and "kl" in args.metrics
+    assert _grid(makefile, "EVAL_HEAD", "EVAL_IMDC")[1] == sorted(
+        ["memstep full", "imdc chunk-attention M=512 compact", "imdc chunk-attention M=512 compact question-aware"])
+    assert _grid(makefile, "EVAL_HEAD", "EVAL_PEERS")[1] == sorted(
+        ["memstep full", "kvpress snapkv M=512 question-aware", "kvpress chunkkv M=512 question-aware",
+         "kvpress finch M=512 question-aware", "kvpress keydiff M=512"])
+    # the ablations beside the engine's defaults (the FM question-aware row above), in the same results folder
+    lengths, labels, cases, _ = _grid(makefile, "EVAL_ABLATE", "EVAL_POOLS")
+    assert lengths == [2048] and cases == 16
+    assert labels == sorted(["memstep full"] + [f"{aware} pool={p}" for p in ("mean:5", "none")])
+    assert _grid(makefile, "EVAL_ABLATE", "EVAL_WEIGHTS")[1] == sorted(
+        ["memstep full"] + [f"{aware} weight={w}" for w in ("0.25", "0.5", "1")])
+    assert _grid(makefile, "EVAL_ABLATE", "EVAL_ONCE")[1] == sorted(
+        ["memstep full", "once chunk-attention M=512 compact", "once chunk-attention M=512 compact question-aware"])
+    assert "--lengths 2048 $(EVAL_MEMSTEP)" in makefile and "--lengths 4096,8192 $(EVAL_PEERS)" in makefile
+    assert "bench: bench-eval" in makefile and "--output $(RESULTS)" in makefile

@@ -15,10 +15,13 @@ from memstep.errors import MemstepError
 DEFAULT_OUTPUT = "results/local"
 QUESTION_AWARE = {"no": (False,), "yes": (True,), "both": (False, True)}
 DEFAULT_DEPTHS = "0.167,0.5,0.833"
+METRICS = ("accuracy", "kl", "retention")  # accuracy and NLL always; kl: KL + top-1 against the full cache
+DEFAULT_NEEDLES = "passkey,code,word,name"
 
 
 def register(sub) -> None:
     from memstep.evaluation.grid import PRESSES, ROPES
+    from memstep.evaluation.needles import KINDS
 
     p = sub.add_parser("eval", help="passkey accuracy, NLL gap, seconds and peak memory over a grid, "
                                            "with kvpress and the HF full cache as peers")
@@ -47,7 +50,26 @@ def register(sub) -> None:
                         "growth-rounding, gqa-grouping, score-rows, question-place, ntk")
     p.add_argument("--chunk", type=int, default=512, help="chunk size in tokens (default 512)")
     p.add_argument("--peers", default="", help="kvpress and/or hf (the HF full cache), comma-separated")
-    p.add_argument("--presses", default=",".join(PRESSES), help=f"kvpress presses (default {','.join(PRESSES)})")
+    p.add_argument("--presses", default="snapkv,chunkkv,finch,keydiff",
+                   help=f"kvpress presses, set as their authors set them (default snapkv,chunkkv,finch,keydiff; "
+                        f"any of {', '.join(PRESSES)}); finch runs question-aware only, keydiff, knorm and "
+                        "streaming-llm question-agnostic only")
+    p.add_argument("--needles", default=DEFAULT_NEEDLES,
+                   help=f"needle kinds (default {DEFAULT_NEEDLES}; any of {', '.join(KINDS)}): passkey is the "
+                        "'magic number' template, code another number in another sentence, word and name facts "
+                        "that are not numbers")
+    p.add_argument("--metrics", default=",".join(METRICS),
+                   help=f"what to measure (default {','.join(METRICS)}): kl = KL divergence from the full cache's "
+                        "next-token distributions over the held-out continuation and top-1 agreement (memstep's full "
+                        "cache runs first at each length as the reference: leave kl out to skip it); accuracy (the "
+                        "answers, also counted on the cases the full cache answers) and retention (which layer-head "
+                        "slots keep the answer's tokens) come with every run at no cost")
+    p.add_argument("--question-pools", default=None,
+                   help="memstep question-aware ablation: how the question's attention spreads over neighbouring "
+                        "keys, comma-separated max:N, mean:N or none (default: the engine's, max:15)")
+    p.add_argument("--question-weights", default=None,
+                   help="memstep question-aware ablation: the question's share of the score, comma-separated "
+                        "values in (0, 1] (default: the engine's, 0.75)")
     p.add_argument("--kvpress-python", default=None, help="python of the kvpress virtualenv (default .venv-kvpress)")
     p.add_argument("--model", default=None, help="'embedded' (default) or another model spec")
     p.add_argument("--haystacks", "--haystack", dest="haystacks", default=None,
@@ -63,6 +85,13 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_eval)
 
 
+def floats(text: str) -> list[float]:
+    try:
+        return [float(v) for v in names(text)]
+    except ValueError:
+        raise MemstepError(f"expected comma-separated numbers such as 0.25,0.5, got '{text}'") from None
+
+
 def cmd_eval(args) -> int:
     from tqdm import tqdm
     from transformers import AutoTokenizer
@@ -73,14 +102,21 @@ def cmd_eval(args) -> int:
     from memstep.evaluation.report import contrasts_text, goals_text, markdown, refresh_readme, results_table
     from memstep.evaluation.runner import EvalSettings, run_grid
     from memstep.evaluation.store import ResultStore
-    from memstep.evaluation.suite import make_cases, read_haystacks
+    from memstep.evaluation.suite import check_kinds, make_cases, read_haystacks
     from memstep.models import default_model, embedded_model_folder
 
     if args.max_new_tokens < 1 or args.continuation_tokens < 0 or args.threads < 1:
         raise MemstepError("--max-new-tokens and --threads must be at least 1, --continuation-tokens at least 0")
+    metrics = names(args.metrics)
+    for metric in metrics:
+        if metric not in METRICS:
+            raise MemstepError(f"unknown metric '{metric}': choose from {', '.join(METRICS)}")
     configs = make_grid(names(args.schedules), names(args.scorers), ints(args.budgets), args.chunk,
                         names(args.peers), names(args.presses), names(args.ropes),
-                        QUESTION_AWARE[args.question_aware], names(args.fidelity))
+                        QUESTION_AWARE[args.question_aware], names(args.fidelity),
+                        names(args.question_pools) if args.question_pools else (None,),
+                        floats(args.question_weights) if args.question_weights else (None,))
+    kinds = check_kinds(names(args.needles))
     model = args.model or default_model()
     haystacks = names(args.haystacks) if args.haystacks else None
     read_haystacks(haystacks)  # a missing or empty text fails here, before the tokenizer loads
@@ -94,7 +130,7 @@ def cmd_eval(args) -> int:
     except Exception as err:
         raise MemstepError(f"cannot load the tokenizer of '{model}': {str(err).splitlines()[0][:200]}") from err
     cases = make_cases(tokenizer, ints(args.lengths), fractions(args.depths), ints(args.seeds), haystacks,
-                       args.continuation_tokens)
+                       args.continuation_tokens, kinds)
     store = ResultStore(args.output)
     total = len(configs) * len(cases)
     with tqdm(total=total, desc="eval", unit="cell", file=sys.stderr, disable=args.quiet) as bar:
@@ -102,7 +138,8 @@ def cmd_eval(args) -> int:
             bar.update(1)
             bar.set_postfix_str(f"{cell['label']} {cell['length']} {'ok' if cell['correct'] else 'miss'}")
 
-        report = run_grid(configs, cases, settings, store, on_cell, args.kvpress_python)
+        report = run_grid(configs, cases, settings, store, on_cell, args.kvpress_python,
+                          divergence="kl" in metrics and args.continuation_tokens > 0)
         bar.update(report.skipped)
     summary = summarize(store.cells())
     summary["run"] = {"ran": report.ran, "skipped": report.skipped, "errors": report.errors,

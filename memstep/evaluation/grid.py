@@ -16,14 +16,30 @@ from dataclasses import asdict, dataclass
 from memstep.errors import MemstepError
 from memstep.schedules import GROWTHS
 
-# kvpress presses run by the peer (peers/kvpress_peer.py), named as kvpress names them.
-PRESSES = ("snapkv", "knorm", "streaming-llm", "observed-attention")
+# kvpress presses run by the peer (peers/kvpress_peer.py), named as kvpress names them; their
+# settings (the authors') live in the peer script and are recorded with every cell.
+PRESSES = ("snapkv", "chunkkv", "finch", "keydiff", "knorm", "streaming-llm", "observed-attention")
+# Question-aware by design: they read the question at the end of the context they compress.
+QUESTION_PRESSES = ("finch",)
+# Question-agnostic by design (their score never reads a query): always run with the question after.
+AGNOSTIC_PRESSES = ("keydiff", "knorm", "streaming-llm")
+# Every press kvpress 0.5.5 ships (its __init__), so a name it lacks is told apart from one
+# memstep's peer does not wire.
+KVPRESS_055 = ("adakv", "block", "cam", "cap", "chunk", "chunkkv", "compactor", "composed",
+               "compression-ratio-decoding", "criticalkv", "critical-adakv", "cur", "decoding", "dms",
+               "duo-attention", "entropy-gated-chunkkv", "expected-attention", "expected-attention-stats",
+               "fastkvzip", "finch", "key-rerotation", "keydiff", "knorm", "kvcompose", "kvgrad", "kvzap", "kvzip",
+               "lagkv", "leverage-score", "lukv", "merging", "non-causal-attn", "observed-attention",
+               "per-layer-compression", "prefill-decoding", "pyramidkv", "qfilter", "random", "restorekv",
+               "simlayerkv", "snapkv", "streaming-llm", "think", "tova")
 PEERS = ("kvpress", "hf")
 # RoPE positions of a memstep run: "compact" (the reference code's: the memory at 0..len-1,
 # the chunk right after it) or "document" (each token at its position in the document).
 ROPES = ("compact", "document")
 ATTENTION_SCORERS = ("chunk-attention", "conv", "snapkv", "vatp")  # the ones question-aware scoring extends
-SCHEDULE_CHOICES = ("full", "fm", "im", "imdc") + tuple(f"im-{g}" for g in GROWTHS) \
+# "once": one compression at the end (one step reads the whole document, then cuts to M):
+# what chunked question-awareness is measured against.
+SCHEDULE_CHOICES = ("full", "fm", "im", "imdc", "once") + tuple(f"im-{g}" for g in GROWTHS) \
     + tuple(f"imdc-{g}" for g in GROWTHS)
 
 
@@ -41,6 +57,8 @@ class Config:
     question_aware: bool = False  # memstep: the question's attention scores each step; kvpress: the
     # question at the end of the compressed context (so SnapKV's window holds it)
     fidelity: str | None = None  # memstep: a set of the reference switches (presets.fidelity_variant); None: memstep's
+    question_pool: str | None = None  # memstep question-aware: max:N | mean:N | none; None: the engine's default
+    question_weight: float | None = None  # memstep question-aware: the question's share; None: the engine's default
 
     @property
     def label(self) -> str:
@@ -53,7 +71,9 @@ class Config:
             return "memstep full"
         name = self.schedule if self.growth in (None, "linear") else f"{self.schedule}-{self.growth}"
         ways = f" [{self.fidelity}]" if self.fidelity else ""
-        return f"{name} {self.scorer} M={self.budget}" + (f" {self.rope}" if self.rope else "") + aware + ways
+        ablation = (f" pool={self.question_pool}" if self.question_pool else "") + \
+            (f" weight={self.question_weight:g}" if self.question_weight is not None else "")
+        return f"{name} {self.scorer} M={self.budget}" + (f" {self.rope}" if self.rope else "") + aware + ablation + ways
 
     @property
     def is_peer(self) -> bool:
@@ -65,8 +85,9 @@ class Config:
         data = asdict(self)
         if not data["question_aware"]:
             del data["question_aware"]
-        if data["fidelity"] is None:  # memstep's own ways: the keys of the cells from before the axis
-            del data["fidelity"]
+        for axis in ("fidelity", "question_pool", "question_weight"):
+            if data[axis] is None:  # the engine's defaults: the keys of the cells from before the axis
+                del data[axis]
         return data
 
     @classmethod
@@ -76,6 +97,8 @@ class Config:
         fields = {k: data.get(k) for k in ("kind", "schedule", "growth", "scorer", "budget", "chunk", "rope")}
         fields["question_aware"] = bool(data.get("question_aware"))
         fields["fidelity"] = data.get("fidelity")
+        fields["question_pool"] = data.get("question_pool")
+        fields["question_weight"] = data.get("question_weight")
         if fields["kind"] == "memstep" and fields["schedule"] != "full" and fields["rope"] is None:
             fields["rope"] = "document"
         return cls(**fields)
@@ -104,7 +127,7 @@ def cell_key(config: Config, cell: dict, settings: dict) -> str:
 
 
 def _split_schedule(name: str) -> tuple[str, str | None]:
-    if name in ("full", "fm"):
+    if name in ("full", "fm", "once"):
         return name, None
     for base in ("imdc", "im"):
         if name == base:
@@ -114,18 +137,39 @@ def _split_schedule(name: str) -> tuple[str, str | None]:
     raise MemstepError(f"unknown schedule '{name}': choose from {', '.join(SCHEDULE_CHOICES)}")
 
 
+def check_press(press: str) -> None:
+    """One readable line for a press memstep cannot run: one kvpress 0.5.5 lacks, or one it
+    ships that memstep's peer does not wire."""
+    if press in PRESSES:
+        return
+    if press in KVPRESS_055:
+        raise MemstepError(f"kvpress press '{press}' is not wired in memstep's peer: choose from {', '.join(PRESSES)}")
+    raise MemstepError(f"unknown kvpress press '{press}': kvpress 0.5.5 has no such press; memstep runs "
+                       f"{', '.join(PRESSES)}")
+
+
 def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES,
-              ropes=("compact",), question_aware=(False,), fidelities=(None,)) -> list[Config]:
+              ropes=("compact",), question_aware=(False,), fidelities=(None,),
+              question_pools=(None,), question_weights=(None,)) -> list[Config]:
     """memstep configurations (schedule x scorer x budget x rope x question-aware x the
-    reference switches; 'full' once: without eviction neither axis changes anything), then the
-    peers: each kvpress press at each budget (and question-aware setting), and the HF full
-    cache. Question-aware memstep configurations take the attention-based scorers only."""
+    reference switches x question pooling x question weight; 'full' once: without eviction no
+    axis changes anything), then the peers: each kvpress press at each budget (question-aware
+    presses only with the question, question-agnostic ones only without), and the HF full
+    cache. Question-aware memstep configurations take the attention-based scorers only; the
+    pooling and weight axes apply to them alone."""
     from memstep.presets import fidelity_variant
+    from memstep.question_pool import parse_question_pool
     from memstep.scorers import SCORERS  # here, not at the top: `memstep --help` needs no torch
 
     fidelities = [None if f in (None, "memstep") else f for f in fidelities]
     for variant in fidelities:
         fidelity_variant(variant)  # an unknown one fails here, before any work
+    for pool in question_pools:
+        if pool is not None:
+            parse_question_pool(pool)
+    for weight in question_weights:
+        if weight is not None and not 0.0 < weight <= 1.0:
+            raise MemstepError(f"question weights must be in (0, 1] (got {weight})")
 
     for scorer in scorers:
         if scorer not in SCORERS:
@@ -134,8 +178,7 @@ def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES
         if peer not in PEERS:
             raise MemstepError(f"unknown peer '{peer}': choose from {', '.join(PEERS)}")
     for press in presses:
-        if press not in PRESSES:
-            raise MemstepError(f"unknown kvpress press '{press}': choose from {', '.join(PRESSES)}")
+        check_press(press)
     for rope in ropes:
         if rope not in ROPES:
             raise MemstepError(f"unknown RoPE position mode '{rope}': choose from {', '.join(ROPES)}")
@@ -152,12 +195,18 @@ def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES
         if schedule == "full":
             configs.append(Config("memstep", "full"))
             continue
-        configs += [Config("memstep", schedule, growth, scorer, budget, chunk, rope, aware, ways)
-                    for ways in fidelities for aware in question_aware for budget in budgets for scorer in scorers
-                    for rope in ropes if not aware or scorer in ATTENTION_SCORERS]
+        for ways in fidelities:
+            for aware in question_aware:
+                pools = question_pools if aware else (None,)
+                weights = question_weights if aware else (None,)
+                configs += [Config("memstep", schedule, growth, scorer, budget, None if schedule == "once" else chunk, rope,
+                                   aware, ways, pool, weight)
+                            for budget in budgets for scorer in scorers for rope in ropes
+                            for pool in pools for weight in weights if not aware or scorer in ATTENTION_SCORERS]
     if "kvpress" in peers:
-        configs += [Config("kvpress", "full", None, press, budget, question_aware=aware)
-                    for aware in question_aware for budget in budgets for press in presses]
+        configs += [Config("kvpress", "full", None, press, budget, question_aware=aware and press not in AGNOSTIC_PRESSES)
+                    for aware in question_aware for budget in budgets for press in presses
+                    if aware or press not in QUESTION_PRESSES]
     if "hf" in peers:
         configs.append(Config("hf", "full"))
     return list(dict.fromkeys(configs))  # drop repeats, keep order

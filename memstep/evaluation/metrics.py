@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from statistics import mean
 
-from memstep.evaluation.stats import mean_interval, wilson_interval
+from memstep.evaluation.stats import mean_interval, paired_difference_interval, wilson_interval
 
 REFERENCE = "memstep full"  # the NLL gap is measured against memstep's own full cache
 DEFAULT_SCORER = "chunk-attention"  # other scorers are contrasted with the paper's
@@ -18,7 +18,7 @@ DEFAULT_SCORER = "chunk-attention"  # other scorers are contrasted with the pape
 
 def case_of(cell: dict) -> tuple:
     """What identifies a case across configurations (the pairing of paired differences)."""
-    return cell.get("haystack"), cell["length"], cell["depth"], cell["seed"]
+    return cell.get("haystack"), cell["length"], cell["depth"], cell["seed"], cell.get("kind", "passkey")
 
 
 def _mean(values) -> float | None:
@@ -36,6 +36,9 @@ def summarize(cells: list[dict]) -> dict:
     goals and the configurations a peer beats."""
     reference = {case_of(c): c["continuation_nll"]
                  for c in cells if c["label"] == REFERENCE and c["continuation_nll"] is not None}
+    # accuracy is counted on the cases the full cache answers: the others say nothing about the memory
+    answered = {case_of(c) for c in cells if c["label"] == REFERENCE and c["correct"]}
+    has_reference = {case_of(c) for c in cells if c["label"] == REFERENCE}
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for cell in cells:
         groups[(cell["label"], cell["length"])].append(cell)
@@ -48,6 +51,9 @@ def summarize(cells: list[dict]) -> dict:
         correct = sum(1 for c in group if c["correct"])
         low, high = wilson_interval(correct, len(group))
         peak, baseline = _max(c["peak_rss_bytes"] for c in group), _max(c["baseline_rss_bytes"] for c in group)
+        counted = [c for c in group if case_of(c) in answered]
+        counted_correct = sum(1 for c in counted if c["correct"])
+        counted_low, counted_high = wilson_interval(counted_correct, len(counted)) if counted else (None, None)
         rows.append({
             "label": label, "config": group[0]["config"], "peer": group[0]["peer"], "length": length,
             "cells": len(group), "correct": correct, "accuracy": correct / len(group),
@@ -63,9 +69,85 @@ def summarize(cells: list[dict]) -> dict:
             "working_rss_bytes": peak - baseline if peak is not None and baseline is not None else None,
             "peak_device_bytes": _max(c.get("peak_device_bytes") for c in group),
             "memory_entries": _max(c["memory_entries"] for c in group),
+            "entries_mean": _mean(c["memory_entries"] for c in group),
+            # the full cache answered `counted` of the cases with a reference; this row `counted_correct` of them
+            "counted": len(counted), "counted_correct": counted_correct,
+            "reference_cases": sum(1 for c in group if case_of(c) in has_reference),
+            "counted_accuracy": counted_correct / len(counted) if counted else None,
+            "counted_low": counted_low, "counted_high": counted_high,
+            **_interval("kl", mean_interval(c.get("kl") for c in group), clip=(0.0, None)),
+            **_interval("top1", mean_interval(c.get("top1") for c in group), clip=(0.0, 1.0)),
+            **_interval("needle_whole", mean_interval(c.get("needle_whole") for c in group), clip=(0.0, 1.0)),
+            "kinds": sorted({c.get("kind", "passkey") for c in group}),
+            "peer_settings": peer_settings(group),
         })
     return {"rows": rows, "heatmaps": heatmaps(cells), "contrasts": contrasts(cells, rows), "goals": goals(rows),
-            "dominated": dominated(rows)}
+            "dominated": dominated(rows), "paired": paired(cells, rows, answered)}
+
+
+def peer_settings(group: list[dict]) -> dict | None:
+    """A configuration's settings as its cells recorded them (a press's window, pooling,
+    chunk; memstep's pool, weight, chunk), with the ranges of what varies by case (the
+    window follows each question's length, kept entries the chunk rounding)."""
+    found = [c["settings"] for c in group if c.get("settings")]
+    if not found:
+        return None
+    out = {}
+    for key in sorted({k for s in found for k in s}):
+        values = [s.get(key) for s in found if s.get(key) is not None]
+        if not values:
+            out[key] = None
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) and len(set(values)) > 1:
+            out[key] = [min(values), max(values)]
+        else:
+            out[key] = values[0]
+    return out
+
+
+def anchor_of(rows: list[dict], length: int) -> dict | None:
+    """What the other rows are paired with at a length: memstep's question-aware FM with the
+    engine's defaults (no pool or weight set), else its question-agnostic FM."""
+    for aware in (True, False):
+        for row in rows:
+            c = row["config"]
+            if row["length"] == length and c["kind"] == "memstep" and c["schedule"] == "fm" \
+                    and bool(c.get("question_aware")) == aware and not c.get("question_pool") \
+                    and c.get("question_weight") is None and not c.get("fidelity"):
+                return row
+    return None
+
+
+def paired(cells: list[dict], rows: list[dict], answered: set) -> list[dict]:
+    """Each row against the anchor at its length, on the cases both ran: the accuracy
+    difference on the cases the full cache answers (Newcombe's paired interval), and the
+    mean per-case differences of KL, top-1 agreement and whole-needle retention (t
+    intervals). Positive accuracy and top-1, negative KL: the row does better."""
+    by_case = defaultdict(dict)
+    for cell in cells:
+        by_case[(cell["label"], cell["length"])][case_of(cell)] = cell
+    out = []
+    for row in rows:
+        anchor = anchor_of(rows, row["length"])
+        if anchor is None or anchor["label"] == row["label"] or row["label"] == REFERENCE:
+            continue
+        mine, theirs = by_case[(row["label"], row["length"])], by_case[(anchor["label"], anchor["length"])]
+        shared = [k for k in mine if k in theirs]
+        counted = [k for k in shared if k in answered]
+        entry = {"label": row["label"], "anchor": anchor["label"], "length": row["length"],
+                 "cases": len(shared), "counted": len(counted)}
+        if counted:
+            pairs = [(mine[k]["correct"], theirs[k]["correct"]) for k in counted]
+            diff, low, high = paired_difference_interval(sum(a and b for a, b in pairs), sum(a and not b for a, b in pairs),
+                                                         sum(b and not a for a, b in pairs),
+                                                         sum(not a and not b for a, b in pairs))
+            entry.update(accuracy_difference=diff, accuracy_difference_low=low, accuracy_difference_high=high,
+                         only_row=sum(a and not b for a, b in pairs), only_anchor=sum(b and not a for a, b in pairs))
+        for metric in ("kl", "top1", "needle_whole"):
+            found = mean_interval(mine[k][metric] - theirs[k][metric] for k in shared
+                                  if mine[k].get(metric) is not None and theirs[k].get(metric) is not None)
+            entry.update(_interval(f"{metric}_difference", found))
+        out.append(entry)
+    return out
 
 
 def _interval(name: str, found: dict | None, clip: tuple[float, float] | None = None) -> dict:
@@ -73,8 +155,9 @@ def _interval(name: str, found: dict | None, clip: tuple[float, float] | None = 
     if found is None:
         return {name: None, f"{name}_low": None, f"{name}_high": None, f"{name}_cases": 0}
     low, high = found["low"], found["high"]
-    if clip and low is not None:  # a fraction's interval stays a fraction
-        low, high = max(clip[0], low), min(clip[1], high)
+    if clip and low is not None:  # a fraction's interval stays a fraction (a KL stays >= 0)
+        low = max(clip[0], low)
+        high = high if clip[1] is None else min(clip[1], high)
     return {name: found["mean"], f"{name}_low": low, f"{name}_high": high, f"{name}_cases": found["n"]}
 
 

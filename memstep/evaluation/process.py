@@ -64,8 +64,10 @@ def load_job(path: str) -> dict:
 
 def serve_cases(lm, job: dict, run_case, began: float) -> int:
     """The worker loop both sides share: one warm-up forward (so the first cell's seconds
-    are not start-up costs), the baseline, then one protocol line per case. ``run_case(case)``
-    returns the cell's fields; an error in one case is reported and the others go on."""
+    are not start-up costs), the baseline, then one protocol line per case.
+    ``run_case(case, reference)`` returns the cell's fields (``reference``: where the full
+    cache's continuation log-probabilities are read or written, see ``divergence``); an error
+    in one case is reported and the others go on."""
     import time
 
     import torch
@@ -77,7 +79,7 @@ def serve_cases(lm, job: dict, run_case, began: float) -> int:
     on_cuda = lm.device.startswith("cuda")
     for item in job["cases"]:
         try:
-            out = run_case(item["case"])
+            out = run_case(item["case"], item.get("reference"))
         except Exception as err:  # report and go on: one bad cell must not lose the others
             emit("error", key=item["key"], message=f"{type(err).__name__}: {err}")
             continue

@@ -9,6 +9,7 @@ workers measure the same way, in the same run, so their seconds and peaks compar
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -23,9 +24,11 @@ from memstep.evaluation.grid import Config, cell_key
 from memstep.evaluation.process import parse_line
 from memstep.evaluation.store import ResultStore
 from memstep.evaluation.suite import Case
-from memstep.passkey import answer_contains_passkey
+from memstep.evaluation.needles import answer_matches
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+REFERENCE = Config("memstep", "full")  # the full cache the KL and top-1 agreement are measured against
+LOGITS = "logits"  # under the results folder: the reference's log-probabilities, one .npy per case (not committed)
 PEER_SCRIPT = ROOT / "peers" / "kvpress_peer.py"
 KVPRESS_PYTHON = ROOT / ".venv-kvpress" / "bin" / "python"
 
@@ -72,12 +75,22 @@ def worker_command(config: Config, job_path: str, kvpress_python: str | Path | N
     return [str(python), str(PEER_SCRIPT), job_path]
 
 
+def reference_path(folder: str | Path, case: Case, settings: EvalSettings) -> Path:
+    """Where the full cache's continuation log-probabilities of ``case`` are kept."""
+    fields = {"cell": case.cell, "model": settings.model, "dtype": settings.dtype,
+              "continuation": case.continuation_ids}
+    digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(folder) / LOGITS / f"{digest}.npy"
+
+
 def _cell_record(config: Config, case: Case, key: str, event: dict, ready: dict) -> dict:
     answer = event.get("answer") or ""
     return {
         "key": key, "config": config.to_dict(), "label": config.label, "peer": config.is_peer,
-        **case.cell, "passkey": case.passkey, "answer": answer,
-        "correct": answer_contains_passkey(answer, case.passkey),
+        **case.cell, "kind": case.kind, "passkey": case.passkey, "answer": answer,
+        "correct": answer_matches(answer, case.passkey),
+        "kl": event.get("kl"), "kl_max": event.get("kl_max"), "top1": event.get("top1"),
+        "needle_whole": event.get("needle_whole"), "settings": event.get("settings"),
         "continuation_nll": event.get("continuation_nll"),
         "prefill_seconds": event.get("prefill_seconds"), "seconds": event.get("seconds"),
         "peak_rss_bytes": event.get("peak_rss_bytes"), "baseline_rss_bytes": ready.get("baseline_rss_bytes"),
@@ -89,11 +102,19 @@ def _cell_record(config: Config, case: Case, key: str, event: dict, ready: dict)
 
 def run_group(config: Config, cases: list[Case], keys: list[str], settings: EvalSettings,
               store: ResultStore, report: RunReport, on_cell: Callable[[dict], None] | None = None,
-              kvpress_python=None) -> None:
-    """One worker process for ``cases`` (one length) under ``config``."""
+              kvpress_python=None, divergence: bool = False) -> None:
+    """One worker process for ``cases`` (one length) under ``config``; with ``divergence``
+    the full cache saves its continuation log-probabilities and every other configuration
+    is scored against them."""
+    def reference(case: Case) -> dict | None:
+        if not divergence:
+            return None
+        path = str(reference_path(store.folder, case, settings))
+        return {"write": path} if config == REFERENCE else {"read": path}
+
     job = {"model": settings.model, "device": settings.device, "dtype": settings.dtype,
            "threads": settings.threads, "config": config.to_dict(), "settings": settings.key_fields(),
-           "cases": [{"key": k, "case": c.to_dict()} for k, c in zip(keys, cases)]}
+           "cases": [{"key": k, "case": c.to_dict(), "reference": reference(c)} for k, c in zip(keys, cases)]}
     by_key = dict(zip(keys, cases))
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(job, handle)
@@ -128,10 +149,17 @@ def run_group(config: Config, cases: list[Case], keys: list[str], settings: Eval
 
 
 def run_grid(configs: list[Config], cases: list[Case], settings: EvalSettings, store: ResultStore,
-             on_cell: Callable[[dict], None] | None = None, kvpress_python=None) -> RunReport:
+             on_cell: Callable[[dict], None] | None = None, kvpress_python=None,
+             divergence: bool = False) -> RunReport:
     """Every (configuration, case) cell not yet in the store; the longest length first (where
     the configurations differ most), so an interrupted run has whole lengths rather than
-    whole configurations."""
+    whole configurations. With ``divergence`` memstep's full cache runs first at each length
+    (it is added when the grid lacks it), and again on a case whose saved log-probabilities
+    are gone, so every compressed cell can be scored against it."""
+    if divergence and REFERENCE not in configs:
+        configs = [REFERENCE, *configs]
+    if divergence:
+        configs = [REFERENCE] + [c for c in configs if c != REFERENCE]
     for config in configs:  # a missing peer virtualenv fails before any work, not halfway
         worker_command(config, "-", kvpress_python)
     report = RunReport()
@@ -140,9 +168,10 @@ def run_grid(configs: list[Config], cases: list[Case], settings: EvalSettings, s
         group = [c for c in cases if c.length == length]
         for config in configs:
             keys = [cell_key(config, c.cell, fields) for c in group]
-            todo = [(k, c) for k, c in zip(keys, group) if k not in store]
+            todo = [(k, c) for k, c in zip(keys, group) if k not in store
+                    or (divergence and config == REFERENCE and not reference_path(store.folder, c, settings).exists())]
             report.skipped += len(group) - len(todo)
             if todo:
                 run_group(config, [c for _, c in todo], [k for k, _ in todo], settings, store, report,
-                          on_cell, kvpress_python)
+                          on_cell, kvpress_python, divergence)
     return report

@@ -57,3 +57,27 @@ def mean_interval(values) -> dict | None:
         return {"mean": m, "low": None, "high": None, "half": None, "n": 1}
     half = t_quantile_975(len(values) - 1) * stdev(values) / math.sqrt(len(values))
     return {"mean": m, "low": m - half, "high": m + half, "half": half, "n": len(values)}
+
+
+def paired_difference_interval(both: int, only_first: int, only_second: int, neither: int,
+                               z: float = Z_975) -> tuple[float, float, float]:
+    """Difference of two proportions measured on the same cases (first minus second) with
+    Newcombe's hybrid score interval for paired data (Newcombe 1998, method 10): the Wilson
+    intervals of both proportions, combined with the phi correlation of the pairs, its
+    numerator ad - bc shrunk by n/2 towards zero when positive (Newcombe's correction, as in
+    Altman et al., *Statistics with Confidence*, 2000). Returns (difference, low, high)."""
+    n = both + only_first + only_second + neither
+    if n < 1 or min(both, only_first, only_second, neither) < 0:
+        raise ValueError(f"need non-negative pair counts and at least one case (got {both}, {only_first}, "
+                         f"{only_second}, {neither})")
+    p1, p2 = (both + only_first) / n, (both + only_second) / n
+    l1, u1 = wilson_interval(both + only_first, n, z)
+    l2, u2 = wilson_interval(both + only_second, n, z)
+    denominator = (both + only_first) * (only_second + neither) * (both + only_second) * (only_first + neither)
+    numerator = both * neither - only_first * only_second
+    numerator = max(0.0, numerator - n / 2) if numerator > 0 else numerator
+    phi = 0.0 if denominator == 0 else numerator / math.sqrt(denominator)
+    difference = p1 - p2
+    below = math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
+    above = math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
+    return difference, max(-1.0, difference - below), min(1.0, difference + above)

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from memstep.errors import MemstepError
 from memstep.generate import prompt_parts
-from memstep.passkey import make_haystack, random_passkey, random_thing
+from memstep.evaluation.needles import KINDS, make_needle
+from memstep.passkey import place_needle
 
 ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"
 DEFAULT_HAYSTACK = ASSETS / "pride_and_prejudice_ch1-12.txt"
@@ -38,19 +39,23 @@ class Case:
     seed: int
     haystack: str  # the text's file name
     start: int  # character offset of the paragraph where this case's window of the text begins
-    passkey: str
+    passkey: str  # what a right answer contains (the passkey, code, word or name)
     question: str
     document_ids: list[int]  # the haystack with the needle, no prompt framing
     continuation_ids: list[int]  # held-out prose right after the haystack
     head_ids: list[int]  # chat-template tokens before the document
     question_ids: list[int]  # chat-template tokens after the document, question included
     needle_tokens: tuple[int, int]  # the needle sentence, document token span
-    passkey_tokens: tuple[int, int]  # the passkey's digits, document token span
+    passkey_tokens: tuple[int, int]  # the answer's tokens (passkey digits, word, name), document token span
+    kind: str = "passkey"  # the needle's kind (needles.KINDS)
 
     @property
     def cell(self) -> dict:
-        return {"haystack": self.haystack, "length": self.length, "depth": self.depth, "seed": self.seed,
+        cell = {"haystack": self.haystack, "length": self.length, "depth": self.depth, "seed": self.seed,
                 "start": self.start}
+        if self.kind != "passkey":  # passkey cases keep the keys they had before needle kinds
+            cell["kind"] = self.kind
+        return cell
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,15 +106,17 @@ def rotate(prose: str, start: int) -> str:
 
 
 def make_case(prose: str, tokenizer, length: int, depth: float, seed: int,
-              continuation_tokens: int = 32, name: str = DEFAULT_HAYSTACK.name, start: int | None = None) -> Case:
-    """One case on ``prose`` (named ``name``); ``start`` = None draws its window
-    (window_start), 0 reads the text from its beginning."""
+              continuation_tokens: int = 32, name: str = DEFAULT_HAYSTACK.name, start: int | None = None,
+              kind: str = "passkey") -> Case:
+    """One case on ``prose`` (named ``name``) with a needle of ``kind``; ``start`` = None
+    draws its window (window_start), 0 reads the text from its beginning."""
     if start is None:
-        start = window_start(prose, name, length, depth, seed)
+        start = window_start(prose, name, length, depth, seed if kind == "passkey" else f"{seed}-{kind}")
     prose = rotate(prose, start)
     label = f"{name}-{length}-{depth}-{seed}"
-    passkey = random_passkey(label)
-    doc = make_haystack(prose, tokenizer, length, depth, passkey, thing=random_thing(label))
+    needle = make_needle(kind, label)
+    doc = place_needle(prose, tokenizer, length, depth, needle.sentence)
+    doc.question, doc.answer = needle.question, needle.answer
     parts = prompt_parts(tokenizer, doc.question)
     return Case(
         length=length, depth=depth, seed=seed, haystack=name, start=start, passkey=doc.answer, question=doc.question,
@@ -117,7 +124,7 @@ def make_case(prose: str, tokenizer, length: int, depth: float, seed: int,
         continuation_ids=_continuation(doc, prose, tokenizer, continuation_tokens),
         head_ids=prompt_parts(tokenizer).head, question_ids=parts.tail,
         needle_tokens=(doc.needle_token_start, doc.needle_token_end),
-        passkey_tokens=_passkey_span(doc, tokenizer))
+        passkey_tokens=_passkey_span(doc, tokenizer), kind=kind)
 
 
 def read_haystacks(paths=None) -> dict[str, str]:
@@ -138,9 +145,34 @@ def read_haystacks(paths=None) -> dict[str, str]:
     return texts
 
 
-def make_cases(tokenizer, lengths, depths, seeds, haystacks=None, continuation_tokens: int = 32) -> list[Case]:
-    """Every (haystack, length, depth, seed) case; ``haystacks`` are paths (default both
-    bundled texts)."""
+def check_kinds(kinds) -> tuple[str, ...]:
+    kinds = tuple(kinds)
+    for kind in kinds:
+        if kind not in KINDS:
+            raise MemstepError(f"unknown needle kind '{kind}': choose from {', '.join(KINDS)}")
+    if not kinds:
+        raise MemstepError(f"choose at least one needle kind ({', '.join(KINDS)})")
+    return kinds
+
+
+def check_lengths(texts: dict[str, str], tokenizer, lengths, continuation_tokens: int) -> None:
+    """Every haystack text holds the longest case and its continuation without repeating itself."""
+    need = max(lengths) + continuation_tokens
+    for name, text in texts.items():
+        have = len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+        if have < need:
+            raise MemstepError(f"haystack {name} has {have} tokens: too short for {max(lengths)}-token cases "
+                               f"plus a {continuation_tokens}-token continuation; give a longer text or shorter "
+                               "--lengths")
+
+
+def make_cases(tokenizer, lengths, depths, seeds, haystacks=None, continuation_tokens: int = 32,
+               kinds=("passkey",)) -> list[Case]:
+    """Every (haystack, length, needle kind, depth, seed) case; ``haystacks`` are paths
+    (default both bundled texts)."""
     texts = read_haystacks(haystacks)
-    return [make_case(prose, tokenizer, length, depth, seed, continuation_tokens, name)
-            for length in lengths for name, prose in texts.items() for depth in depths for seed in seeds]
+    kinds = check_kinds(kinds)
+    check_lengths(texts, tokenizer, lengths, continuation_tokens)
+    return [make_case(prose, tokenizer, length, depth, seed, continuation_tokens, name, kind=kind)
+            for length in lengths for name, prose in texts.items() for kind in kinds
+            for depth in depths for seed in seeds]

@@ -16,14 +16,26 @@ from pathlib import Path
 import gradio as gr
 
 from memstep.evaluation.plots import heatmap_figure, intervals_figure, tradeoff_figure
-from memstep.evaluation.report import accuracy_text, contrasts_text, plus_minus, retention_text
+from memstep.evaluation.report import (accuracy_text, contrasts_text, counted_text, entries_text, fair_takeaway,
+                                       interval_text, paired_table, plus_minus, recommendation, retention_text,
+                                       settings_text,
+                                       unsupported)
 from memstep.evaluation.store import SUMMARY, load_summary
 
 ROOT = Path(__file__).resolve().parents[2]  # ui/tabs/evaluate.py -> the repository
-# `memstep eval`'s default output, then the committed `make bench` results.
-RESULT_FOLDERS = (ROOT / "results" / "local", ROOT / "results")
+# `memstep eval`'s default output, then the committed `make bench-eval` results, then the earlier grid.
+RESULT_FOLDERS = (ROOT / "results" / "local", ROOT / "results" / "eval", ROOT / "results")
 TABLE_HEADERS = ["length", "configuration", "kind", "passkey accuracy (95% CI)", "passkey kept", "NLL gap (95% CI)",
                  "seconds", "peak MiB", "peak - baseline MiB"]
+# results with a KL against the full cache: the settings beside the numbers, counted accuracy, KL, top-1
+# the numbers first: on a narrow screen the settings are the column one scrolls to
+FAIR_HEADERS = ["length", "configuration", "answered, of the cases the full cache answers",
+                "KL from the full cache (95% CI)", "top-1 agreement (95% CI)", "answer kept whole (95% CI)",
+                "cases", "entries kept", "settings"]
+
+
+def is_fair(summary: dict) -> bool:
+    return any(r.get("kl") is not None for r in summary["rows"])
 
 
 def result_folders() -> list[Path]:
@@ -49,6 +61,12 @@ def table_rows(summary: dict) -> list[list]:
     def num(value, scale=1.0, digits=0):
         return None if value is None else round(value * scale, digits)
 
+    if is_fair(summary):
+        return [[r["length"], r["label"], counted_text(r), interval_text(r, "kl"),
+                 interval_text(r, "top1", percent=True), interval_text(r, "needle_whole", percent=True), r["cells"],
+                 entries_text(r), settings_text(r, short=True)]
+                for r in summary["rows"]]
+
     return [[r["length"], r["label"], r["config"]["kind"], accuracy_text(r), retention_text(r),
              plus_minus(r["nll_gap"], r.get("nll_gap_low"), r.get("nll_gap_high")), num(r["seconds"], 1, 1),
              num(r["peak_rss_bytes"], 2**-20), num(r["working_rss_bytes"], 2**-20)] for r in summary["rows"]]
@@ -60,6 +78,17 @@ def headline(found: tuple[Path, dict] | None) -> str:
         return ("**No evaluation results yet.** Run `memstep eval` (results in `results/local/`) or "
                 "`make bench` (the default grid, committed in `results/`), then press Reload.")
     folder, summary = found
+    where = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
+    if is_fair(summary):
+        cases = {r["length"]: r.get("reference_cases") or r["cells"] for r in summary["rows"]
+                 if r["config"]["kind"] == "memstep" and r["config"]["schedule"] == "full"}
+        return (f"Results from `{where}`: {len({r['label'] for r in summary['rows']})} configurations; "
+                + ", ".join(f"{n} cases at {length:,} tokens" for length, n in sorted(cases.items()))
+                + ". KL: the mean KL divergence (nats per token) of the memory's next-token distributions from the "
+                "full cache's over the prose that follows the document, with its 95% t interval; top-1 agreement: "
+                "how often both pick the same token. Answers are counted on the cases memstep's full cache answers "
+                "(Wilson 95% interval). Each kvpress press keeps the same number of document entries and runs as "
+                "its authors run it (its settings are in the table). Peak memory and seconds: the trade-off chart.")
     run = summary.get("run", {})
     settings = run.get("settings", {})
     configs = len({r["label"] for r in summary["rows"]})
@@ -88,6 +117,13 @@ def _range(rows: list[dict]) -> str:
 def takeaway(summary: dict) -> str:
     """The results in a few lines, per length: the full cache, memstep's compressed memories
     with and without the question, and the best peer, each with its 95% interval."""
+    if is_fair(summary):
+        lines = fair_takeaway(summary)
+        if not lines:
+            return ""
+        return (recommendation(summary) + "\n\nPer length, each memory's answers on the cases the full cache "
+                "answers and its KL from the full cache, with the settings it ran with (95% intervals):\n\n"
+                + "\n".join(lines))
     lines = []
     for length in lengths(summary):
         rows = [r for r in summary["rows"] if r["length"] == length]
@@ -136,8 +172,17 @@ def show(length=None):
     choices = lengths(summary)
     length = int(length) if length in choices else (choices[-1] if choices else None)
     return (takeaway(summary), headline(found), intervals_figure(summary), tradeoff_figure(summary, length),
-            table_rows(summary), heatmap_figure(summary), contrasts_text(summary) if found else "",
+            gr.update(value=table_rows(summary), headers=FAIR_HEADERS if is_fair(summary) else TABLE_HEADERS),
+            heatmap_figure(summary), differences_text(summary) if found else "",
             gr.update(choices=choices, value=length))
+
+
+def differences_text(summary: dict) -> str:
+    """The paired differences: against memstep's question-aware FM (with what the intervals
+    cannot tell apart) for results with a KL, else the earlier contrasts."""
+    if not is_fair(summary):
+        return contrasts_text(summary)
+    return "\n".join([paired_table(summary), "", *unsupported(summary)])
 
 
 def build_tab() -> dict:
@@ -151,7 +196,8 @@ def build_tab() -> dict:
                              elem_id="eval-length")
         reload = gr.Button("Reload", variant="secondary", elem_id="eval-reload")
     tradeoff = gr.Plot(first[3], show_label=False, elem_id="eval-tradeoff")
-    table = gr.Dataframe(first[4], headers=TABLE_HEADERS, interactive=False, wrap=True, elem_id="eval-table")
+    table = gr.Dataframe(first[4]["value"], headers=first[4]["headers"], interactive=False, wrap=True,
+                         elem_id="eval-table")
     with gr.Accordion("Passkey accuracy by needle depth and length, per configuration", open=False):
         heatmaps = gr.Plot(first[5], show_label=False, elem_id="eval-heatmaps")
     with gr.Accordion("Paired differences on the same cases", open=False):
