@@ -142,7 +142,7 @@ def intervals_figure(summary: dict, lengths: list[int] | None = None):
     counts = [sum(1 for r in rows if r["length"] == n) for n in lengths]
     # three short lines each: side by side they must fit a phone's narrow panels
     titles = [t for n in lengths for t in (
-        (f"{n} tokens: answered %,<br>of those the full<br>cache answers (Wilson)", f"{n} tokens:<br>KL from the<br>full cache (95% t)")
+        (f"{n} tokens:<br>answered %<br>(Wilson)", f"{n} tokens:<br>KL to the full<br>cache (95% t)")
         if fair else (f"{n} tokens:<br>accuracy %<br>(95% Wilson)", f"{n} tokens:<br>NLL gap<br>(95% t)"))]
     # 36 px a row: two-line names at 10 px stay apart even when a phone's wrapped legend takes more
     # of the figure's height; between lengths, room for the next row's three-line titles
