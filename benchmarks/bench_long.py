@@ -50,29 +50,56 @@ LENGTHS = (8192, 16384, 32768, 65536, 131072)
 
 
 def run_cli(args: list[str], threads: int) -> dict:
-    """One `memstep run` in its own process: its JSON, peak RSS and CPU seconds (from wait4)."""
+    """One `memstep run` in its own process: its JSON, peak RSS and CPU seconds (from wait4), and
+    its resident memory sampled every SAMPLE_SECONDS split into anonymous (what the process
+    allocated) and file-backed (the memory-mapped weights and libraries, paged in as touched)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TQDM_DISABLE="1")
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "run.json"
+        out, err_path = Path(tmp) / "run.json", Path(tmp) / "stderr.txt"
         command = [sys.executable, "-m", "memstep", "run", *args, "--quiet", "--output", str(out)]
         began = time.perf_counter()
-        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env)
-        err = child.stderr.read().decode(errors="replace")
-        _, status, usage = os.wait4(child.pid, 0)
+        sampled = {"anonymous": 0, "file": 0}
+        with err_path.open("wb") as err_file:
+            child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err_file, cwd=ROOT, env=env)
+            while True:
+                pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+                if pid:
+                    break
+                for key, value in resident_parts(child.pid).items():
+                    sampled[key] = max(sampled[key], value)
+                time.sleep(SAMPLE_SECONDS)
         child.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - began
         if child.returncode != 0:
+            err = err_path.read_text(errors="replace")
             raise SystemExit(f"`{' '.join(command)}` failed ({child.returncode}):\n{err[-2000:]}")
         result = json.loads(out.read_text())
     return {"command": "memstep run " + " ".join(args), "result": result, "wall_seconds": wall,
-            "cpu_seconds": usage.ru_utime + usage.ru_stime, "peak_rss": usage.ru_maxrss * 1024}
+            "cpu_seconds": usage.ru_utime + usage.ru_stime, "peak_rss": usage.ru_maxrss * 1024,
+            "peak_anonymous_sampled": sampled["anonymous"], "peak_file_sampled": sampled["file"]}
+
+
+SAMPLE_SECONDS = 0.25
+
+
+def resident_parts(pid: int) -> dict[str, int]:
+    """Resident bytes of a process now: anonymous and file-backed (Linux smaps_rollup; {} elsewhere)."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return {}
+    fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in text.splitlines()[1:] if line.endswith("kB")}
+    if "Rss" not in fields or "Anonymous" not in fields:
+        return {}
+    return {"anonymous": fields["Anonymous"], "file": fields["Rss"] - fields["Anonymous"]}
 
 
 def model_baseline(document: Path, model: str | None, threads: int) -> dict:
     """What a one-token run costs: loading the model, tokenizer and libraries (no prefill to speak of)."""
     args = [str(document), "--schedule", "full", "--max-tokens", "1"] + (["--model", model] if model else [])
     got = run_cli(args, threads)
-    return {"peak_rss": got["peak_rss"], "cpu_seconds": got["cpu_seconds"], "command": got["command"]}
+    return {"peak_rss": got["peak_rss"], "cpu_seconds": got["cpu_seconds"], "command": got["command"],
+            "peak_anonymous_sampled": got["peak_anonymous_sampled"], "peak_file_sampled": got["peak_file_sampled"]}
 
 
 def measure_row(document: Path, model: str | None, tokens: int, schedule: str, size: int, threads: int,
@@ -96,6 +123,7 @@ def measure_row(document: Path, model: str | None, tokens: int, schedule: str, s
         "cpu_seconds_per_token": prefill_cpu / result["tokens"],
         "peak_rss": got["peak_rss"], "peak_rss_above_model": got["peak_rss"] - baseline["peak_rss"],
         "model_peak_rss": baseline["peak_rss"], "model_cpu_seconds": baseline["cpu_seconds"],
+        "peak_anonymous_sampled": got["peak_anonymous_sampled"], "peak_file_sampled": got["peak_file_sampled"],
         "peak_bytes_modeled": result["peak_bytes_modeled"],
         "widest_step_tokens": max(s["memory_before"] + s["chunk_size"] for s in steps),
     }
@@ -148,7 +176,10 @@ def fits(rows: list[dict]) -> dict:
         first, last = mine[0], mine[-1]
         out[schedule] = {"tokens": [r["tokens"] for r in mine], "time_slope": slope,
                          "peak_rss_growth": last["peak_rss"] / first["peak_rss"] - 1,
-                         "peak_rss_above_model_growth": last["peak_rss_above_model"] / first["peak_rss_above_model"] - 1,
+                         "peak_rss_above_model_growth": (last["peak_rss_above_model"] / first["peak_rss_above_model"] - 1
+                                                         if first["peak_rss_above_model"] > 0 else None),
+                         "peak_anonymous_growth": (last["peak_anonymous_sampled"] / first["peak_anonymous_sampled"] - 1
+                                                   if first.get("peak_anonymous_sampled") else None),
                          "from_tokens": first["tokens"], "to_tokens": last["tokens"]}
     return out
 
@@ -157,18 +188,28 @@ def _mb(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**20:,.0f} MB"
 
 
+def _growth(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1%}"
+
+
+def _split(row: dict) -> str:
+    if not row.get("peak_anonymous_sampled"):
+        return "-"
+    return f"{row['peak_anonymous_sampled'] / 2**20:,.0f} / {row['peak_file_sampled'] / 2**20:,.0f} MB"
+
+
 def markdown(report: dict) -> str:
     lines = [f"{report['model']} ({report['dtype']}, {report['threads']} thread(s), CPU time; "
              f"{report['trained_positions']} trained positions), {report['document']}, chunk-attention scorer, "
              "compact RoPE positions; each row one `memstep run` process:", "",
              "| tokens | schedule | c = M | steps | CPU s (prefill) | CPU ms / token | planned s | "
-             "peak RSS | above the model | modeled peak | fraction of the limit |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "peak RSS | above the model | anonymous / file-backed (sampled) | modeled peak | fraction of the limit |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(report["rows"], key=lambda r: (r["tokens"], r["schedule"])):
         size = "-" if r["chunk"] is None else r["chunk"]
         lines.append(f"| {r['tokens']:,} | {r['schedule']} | {size} | {r['steps']} | {r['prefill_cpu_seconds']:,.1f} | "
                      f"{1000 * r['cpu_seconds_per_token']:.2f} | {r['planned_seconds']:,.1f} | {_mb(r['peak_rss'])} | "
-                     f"{_mb(r['peak_rss_above_model'])} | {_mb(r['peak_bytes_modeled'])} | "
+                     f"{_mb(r['peak_rss_above_model'])} | {_split(r)} | {_mb(r['peak_bytes_modeled'])} | "
                      f"{r['limit_fraction']:.2f} |")
     measured = sorted({r["tokens"] for r in report["rows"]})
     missing = [t for t in LENGTHS if t not in measured]
@@ -176,13 +217,14 @@ def markdown(report: dict) -> str:
         lines += ["", f"Not measured in this JSON yet: {', '.join(f'{t:,}' for t in missing)} tokens "
                       "(`OMP_NUM_THREADS=1 python benchmarks/bench_long.py` adds them and keeps these rows)."]
     if report["fits"]:
-        lines += ["", "| schedule | lengths | time slope (log-log) | peak RSS growth | above the model |",
-                  "|---|---|---:|---:|---:|"]
+        lines += ["", "| schedule | lengths | time slope (log-log) | peak RSS growth | above the model | "
+                      "anonymous growth (sampled) |", "|---|---|---:|---:|---:|---:|"]
     for name, f in report["fits"].items():
         target = f" (target <= {SLOPE_TARGET})" if name == "imdc" else ""
         flat = f" (target <= {FLAT_TARGET:.0%})" if name == "imdc" else ""
         lines.append(f"| {name} | {f['from_tokens']:,}-{f['to_tokens']:,} | {f['time_slope']:.2f}{target} | "
-                     f"{f['peak_rss_growth']:+.1%}{flat} | {f['peak_rss_above_model_growth']:+.1%} |")
+                     f"{f['peak_rss_growth']:+.1%}{flat} | {_growth(f['peak_rss_above_model_growth'])} | "
+                     f"{_growth(f.get('peak_anonymous_growth'))} |")
     lines += ["", f"Loading the model (a one-token run): peak RSS {_mb(report['baseline']['peak_rss'])}, "
               f"{report['baseline']['cpu_seconds']:.1f} CPU s (subtracted above). Matmul rate measured in the same "
               f"run: {report['matmul_flops_per_second'] / 1e9:.1f} GFLOP/s; copy bandwidth "

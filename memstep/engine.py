@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from memstep import heap
 from memstep.attention import StepContext, switchable, use_memstep_attention
 from memstep.errors import MemstepError
 from memstep.layers import GLOBAL, TYPE_LABELS
@@ -469,6 +470,7 @@ class ChunkedPrefill(StepContext):
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 seconds = time.perf_counter() - began
+                heap.trim()  # what this step's tensors freed goes back now: flat memory over 100+ steps
                 self.tokens_seen = max(self.tokens_seen, start + size)  # a review re-reads a chunk
                 self.position = self._next_position
                 real = [p.shape[1] for p in self.positions]
@@ -483,7 +485,7 @@ class ChunkedPrefill(StepContext):
                     memory_after=self.kinds.widest_global(after), seconds=seconds,
                     bytes_measured=self._memory.peak(), bytes_modeled=parts.pop("total"),
                     bytes_modeled_parts=parts, kv_bytes_actual=self._kv_peak,
-                    kept_positions=_stack_padded([p.cpu().numpy() for p in self.positions]),
+                    kept_positions=_stack_padded(self.positions),
                     evicted=any(b + size > a for b, a, s in zip(before, after, self.kinds.types) if s == GLOBAL),
                     layer_memory_after=list(after) if per_layer else None,
                     layer_budgets=self.kinds.budgets(schedule.layer_budgets(step, layers)) if per_layer else None,
@@ -522,9 +524,10 @@ class ChunkedPrefill(StepContext):
         return out
 
 
-def _stack_padded(arrays: list[np.ndarray]) -> np.ndarray:
-    """(layers, kv_heads, entries) positions; layers holding fewer entries are padded with -1."""
-    width = max(a.shape[1] for a in arrays)
-    if all(a.shape[1] == width for a in arrays):
-        return np.stack(arrays)
-    return np.stack([np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=-1) for a in arrays])
+def _stack_padded(positions: list[torch.Tensor]) -> np.ndarray:
+    """(layers, kv_heads, entries) positions as int32; layers holding fewer entries are padded with -1.
+    A run keeps one such array per step for its report (a 128k-token run has 129 of them):
+    int32 holds any position (at most 2^30 tokens) in half the bytes of the engine's int64."""
+    width = max(p.shape[1] for p in positions)
+    stacked = torch.stack([F.pad(p.to(torch.int32), (0, width - p.shape[1]), value=-1) for p in positions])
+    return stacked.cpu().numpy()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+import numpy as np
+
 from memstep.engine import QUESTION_POOL, QUESTION_WEIGHT, ChunkedPrefill
 from memstep.errors import MemstepError
 from memstep.generate import (answer, answer_from_prefill, continuation_nll, crop_memory, memory_mark, prompt_form,
@@ -56,10 +58,14 @@ class DocumentRun:
             raise MemstepError("question-aware compression reads the question after every chunk; with the question "
                                "inside the prompt it is prefilled once, at the end: choose one (question place 'after')")
         self.head = prompt_parts(lm.tokenizer).head
-        kept = document_ids[: len(document_ids) - continuation_tokens]
-        self.held_out = document_ids[len(kept):]
+        # one int64 array, not a list of Python ints: the engine slices it chunk by chunk, and a
+        # whole novel (155k tokens) would otherwise be copied once more as 155k list entries
+        document = np.asarray(document_ids, dtype=np.int64).reshape(-1)
+        kept = document[: len(document) - continuation_tokens]
+        self.held_out = document[len(kept):].tolist()
         tail = prompt_parts(lm.tokenizer, self.question).tail if self.in_prompt else []
-        self.input_ids = self.head + kept + tail
+        self.input_ids = np.concatenate([np.asarray(self.head, dtype=np.int64), kept,
+                                         np.asarray(tail, dtype=np.int64)])
         tokens = len(self.input_ids)
         check_run_settings(schedule, tokens, chunk, memory, sinks)
         self.schedule = make_schedule(schedule, tokens, chunk, memory, growth,

@@ -11,7 +11,7 @@ from memstep.documents import (BINARY_CONTROL_SHARE, read_document, read_documen
                                tokenize_prefix)
 from memstep.errors import MemstepError
 
-from tests.fixtures_documents import tokenizer  # noqa: F401
+from tests.fixtures_documents import ASSETS, tokenizer  # noqa: F401
 
 GERMAN = ("Über die Brücke ging er zur Straße, wo die Mädchen spielten. Die Größe der Bäume überraschte ihn; "
           "später aß er Käse und trank Bier.")
@@ -92,3 +92,50 @@ def test_huge_text_is_tokenized_only_as_far_as_needed(tokenizer):  # noqa: F811
     ids, notice = tokenize_document(huge, counting, 300)
     assert len(ids) == 300 and notice.startswith("Document truncated to 300 tokens")
     assert counting.chars < 20_000  # not 13 MB
+
+
+class PieceCounting:
+    """A fast tokenizer that records the length of every text it is handed."""
+
+    is_fast = True
+
+    def __init__(self, inner, shift_starts: bool = False):
+        self.inner, self.calls, self.shift_starts = inner, [], shift_starts
+
+    def __call__(self, text, **kwargs):
+        self.calls.append(len(text))
+        out = self.inner(text, **kwargs)
+        if self.shift_starts and len(self.calls) > 1:  # like a tokenizer that marks where each text begins
+            out = dict(out, input_ids=[0] + list(out["input_ids"]))
+            if "offset_mapping" in out:
+                out["offset_mapping"] = [(0, 0)] + list(out["offset_mapping"])
+        return out
+
+
+def test_a_whole_novel_is_tokenized_in_pieces_into_the_whole_texts_tokens(tokenizer):  # noqa: F811
+    from memstep.documents import _OVERLAP_CHARS, PIECE_CHARS
+
+    text = read_document(ASSETS / "pride_and_prejudice.txt")
+    whole = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    counting = PieceCounting(tokenizer)
+    ids, cut = tokenize_prefix(text, counting, None)
+    assert ids == whole and not cut
+    assert max(counting.calls) == PIECE_CHARS  # never the whole 680k characters at once
+    assert len(text) < sum(counting.calls) <= len(text) + len(counting.calls) * _OVERLAP_CHARS  # overlaps only
+    for limit in (9000, 40_000, len(whole), len(whole) + 1):
+        ids, cut = tokenize_prefix(text, PieceCounting(tokenizer), limit)
+        assert ids == whole[:limit] and cut == (len(whole) > limit)
+    counting = PieceCounting(tokenizer)
+    tokenize_prefix(text, counting, 9000)  # stops at the piece that holds enough tokens
+    assert sum(counting.calls) < 3 * PIECE_CHARS
+
+
+def test_pieces_that_do_not_restart_alike_fall_back_to_one_call(tokenizer):  # noqa: F811
+    text = read_document(ASSETS / "pride_and_prejudice.txt")[:200_000]
+    shifting = PieceCounting(tokenizer, shift_starts=True)  # the second piece would begin with a stray token
+    ids, _ = tokenize_prefix(text, shifting, None)
+    assert shifting.calls[-1] == len(text)  # refused the pieces, tokenized at once
+    assert ids == [0] + tokenizer(text, add_special_tokens=False)["input_ids"]  # what that call gave
+    spaces = " " * 150_000 + "The end."  # one token per run of spaces: no place to restart
+    ids, _ = tokenize_prefix(spaces, tokenizer, None)
+    assert ids == tokenizer(spaces, add_special_tokens=False)["input_ids"]

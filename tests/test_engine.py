@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import platform
+import sys
 import weakref
 
 import numpy as np
@@ -162,7 +164,7 @@ def test_cache_sizes_positions_and_kv_bytes_each_step(tiny_model, name, growth):
         assert record.evicted == (before + record.chunk_size > after)
         for layer_idx, layer in enumerate(engine.cache.layers):  # the real cache, right now
             assert layer.keys.shape[2] == layer.values.shape[2] == after
-            assert torch.equal(engine.positions[layer_idx].cpu(), torch.as_tensor(record.kept_positions[layer_idx]))
+            assert torch.equal(engine.positions[layer_idx].cpu(), torch.as_tensor(record.kept_positions[layer_idx]).long())
         assert record.kept_positions.shape == (shape.layers, shape.kv_heads, after)
         for row in record.kept_positions.reshape(-1, after):
             assert (np.diff(row) > 0).all()  # sorted and unique
@@ -367,3 +369,33 @@ def test_compact_and_layerwise_need_sdpa(tiny_model):
         list(ChunkedPrefill(tiny_model).run(random_ids(100), make_schedule("im", 100, 40, 20, "square-sqrt",
                                                                             layers=3)))
     assert eager.config._attn_implementation == "eager"  # left as it was
+
+
+def test_a_long_runs_report_keeps_its_steps_compact(tiny_model, monkeypatch):
+    """What a run keeps for its report grows with its steps: each step's kept positions are one
+    int32 array (equal to the engine's int64 positions), the heap is trimmed once per step,
+    and the JSON's per-position fractions are the same numbers as rounding each one."""
+    from memstep import heap
+    from memstep.records import RunResult
+
+    trims = []
+    monkeypatch.setattr(heap, "trim", lambda: trims.append(1) or True)
+    schedule = make_schedule("imdc", 400, 64, 48)
+    engine = ChunkedPrefill(tiny_model, ChunkAttention(), sinks=4)
+    records = []
+    for record in engine.run(random_ids(400, seed=9), schedule):
+        assert record.kept_positions.dtype == np.int32
+        assert np.array_equal(record.kept_positions, torch.stack(engine.positions).numpy())
+        records.append(record)
+    assert len(trims) == schedule.steps == len(records)
+    result = RunResult(model="tiny", tokens=400, prefix_tokens=0, schedule=schedule.to_dict(), scorer="chunk-attention",
+                       sinks=4, device="cpu", dtype="float32", steps=records)
+    fractions = result.to_dict()["kept_fraction"]
+    assert fractions == [round(float(x), 4) for x in result.kept_fraction()] and len(fractions) == 400
+    assert len({id(x) for x in fractions}) == len(set(fractions)) < 400  # one object per distinct value
+
+
+def test_the_heap_trim_runs_here():
+    from memstep import heap
+
+    assert heap.trim() is (sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc")

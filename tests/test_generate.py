@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 from conftest import ASSETS
@@ -75,6 +76,17 @@ def test_compressed_nll_is_finite_and_differs(tiny_lm, document):
 def test_continuation_of_one_token(tiny_lm, document):
     run = DocumentRun(tiny_lm, document, schedule="full", continuation_tokens=1)
     assert run.run().continuation_nll == pytest.approx(direct_nll(tiny_lm.model, run.head + document, 1), abs=1e-4)
+
+
+def test_the_run_holds_its_tokens_as_one_array(tiny_lm, document):
+    """head + document (less the held-out tail) as one int64 array, not a list of Python ints;
+    the held-out tokens stay a short list."""
+    run = DocumentRun(tiny_lm, document, schedule="imdc", chunk=64, memory=32, continuation_tokens=24)
+    assert isinstance(run.input_ids, np.ndarray) and run.input_ids.dtype == np.int64
+    assert run.input_ids.tolist() == run.head + list(document[:-24]) and run.held_out == list(document[-24:])
+    as_array = DocumentRun(tiny_lm, np.asarray(document), schedule="imdc", chunk=64, memory=32,
+                           continuation_tokens=24)
+    assert np.array_equal(as_array.input_ids, run.input_ids) and as_array.held_out == run.held_out
 
 
 # ---- answers -------------------------------------------------------------------------------
