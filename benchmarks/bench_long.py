@@ -211,11 +211,13 @@ def markdown(report: dict) -> str:
                      f"{1000 * r['cpu_seconds_per_token']:.2f} | {r['planned_seconds']:,.1f} | {_mb(r['peak_rss'])} | "
                      f"{_mb(r['peak_rss_above_model'])} | {_split(r)} | {_mb(r['peak_bytes_modeled'])} | "
                      f"{r['limit_fraction']:.2f} |")
-    measured = sorted({r["tokens"] for r in report["rows"]})
-    missing = [t for t in LENGTHS if t not in measured]
+    measured = {(r["schedule"], r["tokens"]) for r in report["rows"]}
+    missing = [f"{name.upper()} at {', '.join(f'{t:,}' for t in LENGTHS if (name, t) not in measured)}"
+               for name in ("imdc", "fm") if any((name, t) not in measured for t in LENGTHS)]
     if missing:
-        lines += ["", f"Not measured in this JSON yet: {', '.join(f'{t:,}' for t in missing)} tokens "
-                      "(`OMP_NUM_THREADS=1 python benchmarks/bench_long.py` adds them and keeps these rows)."]
+        model = f" --model {report['model_arg']}" if report.get("model_arg") else ""
+        lines += ["", f"Not measured in this JSON: {'; '.join(missing)} tokens "
+                      f"(`OMP_NUM_THREADS=1 python benchmarks/bench_long.py{model}` adds them and keeps these rows)."]
     if report["fits"]:
         lines += ["", "| schedule | lengths | time slope (log-log) | peak RSS growth | above the model | "
                       "anonymous growth (sampled) |", "|---|---|---:|---:|---:|---:|"]
@@ -267,20 +269,29 @@ def figure(report: dict, path: Path) -> None:
     fig.write_image(str(path))
 
 
+def model_slug(model: str | None) -> str | None:
+    """None for the embedded model, else the model's name in file-name characters."""
+    return None if not model or model == "embedded" else re.sub(r"[^A-Za-z0-9]+", "-", model).strip("-")[-40:]
+
+
 def output_path(model: str | None) -> Path:
-    name = "cpu" if not model or model == "embedded" else "cpu_" + re.sub(r"[^A-Za-z0-9]+", "-", model).strip("-")[-40:]
-    return RESULTS / f"bench_long_{name}.json"
+    slug = model_slug(model)
+    return RESULTS / ("bench_long_cpu.json" if slug is None else f"bench_long_cpu_{slug}.json")
 
 
 def write_docs(report: dict, command: str, measured: str | None = None) -> None:
-    """The table into docs/benchmarks.md and, from two lengths on, the log-log figure under it."""
+    """The table into docs/benchmarks.md and, from two lengths on, the log-log figure under it
+    (the embedded model: block bench-long and docs/bench_long.png; another: bench-long-<model>)."""
     from benchmarks.docs_block import write_block
 
+    slug = model_slug(report.get("model_arg"))
+    path = FIGURE if slug is None else FIGURE.with_name(f"bench_long_{slug}.png")
     plotted = len({r["tokens"] for r in report["rows"]}) > 1
     if plotted:
-        figure(report, FIGURE)
-    write_block("bench-long", markdown(report) + ("\n\n![CPU seconds and peak RSS above the model against tokens, "
-                                                  "log-log](bench_long.png)" if plotted else ""),
+        figure(report, path)
+    write_block("bench-long" if slug is None else f"bench-long-{slug}",
+                markdown(report) + (f"\n\n![CPU seconds and peak RSS above the model against tokens, "
+                                    f"log-log]({path.name})" if plotted else ""),
                 command, measured=measured)
 
 
@@ -291,6 +302,7 @@ def main(argv=None) -> int:
     parser.add_argument("--schedules", default="imdc,fm,full", help="comma-separated: imdc, fm, full")
     parser.add_argument("--size", type=int, default=1024, help="chunk = memory (default 1024)")
     parser.add_argument("--full-max", type=int, default=16384, help="longest full-cache run (0: none)")
+    parser.add_argument("--fm-max", type=int, default=None, help="longest FM run (default: every length)")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")),
                         help="torch threads of every run (default OMP_NUM_THREADS, else 1)")
     parser.add_argument("--document", type=Path, default=NOVEL)
@@ -331,7 +343,8 @@ def main(argv=None) -> int:
     order = lengths[:1] + lengths[-1:] + lengths[1:-1] if len(lengths) > 1 else lengths
     for tokens in order:
         for schedule in schedules:
-            if schedule == "full" and tokens > args.full_max:
+            if (schedule == "full" and tokens > args.full_max) or (
+                    schedule == "fm" and args.fm_max is not None and tokens > args.fm_max):
                 continue
             if any(r["tokens"] == tokens and r["schedule"] == schedule for r in rows):
                 continue
