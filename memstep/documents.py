@@ -97,9 +97,9 @@ def tokenize_document(text: str, tokenizer, max_tokens: int | None) -> tuple[lis
 # A token rarely spans more characters than this; the first guess at the text a limit needs.
 CHARS_PER_TOKEN_GUESS = 8
 _BOUNDARY_TOKENS = 16  # tokens near a cut in the middle of a word may differ from the whole text's
-# Long texts are tokenized a piece at a time: one call on a whole novel (680k characters) takes
-# ~90 MB while it runs and leaves ~20 MB of the C heap it cannot hand back; 64k-character pieces
-# take a few MB. Each piece restarts at a token that began in the last _OVERLAP_CHARS of the
+# Long texts are tokenized a piece at a time: one call on a whole novel (680k characters) peaks
+# ~90 MB above what it returns and leaves ~24 MB of the C heap pinned; 64k-character pieces
+# leave ~10 MB, mostly the ids themselves. Each piece restarts at a token that began in the last _OVERLAP_CHARS of the
 # one before, and must reproduce that piece's tokens from there (else: one call, as before).
 PIECE_CHARS = 1 << 16
 _OVERLAP_CHARS = 512
