@@ -4,6 +4,8 @@ the benchmarks' own arithmetic (fits, intervals), on synthetic data and the embe
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -155,6 +157,23 @@ def test_bench_long_fits_a_slope_and_a_growth_by_hand():
     assert got["imdc"]["peak_rss_growth"] == pytest.approx((1000 + 128) / (1000 + 8) - 1)
     assert got["imdc"]["peak_rss_above_model_growth"] == pytest.approx(228 / 108 - 1)
     assert got["full"]["peak_rss_growth"] == pytest.approx(1.0)
+    assert got["imdc"]["peak_anonymous_growth"] is None  # rows measured before the split was sampled
+    for row, anonymous in zip(rows, (400, 410, 440)):
+        row["peak_anonymous_sampled"], row["peak_file_sampled"] = anonymous, 500
+    assert fits(rows)["imdc"]["peak_anonymous_growth"] == pytest.approx(440 / 400 - 1)
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="Linux smaps_rollup only")
+def test_bench_long_splits_resident_memory_into_anonymous_and_file_backed():
+    from benchmarks.bench_long import resident_parts
+
+    before = resident_parts(os.getpid())
+    block = bytearray(64 << 20)  # 64 MB of anonymous memory, touched
+    after = resident_parts(os.getpid())
+    assert before["file"] > 0 and after["anonymous"] - before["anonymous"] >= 60 << 20
+    assert abs(after["file"] - before["file"]) < 8 << 20
+    del block
+    assert resident_parts(2 ** 22 + 7) == {}  # no such process
 
 
 def test_bench_long_quality_intervals_by_hand():
