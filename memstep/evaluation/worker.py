@@ -26,7 +26,7 @@ def scheduled_layers(step) -> tuple[list[int], str]:
     """The layers whose retention says something about the schedule and scorer, and their name:
     on a hybrid model (Gemma 3) the global layers, since a sliding layer holds its window
     whatever the schedule (``StepRecord.global_layers``); all layers otherwise."""
-    if step.layer_types:
+    if getattr(step, "layer_types", None):
         return step.global_layers, "global"
     return list(range(step.kept_positions.shape[0])), "all"
 
@@ -119,7 +119,8 @@ def run_case(lm, config: dict, settings: dict, case: dict, reference: dict | Non
         "continuation_nll": nll,
         "prefill_seconds": result.seconds,
         "seconds": seconds,
-        "memory_entries": int(max(last.layer_entries[i] for i in layers)),
+        # a global layer's entries on a hybrid model (a sliding one holds its window)
+        "memory_entries": int(max(last.layer_entries[i] for i in layers)) if scope == "global" else int(last.memory_after),
         "retention": retention_per_layer(kept, answer_positions),
         "needle_whole": whole_needle(kept, answer_positions),
         "retention_layers": scope,
