@@ -177,3 +177,31 @@ def test_chunked_finch_cells_of_earlier_runs_read_as_finch_chunked():
     assert cell["label"] == "kvpress finch-chunked M=512 question-aware" and cell["key"] == "abc-chunked"
     new = {**old, "settings": {"press": "FinchPress", "chunk_length": "none (one top-k over the context)"}}
     assert upgrade_cell(new)["label"] == "kvpress finch M=512 question-aware" and upgrade_cell(new)["key"] == "abc"
+
+
+def _cell(config: Config, depth: float, correct: bool, kl: float, scope: str) -> dict:
+    return {"key": f"{config.label}{depth}", "config": config.to_dict(), "label": config.label,
+            "peer": config.is_peer, "haystack": "a.txt", "length": 2048, "depth": depth, "seed": 0, "kind": "word",
+            "correct": correct, "continuation_nll": 2.0 + kl, "prefill_seconds": 1.0, "seconds": 2.0,
+            "peak_rss_bytes": 10, "baseline_rss_bytes": 5, "memory_entries": 516, "retention": [0.5],
+            "retention_layers": scope, "kl": kl, "top1": 1.0 - kl, "needle_whole": 0.5, "settings": None}
+
+
+def test_docs_gemma3_section_names_the_retention_layers_and_each_failure(tmp_path):
+    spec = importlib.util.spec_from_file_location("eval_docs_test", ROOT / "benchmarks" / "eval_docs.py")
+    docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs)
+    store = ResultStore(tmp_path)
+    full, aware = Config("memstep", "full"), Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact", True)
+    for depth in (0.2, 0.5, 0.8):
+        store.add(_cell(full, depth, True, 0.0, "global"))
+        store.add(_cell(aware, depth, depth < 0.7, 0.05, "global"))
+    finch = "kvpress finch M=512 question-aware"
+    for _ in range(3):  # one line per configuration and reason, however many cases hit it
+        store.add_failure(finch, 2048, "AttributeError: 'Gemma3RotaryEmbedding' object has no attribute 'inv_freq'")
+    text = "\n".join(docs.gemma3_section(tmp_path))
+    assert "(the cells' `retention_layers`: global)" in text
+    assert text.count(f"- {finch}: AttributeError") == 1 and "sliding_attention_inv_freq" in text
+    assert "2/3 (67%" in text  # counted accuracy of the question-aware row, from the cells
+    line = "\n".join(docs.gemma3_sentence(tmp_path))
+    assert "2,048 tokens: 2/3 (67%" in line and "kvpress finch question-aware does not run on Gemma 3" in line
