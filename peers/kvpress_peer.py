@@ -14,9 +14,13 @@ pipeline uses (true positions; after a press that re-rotates keys, the cache's l
 Each press is set as its authors set it, and those settings go into every cell:
 question-aware, the question ends the compressed context (SnapKV's observation window is
 the question, as in its paper; ChunkKV wraps that SnapKV and keeps whole chunks of 20;
-Finch reads the question after a delimiter and keeps the top entries chunk by chunk);
-KeyDiff runs block-wise (BlockPress, as kvpress's docstring says reproduces its paper),
-question-agnostic like Knorm and StreamingLLM.
+Finch reads the question after a delimiter and keeps the top entries over the whole context,
+as kvpress's evaluation registry runs it); KeyDiff runs block-wise (BlockPress, as kvpress's
+docstring says reproduces its paper), question-agnostic like Knorm and StreamingLLM.
+
+On a model with sliding-window layers (Gemma 3) the presses compress the global layers only
+and the sliding ones keep every entry (kvpress's own rule for Gemma 3); each layer kind then
+gets its own attention mask for the tokens read after the press.
 """
 
 from __future__ import annotations
