@@ -262,7 +262,6 @@ def run_case(model, tokenizer, press, settings: dict, case: dict, reference: dic
     sliding = sliding_layers(model)
     index = KeptIndex(press, rerotated, sliding) if press is not None else None
     cache = make_cache(model)
-    pressed = [i for i in range(len(cache.layers)) if i not in sliding]  # the layers a budget applies to
     vocab = settings["vocab"]
     began = time.perf_counter()
     with torch.inference_mode():
@@ -275,7 +274,8 @@ def run_case(model, tokenizer, press, settings: dict, case: dict, reference: dic
             hidden = model.model(input_ids=torch.tensor([context], device=model.device),
                                  past_key_values=cache, use_cache=True).last_hidden_state
         prefill_seconds = time.perf_counter() - began
-        entries = [layer.keys.shape[2] for layer in cache.layers]
+        entries = [layer.keys.shape[2] for layer in cache.layers]  # (a plain cache makes its layers as they fill)
+        pressed = [i for i in range(len(entries)) if i not in sliding]  # the layers a budget applies to
         kept_entries = max(entries[i] for i in pressed)
         kept = index.positions() if index is not None and index.kept else None
         last = model.get_output_embeddings()(hidden[:, -1]).float()[:, :vocab]

@@ -205,3 +205,24 @@ def test_docs_gemma3_section_names_the_retention_layers_and_each_failure(tmp_pat
     assert "2/3 (67%" in text  # counted accuracy of the question-aware row, from the cells
     line = "\n".join(docs.gemma3_sentence(tmp_path))
     assert "2,048 tokens: 2/3 (67%" in line and "kvpress finch question-aware does not run on Gemma 3" in line
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_peer_full_cache_equals_memstep_full_on_both_kinds_of_model(family, tokenizer, tmp_path):
+    """The peer's run without a press (the HF full cache) on a plain and on a hybrid model: its
+    continuation matches memstep's full cache (KL ~0 against it) and it reports its entries."""
+    extra = {"sliding_window": WINDOW, "layer_types": TYPES} if family == "gemma3_text" else {}
+    model = make_tiny_model(family, layers=len(TYPES) if extra else 2, seed=3, vocab_size=len(tokenizer), **extra)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    lm = LoadedModel(model, tokenizer, "tiny", "cpu", "float32")
+    prose = (ROOT / "assets" / "persuasion_excerpt.txt").read_text(encoding="utf-8")
+    case = make_case(prose, tokenizer, 120, 0.5, 0, continuation_tokens=6).to_dict()
+    path = str(tmp_path / "reference.npy")
+    run_case(lm, Config("memstep", "full").to_dict(), {"sinks": 4, "window": 32, "max_new_tokens": 2}, case,
+             {"write": path})
+    peer = _peer()
+    settings = {"press_name": None, "question_aware": False, "budget": None, "sinks": 4, "max_new_tokens": 2,
+                "vocab": len(tokenizer), "press_settings": {}}
+    out = peer.run_case(model, tokenizer, None, settings, case, {"read": path})
+    assert out["kl"] < 1e-6 and out["top1"] == 1.0
+    assert out["memory_entries"] == len(case["head_ids"]) + len(case["document_ids"])
