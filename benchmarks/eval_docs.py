@@ -107,6 +107,27 @@ def finch_question_text(cells: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def finch_after(rows: list[dict]) -> list[str]:
+    """What is left once the harness keeps the question whole: Finch's own score, from the numbers."""
+    by = {r["config"]["scorer"]: r for r in rows if r["length"] == 2048}
+    registry, unrotated = by.get("finch"), by.get("finch-unrotated")
+    if registry is None:
+        return []
+    text = (f"With the question whole, Finch as kvpress runs it answers {report.counted_text(registry)} of the "
+            f"cases the full cache answers, KL {report.interval_text(registry, 'kl')}, and keeps every token of "
+            f"the answer in {report.interval_text(registry, 'needle_whole', percent=True)} of the layer-head "
+            "slots. Its score is the question's attention averaged over the window and normalized, with no "
+            "pooling over neighbouring keys (SnapKV average-pools over 5, memstep max-pools over 15), so it keeps "
+            "scattered tokens of the answer: the pooling ablation above shows the same loss for memstep's own "
+            "memory without pooling.")
+    if unrotated is not None:
+        text += (f" Leaving the kept keys at their document positions (finch-unrotated) gives "
+                 f"{report.counted_text(unrotated)}, KL {report.interval_text(unrotated, 'kl')} on "
+                 f"{unrotated['cells']} cases; their intervals overlap Finch's, so these cases do not say whether "
+                 "the re-rotation itself costs anything.")
+    return [text + " What remains is Finch on this model, not memstep's harness."]
+
+
 def finch_section(summary: dict, cells: list[dict]) -> list[str]:
     rows = [r for r in summary["rows"] if finch_rows(r)]
     if not rows:
@@ -137,6 +158,8 @@ def finch_section(summary: dict, cells: list[dict]) -> list[str]:
         f"Question entries left in the cache (kept entries minus document entries, per cell): {spans}.",
         "",
         finch_question_text(cells),
+        "",
+        *finch_after(rows),
         "",
         report.fair_table(summary, finch_rows),
         "",
