@@ -121,10 +121,14 @@ def finch_after(rows: list[dict]) -> list[str]:
             "scattered tokens of the answer: the pooling ablation above shows the same loss for memstep's own "
             "memory without pooling.")
     if unrotated is not None:
+        overlap = all(a[f"{m}_low"] is not None and b[f"{m}_low"] is not None
+                      and a[f"{m}_low"] <= b[f"{m}_high"] and b[f"{m}_low"] <= a[f"{m}_high"]
+                      for m in ("counted", "kl") for a, b in [(registry, unrotated)])
         text += (f" Leaving the kept keys at their document positions (finch-unrotated) gives "
                  f"{report.counted_text(unrotated)}, KL {report.interval_text(unrotated, 'kl')} on "
-                 f"{unrotated['cells']} cases; their intervals overlap Finch's, so these cases do not say whether "
-                 "the re-rotation itself costs anything.")
+                 f"{unrotated['cells']} cases; " + ("their intervals overlap Finch's, so these cases do not say "
+                                                    "whether the re-rotation itself costs anything." if overlap else
+                                                    "the intervals separate the two: the re-rotation costs here."))
     return [text + " What remains is Finch on this model, not memstep's harness."]
 
 
