@@ -223,6 +223,10 @@ def gemma3_section(folder: Path) -> list[str]:
         "",
         "\n".join(report.unsupported(summary)) or "- nothing: every interval excludes zero",
         "",
+        "What has run, per length (`make bench-gemma3` fills the rest; finished cells are kept):",
+        "",
+        *gemma3_coverage(summary),
+        "",
         "### kvpress presses that do not run on Gemma 3",
         "",
         "\n".join(f"- {label}: {message}" + (" (kvpress's KeyRerotationPress reads `rotary_emb.inv_freq`; "
@@ -231,6 +235,19 @@ def gemma3_section(folder: Path) -> list[str]:
                                              if "inv_freq" in message else "")
                   for label, message in failed) or "- none: every press asked for ran",
     ]
+
+
+GEMMA3_LENGTHS = (2048, 8192, 16384)  # the lengths `make bench-gemma3` runs
+
+
+def gemma3_coverage(summary: dict) -> list[str]:
+    """One line per length of the Gemma 3 grid: the configurations with cells there, and their cases."""
+    lines = []
+    for length in GEMMA3_LENGTHS:
+        rows = [r for r in summary["rows"] if r["length"] == length]
+        lines.append(f"- {length:,} tokens: " + ("; ".join(f"{r['label']} ({r['cells']} cases)" for r in rows)
+                                                 if rows else "not run yet"))
+    return lines
 
 
 def gemma3_sentence(folder: Path) -> list[str]:
