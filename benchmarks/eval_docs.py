@@ -394,8 +394,8 @@ def readme_block(summary: dict, gemma3: Path | None = None) -> str:
     return "\n".join([report.recommendation(summary), ""] + report.fair_takeaway(summary)
                      + ["", report.fair_table(summary, keep), "",
                         "Rows have different numbers of cases (the *cases* column; the counted ones are the cases "
-                        "the full cache answers); the run was cut for time on a 2-core machine. What the intervals "
-                        "do not support:", "",
+                        "the full cache answers); `make bench-eval` completes the grid. What the intervals do not "
+                        "support:", "",
                         *(same or ["- nothing: every paired interval excludes zero"]),
                         *(gemma3_sentence(gemma3) if gemma3 is not None else []), "",
                                                        "All rows, the paired intervals and the ablations: "
