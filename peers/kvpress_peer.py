@@ -14,9 +14,13 @@ pipeline uses (true positions; after a press that re-rotates keys, the cache's l
 Each press is set as its authors set it, and those settings go into every cell:
 question-aware, the question ends the compressed context (SnapKV's observation window is
 the question, as in its paper; ChunkKV wraps that SnapKV and keeps whole chunks of 20;
-Finch reads the question after a delimiter and keeps the top entries chunk by chunk);
-KeyDiff runs block-wise (BlockPress, as kvpress's docstring says reproduces its paper),
-question-agnostic like Knorm and StreamingLLM.
+Finch reads the question after a delimiter and keeps the top entries over the whole context,
+as kvpress's evaluation registry runs it); KeyDiff runs block-wise (BlockPress, as kvpress's
+docstring says reproduces its paper), question-agnostic like Knorm and StreamingLLM.
+
+On a model with sliding-window layers (Gemma 3) the presses compress the global layers only
+and the sliding ones keep every entry (kvpress's own rule for Gemma 3); each layer kind then
+gets its own attention mask for the tokens read after the press.
 """
 
 from __future__ import annotations
@@ -32,7 +36,11 @@ import torch  # noqa: E402
 from memstep.evaluation.process import emit, load_job, serve_cases  # noqa: E402
 
 
-QUESTION_PRESSES = ("finch",)
+# finch as kvpress's evaluation registry runs it (FinchPress(): one top-k over the whole context,
+# keys re-rotated); two variants that tell its parts apart: chunk by chunk, and keys left at
+# their document positions
+FINCH = ("finch", "finch-chunked", "finch-unrotated")
+QUESTION_PRESSES = FINCH
 AGNOSTIC_PRESSES = ("keydiff", "knorm", "streaming-llm")
 CHUNKKV_CHUNK = 20  # ChunkKV's paper and kvpress default
 KEYDIFF_BLOCK = 128  # kvpress BlockPress default, its KeyDiff docstring's recipe
@@ -58,12 +66,17 @@ def make_press(name: str | None, aware: bool, question_tokens: int, window: int 
             "press": "ChunkKVPress(SnapKVPress)", "window": observe,
             "window_is": "the question" if aware else "the context's end", "chunk_length": CHUNKKV_CHUNK,
             "pooling": f"SnapKV mean + avg_pool1d kernel {SNAPKV_KERNEL}, then the mean over each chunk"}
-    if name == "finch":
+    if name in FINCH:
         if not aware:
             raise SystemExit("finch reads the question: run it question-aware")
-        return kvpress.FinchPress(chunk_length=chunk, normalize_scores=True, rerotate_keys=True), {
+        # kvpress's registry: FinchPress() (chunk_length None, rerotate_keys True). Chunked, each chunk keeps
+        # its share; the last, short chunk then keeps fewer entries than the question has (measured).
+        chunk_length = chunk if name == "finch-chunked" else None
+        rerotate = name != "finch-unrotated"
+        return kvpress.FinchPress(chunk_length=chunk_length, normalize_scores=True, rerotate_keys=rerotate), {
             "press": "FinchPress", "window": question_tokens, "window_is": "the question (after a delimiter)",
-            "chunk_length": chunk, "rerotate_keys": True, "pooling": "mean over the window's queries, normalized"}
+            "chunk_length": chunk_length or "none (one top-k over the context)", "rerotate_keys": rerotate,
+            "pooling": "mean over the window's queries, normalized"}
     if name == "keydiff":
         return kvpress.BlockPress(press=kvpress.KeyDiffPress(), block_size=KEYDIFF_BLOCK), {
             "press": "BlockPress(KeyDiffPress)", "block_size": KEYDIFF_BLOCK, "window": None,
@@ -89,6 +102,33 @@ def set_ratio(press, context_tokens: int, keep: int, chunk_of: int | None = None
     press.compression_ratio = max(0.0, 1.0 - (keep + 0.5) / context_tokens)
 
 
+def sliding_layers(model) -> set[int]:
+    """The layers of a hybrid model (Gemma 3) that attend within a sliding window."""
+    text = model.config.get_text_config(decoder=True)
+    return {i for i, kind in enumerate(getattr(text, "layer_types", None) or [])
+            if kind in ("sliding_attention", "chunked_attention")}
+
+
+def make_cache(model):
+    """An empty cache for the context. A hybrid model gets its sliding layers as plain growing
+    layers that still say they are sliding: they keep every entry at its document position
+    (so the question and the answer can be cut off them like any layer) and the model's masks
+    still apply the window."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    sliding = sliding_layers(model)
+    if not sliding:
+        return DynamicCache()
+
+    class WholeSlidingLayer(DynamicLayer):
+        is_sliding = True
+
+    cache = DynamicCache(config=model.config)
+    cache.layers = [WholeSlidingLayer() if i in sliding else layer for i, layer in enumerate(cache.layers)]
+    return cache
+
+
 class KeptIndex:
     """Which context positions each layer's press kept, per KV head. Presses gather the rows
     of the layer's keys, so the kept keys are matched back to the full ones (RoPE makes
@@ -96,7 +136,7 @@ class KeptIndex:
     token alone). Finch re-rotates the keys it keeps, so there the indices are read where it
     hands them to the re-rotation."""
 
-    def __init__(self, press, rerotated: bool):
+    def __init__(self, press, rerotated: bool, skip: set[int] = frozenset()):
         self.kept: dict[int, torch.Tensor] = {}
         # one wrapper per press, whatever the number of cases: wrap the press's own method
         compress = press.__dict__.setdefault("_unwrapped_compress", press.compress)
@@ -113,6 +153,8 @@ class KeptIndex:
             KeyRerotationPress.rerotate_keys = staticmethod(spy)
 
         def tracked(module, hidden_states, keys, values, attentions, kwargs):
+            if module.layer_idx in skip:  # a sliding layer holds its window: kvpress's rule for Gemma 3
+                return keys, values
             new_keys, new_values = compress(module, hidden_states, keys, values, attentions, kwargs)
             if not rerotated:
                 self.kept[module.layer_idx] = self.match(keys[0], new_keys[0])
@@ -129,15 +171,39 @@ class KeptIndex:
         found = torch.searchsorted(a.gather(-1, order), b).clamp(max=a.shape[-1] - 1)
         return order.gather(-1, found)
 
-    def positions(self) -> list[torch.Tensor]:
-        return [self.kept[i] for i in sorted(self.kept)]
+    def positions(self) -> dict[int, torch.Tensor]:
+        """{layer: (heads, kept) context positions} of the layers the press compressed."""
+        return dict(sorted(self.kept.items()))
+
+
+def hybrid_masks(model, cache, position: int, count: int) -> dict | None:
+    """The attention masks of ``count`` new tokens at ``position`` on a hybrid model, one per
+    layer kind (None otherwise). transformers derives both from one cache length, but after a
+    press the global layers hold fewer entries than the sliding ones (which keep every entry
+    at its document position), so each kind gets its own: a global layer sees all it kept and
+    the new tokens causally; a sliding layer sees the positions within its window."""
+    sliding = sliding_layers(model)
+    if not sliding:
+        return None
+    text = model.config.get_text_config(decoder=True)
+    pressed = next(i for i in range(len(cache.layers)) if i not in sliding)
+    held = cache.layers[pressed].keys.shape[2]
+    new = torch.ones(count, count, dtype=torch.bool, device=model.device).tril()
+    full = torch.cat([torch.ones(count, held, dtype=torch.bool, device=model.device), new], dim=1)
+    whole = cache.layers[min(sliding)].keys.shape[2]  # == position: entries at their document positions
+    keys = torch.arange(whole + count, device=model.device)[None]
+    queries = position + torch.arange(count, device=model.device)[:, None]
+    window = (keys <= queries) & (keys > queries - text.sliding_window)
+    return {"full_attention": full[None, None], "sliding_attention": window[None, None]}
 
 
 def extend(model, cache, ids: list[int], position: int, last_only: bool) -> torch.Tensor:
     """Append tokens after the cache at ``position`` on; logits (tokens or last, vocab)."""
     positions = torch.arange(position, position + len(ids), device=model.device)[None]
+    masks = hybrid_masks(model, cache, position, len(ids))
     out = model(input_ids=torch.tensor([ids], device=model.device), past_key_values=cache,
-                position_ids=positions, use_cache=True, logits_to_keep=1 if last_only else 0)
+                position_ids=positions, use_cache=True, logits_to_keep=1 if last_only else 0,
+                **({"attention_mask": masks} if masks else {}))
     return out.logits[0].float()
 
 
@@ -146,22 +212,34 @@ def crop(cache, entries: list[int]) -> None:
         layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
 
 
-def drop_positions(cache, kept: list[torch.Tensor], start: int) -> None:
+def drop_positions(cache, kept: dict[int, torch.Tensor], start: int) -> None:
     """Remove the entries of context positions >= ``start`` (the question) from every layer;
     the question is kept whole in every head (its scores are the window's maximum), so each
-    head keeps as many document entries."""
-    for layer, positions in zip(cache.layers, kept):
+    head keeps as many document entries. A layer the press left whole holds its positions in
+    order: its first ``start`` entries are the document."""
+    for index, layer in enumerate(cache.layers):
+        if index not in kept:
+            layer.keys, layer.values = layer.keys[:, :, :start], layer.values[:, :, :start]
+            continue
+        positions = kept[index]
         rows = [torch.nonzero(head < start).squeeze(-1) for head in positions]
-        index = torch.stack(rows)[None, :, :, None].expand(1, -1, -1, layer.keys.shape[-1])
-        layer.keys, layer.values = layer.keys.gather(2, index), layer.values.gather(2, index)
+        gather = torch.stack(rows)[None, :, :, None].expand(1, -1, -1, layer.keys.shape[-1])
+        layer.keys, layer.values = layer.keys.gather(2, gather), layer.values.gather(2, gather)
 
 
-def retention(kept: list[torch.Tensor], positions: range) -> tuple[list[float], float]:
-    """Per layer the share of (KV head, answer token) pairs kept, and the share of (layer,
-    head) slots that keep every answer token (as memstep's worker reports them)."""
+def question_kept(kept: dict[int, torch.Tensor], start: int) -> int:
+    """The fewest question entries (context positions >= ``start``) any compressed head kept:
+    the question's own tokens, which a question-aware press should keep whole."""
+    return min(int((head >= start).sum()) for positions in kept.values() for head in positions)
+
+
+def retention(kept: dict[int, torch.Tensor], positions: range) -> tuple[list[float], float]:
+    """Per compressed layer the share of (KV head, answer token) pairs kept, and the share of
+    (layer, head) slots that keep every answer token (as memstep's worker reports them; on a
+    hybrid model the sliding layers, left whole, are not counted)."""
     wanted = torch.tensor(list(positions))
     per_layer, whole = [], []
-    for layer in kept:
+    for layer in kept.values():
         hits = torch.isin(layer, wanted).sum(dim=-1)  # (heads,)
         per_layer.append(round(float(hits.sum()) / (layer.shape[0] * len(wanted)), 4))
         whole += (hits == len(wanted)).tolist()
@@ -169,22 +247,21 @@ def retention(kept: list[torch.Tensor], positions: range) -> tuple[list[float], 
 
 
 def run_case(model, tokenizer, press, settings: dict, case: dict, reference: dict | None = None) -> dict:
-    from transformers import DynamicCache
-
     from memstep.evaluation.divergence import save_reference, score_against
 
     name = settings.get("press_name")
     aware = bool(settings.get("question_aware"))
     question = case["question_ids"]
     document = case["head_ids"] + case["document_ids"]
-    delimiter = [settings["delimiter_id"]] if name == "finch" else []
+    delimiter = [settings["delimiter_id"]] if name in FINCH else []
     context = document + delimiter + (question if aware else [])
     seen = len(context) - len(delimiter)  # the tokens the layers see (Finch's hook drops the delimiter)
     keep = settings["budget"] + settings["sinks"] + (len(question) if aware else 0) if settings.get("budget") \
         else seen
-    rerotated = name == "finch"
-    index = KeptIndex(press, rerotated) if press is not None else None
-    cache = DynamicCache()
+    rerotated = bool(getattr(press, "rerotate_keys", False))
+    sliding = sliding_layers(model)
+    index = KeptIndex(press, rerotated, sliding) if press is not None else None
+    cache = make_cache(model)
     vocab = settings["vocab"]
     began = time.perf_counter()
     with torch.inference_mode():
@@ -197,13 +274,15 @@ def run_case(model, tokenizer, press, settings: dict, case: dict, reference: dic
             hidden = model.model(input_ids=torch.tensor([context], device=model.device),
                                  past_key_values=cache, use_cache=True).last_hidden_state
         prefill_seconds = time.perf_counter() - began
-        entries = [layer.keys.shape[2] for layer in cache.layers]
+        entries = [layer.keys.shape[2] for layer in cache.layers]  # (a plain cache makes its layers as they fill)
+        pressed = [i for i in range(len(entries)) if i not in sliding]  # the layers a budget applies to
+        kept_entries = max(entries[i] for i in pressed)
         kept = index.positions() if index is not None and index.kept else None
         last = model.get_output_embeddings()(hidden[:, -1]).float()[:, :vocab]
         eos = model.generation_config.eos_token_id
         eos = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
         # positions as kvpress's pipeline sets them: true ones, or the cache length after re-rotation
-        position = entries[0] if rerotated else seen
+        position = kept_entries if rerotated else seen
         if aware:  # the question is in the cache already
             logits = last
         else:
@@ -215,6 +294,8 @@ def run_case(model, tokenizer, press, settings: dict, case: dict, reference: dic
             if token in eos:
                 break
             out.append(token)
+            if settings.get("one_line") and "\n" in tokenizer.decode(out, skip_special_tokens=True).strip():
+                break  # a base model asked in completion form runs on past its answer line (as memstep's)
             logits = extend(model, cache, [token], position, True)[:, :vocab]
             position += 1
         crop(cache, entries)
@@ -224,7 +305,7 @@ def run_case(model, tokenizer, press, settings: dict, case: dict, reference: dic
                 crop(cache, [len(document)] * len(entries))
             else:
                 drop_positions(cache, kept, len(document))
-        memory = cache.layers[0].keys.shape[2]
+        memory = max(cache.layers[i].keys.shape[2] for i in pressed)
         continuation = case["continuation_ids"]
         nll, divergence = None, {}
         if continuation:
@@ -241,18 +322,30 @@ def run_case(model, tokenizer, press, settings: dict, case: dict, reference: dic
             if reference.get("write"):
                 save_reference(reference["write"], rows.cpu().numpy())
             divergence = score_against(reference.get("read") or reference.get("write"), rows.cpu().numpy())
-    result = {"answer": tokenizer.decode(out, skip_special_tokens=True).strip(), "continuation_nll": nll,
-              "prefill_seconds": prefill_seconds, "seconds": time.perf_counter() - began,
-              "memory_entries": memory, "context_entries": max(entries), "retention": None,
-              "settings": {**settings["press_settings"], "kept_entries": max(entries), "document_entries": memory,
+    answer = tokenizer.decode(out, skip_special_tokens=True).strip()
+    result = {"answer": answer.split("\n")[0].strip() if settings.get("one_line") else answer,
+              "continuation_nll": nll, "prefill_seconds": prefill_seconds, "seconds": time.perf_counter() - began,
+              "memory_entries": memory, "context_entries": kept_entries, "retention": None,
+              "settings": {**settings["press_settings"], "kept_entries": kept_entries, "document_entries": memory,
                            "compression_ratio": round(float(getattr(press, "compression_ratio", 0.0)), 4)
-                           if press is not None else None},
+                           if press is not None else None, **hybrid_settings(sliding, len(entries), press),
+                           **({"question_entries_kept": question_kept(kept, len(document)), "question_tokens": len(question)}
+                              if aware and kept else {})},
               **divergence}
     if kept is not None:
         offset = len(case["head_ids"])
         start, end = case["passkey_tokens"]
         result["retention"], result["needle_whole"] = retention(kept, range(offset + start, offset + end))
+        result["retention_layers"] = "global" if sliding else "all"
     return result
+
+
+def hybrid_settings(sliding: set[int], layers: int, press) -> dict:
+    """On a hybrid model: which layers the press compressed (recorded with every cell)."""
+    if not sliding or press is None:
+        return {}
+    return {"layers_pressed": f"the {layers - len(sliding)} global layers; the {len(sliding)} sliding layers keep "
+                              "their window (kvpress's own rule for Gemma 3)"}
 
 
 def observed_window(press) -> int | None:
@@ -289,11 +382,12 @@ def main(argv: list[str]) -> int:
     settings["question_aware"] = config.get("question_aware")
     settings["press_name"] = config.get("scorer")
     settings["vocab"] = lm.model.get_output_embeddings().weight.shape[0]  # before Finch adds its delimiter
+    settings["one_line"] = job.get("prompt_form") == "completion"
     question_tokens = len(job["cases"][0]["case"]["question_ids"]) if job["cases"] else 0
     press, settings["press_settings"] = make_press(config.get("scorer"), bool(config.get("question_aware")),
                                                    question_tokens, settings.get("peer_window", 64),
                                                    settings.get("chunk", 512))
-    if config.get("scorer") == "finch":  # the authors' way: a delimiter token between context and question
+    if config.get("scorer") in FINCH:  # the authors' way: a delimiter token between context and question
         press.update_model_and_tokenizer(lm.model, lm.tokenizer)
         settings["delimiter_id"] = press.delimiter_token_id
     if config.get("scorer") == "observed-attention":  # needs the attention weights
@@ -304,7 +398,7 @@ def main(argv: list[str]) -> int:
             # the window follows each case's question
             fresh, settings["press_settings"] = make_press(config.get("scorer"), True, len(case["question_ids"]),
                                                            settings.get("peer_window", 64), settings.get("chunk", 512))
-            if config.get("scorer") == "finch":
+            if config.get("scorer") in FINCH:
                 fresh.delimiter_token_id, fresh.delimiter_token = press.delimiter_token_id, press.delimiter_token
             return run_case(lm.model, lm.tokenizer, fresh, settings, case, reference)
         return run_case(lm.model, lm.tokenizer, press, settings, case, reference)

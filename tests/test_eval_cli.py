@@ -125,5 +125,11 @@ def test_make_bench_eval_runs_the_headline_and_ablations():
         ["memstep full"] + [f"{aware} weight={w}" for w in ("0.25", "0.5", "1")])
     assert _grid(makefile, "EVAL_ABLATE", "EVAL_ONCE")[1] == sorted(
         ["memstep full", "once chunk-attention M=512 compact", "once chunk-attention M=512 compact question-aware"])
-    assert "--lengths 2048 $(EVAL_MEMSTEP)" in makefile and "--lengths 4096,8192 $(EVAL_PEERS)" in makefile
+    assert "--lengths 2048 $(EVAL_MEMSTEP)" in makefile
+    # bench-long: the headline rows (FM question-aware, SnapKV and ChunkKV with the question) at 4k and 8k,
+    # and more 2k cases, on the needle kinds the full cache answers; bench-gemma3 into its own folder
+    for length in (2048, 4096, 8192):
+        assert f"--lengths {length} " in makefile.split("bench-long:")[1].split("bench-gemma3:")[0]
+    assert "$(EVAL_MORE) $(EVAL_HEAD_PEERS)" in makefile and "--presses snapkv,chunkkv,finch " in makefile
+    assert "--model gemma3-270m" in makefile and "--lengths 16384" in makefile
     assert "bench: bench-eval" in makefile and "--output $(RESULTS)" in makefile

@@ -144,7 +144,7 @@ def test_kept_index_matches_rows_back():
     kept = full.gather(1, keep[..., None].expand(-1, -1, 8))
     assert torch.equal(peer.KeptIndex.match(full, kept), keep)
     # answer tokens 7-8: head 0 keeps both, head 1 one of them, head 2 none
-    per_layer, whole = peer.retention([keep, keep], range(7, 9))
+    per_layer, whole = peer.retention({0: keep, 1: keep}, range(7, 9))
     assert whole == round(1 / 3, 4) and per_layer == [0.5, 0.5]
 
 
@@ -154,8 +154,8 @@ def test_peer_drops_the_question_entries_for_the_continuation():
                                                                 .expand(1, 2, 12, 4).clone(),
                                                                 values=torch.zeros(1, 2, 12, 4))])
     # the press kept these context positions (in cache order); positions >= 100 are the question
-    kept = [torch.tensor([[100, 3, 5, 101, 7, 9, 102, 11, 13, 103, 15, 17], [1, 100, 101, 2, 102, 4, 5, 103, 6, 8,
-                                                                              10, 12]])]
+    kept = {0: torch.tensor([[100, 3, 5, 101, 7, 9, 102, 11, 13, 103, 15, 17], [1, 100, 101, 2, 102, 4, 5, 103, 6, 8,
+                                                                              10, 12]])}
     peer.drop_positions(cache, kept, 100)
     assert cache.layers[0].keys.shape[2] == 8
     assert cache.layers[0].keys[0, 0, :, 0].tolist() == [1, 2, 4, 5, 7, 8, 10, 11]

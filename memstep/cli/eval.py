@@ -52,7 +52,7 @@ def register(sub) -> None:
     p.add_argument("--peers", default="", help="kvpress and/or hf (the HF full cache), comma-separated")
     p.add_argument("--presses", default="snapkv,chunkkv,finch,keydiff",
                    help=f"kvpress presses, set as their authors set them (default snapkv,chunkkv,finch,keydiff; "
-                        f"any of {', '.join(PRESSES)}); finch runs question-aware only, keydiff, knorm and "
+                        f"any of {', '.join(PRESSES)}); finch and its variants run question-aware only, keydiff, knorm and "
                         "streaming-llm question-agnostic only")
     p.add_argument("--needles", default=DEFAULT_NEEDLES,
                    help=f"needle kinds (default {DEFAULT_NEEDLES}; any of {', '.join(KINDS)}): passkey is the "
@@ -103,7 +103,8 @@ def cmd_eval(args) -> int:
     from memstep.evaluation.runner import EvalSettings, run_grid
     from memstep.evaluation.store import ResultStore
     from memstep.evaluation.suite import check_kinds, make_cases, read_haystacks
-    from memstep.models import default_model, embedded_model_folder
+    from memstep.generate import prompt_form
+    from memstep.models import default_model, mark_prompt_form, packaged_model_folder, packaged_spec
 
     if args.max_new_tokens < 1 or args.continuation_tokens < 0 or args.threads < 1:
         raise MemstepError("--max-new-tokens and --threads must be at least 1, --continuation-tokens at least 0")
@@ -120,15 +121,17 @@ def cmd_eval(args) -> int:
     model = args.model or default_model()
     haystacks = names(args.haystacks) if args.haystacks else None
     read_haystacks(haystacks)  # a missing or empty text fails here, before the tokenizer loads
-    settings = EvalSettings(model=model, chunk=args.chunk,
-                            max_new_tokens=args.max_new_tokens, continuation_tokens=args.continuation_tokens,
-                            threads=args.threads)
-    # The tokenizer alone (no weights) is enough to build the cases in this process.
-    source = str(embedded_model_folder()) if model in ("embedded", "default") else model
+    # The tokenizer alone (no weights) is enough to build the cases in this process; a packaged
+    # base model (gemma3-270m) is marked so its cases are framed as completions.
+    packaged = packaged_spec(model)
+    source = str(packaged_model_folder(packaged.spec)) if packaged else model
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = mark_prompt_form(AutoTokenizer.from_pretrained(source), model)
     except Exception as err:
         raise MemstepError(f"cannot load the tokenizer of '{model}': {str(err).splitlines()[0][:200]}") from err
+    settings = EvalSettings(model=model, chunk=args.chunk,
+                            max_new_tokens=args.max_new_tokens, continuation_tokens=args.continuation_tokens,
+                            threads=args.threads, prompt_form=prompt_form(tokenizer))
     cases = make_cases(tokenizer, ints(args.lengths), fractions(args.depths), ints(args.seeds), haystacks,
                        args.continuation_tokens, kinds)
     store = ResultStore(args.output)
@@ -142,6 +145,7 @@ def cmd_eval(args) -> int:
                           divergence="kl" in metrics and args.continuation_tokens > 0)
         bar.update(report.skipped)
     summary = summarize(store.cells())
+    summary["failures"] = store.failures()
     summary["run"] = {"ran": report.ran, "skipped": report.skipped, "errors": report.errors,
                       "settings": settings.__dict__, "haystacks": sorted({c.haystack for c in cases}),
                       "cases": len(cases)}

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from memstep.errors import MemstepError
 from memstep.schedules import GROWTHS
 
 # kvpress presses run by the peer (peers/kvpress_peer.py), named as kvpress names them; their
 # settings (the authors') live in the peer script and are recorded with every cell.
-PRESSES = ("snapkv", "chunkkv", "finch", "keydiff", "knorm", "streaming-llm", "observed-attention")
-# Question-aware by design: they read the question at the end of the context they compress.
-QUESTION_PRESSES = ("finch",)
+PRESSES = ("snapkv", "chunkkv", "finch", "keydiff", "knorm", "streaming-llm", "observed-attention",
+           "finch-chunked", "finch-unrotated")
+# Question-aware by design: they read the question at the end of the context they compress
+# (finch as kvpress's registry runs it; -chunked: per-chunk top-k, chunks of c; -unrotated: keys
+# left at their document positions: variants that tell Finch's parts apart).
+QUESTION_PRESSES = ("finch", "finch-chunked", "finch-unrotated")
 # Question-agnostic by design (their score never reads a query): always run with the question after.
 AGNOSTIC_PRESSES = ("keydiff", "knorm", "streaming-llm")
 # Every press kvpress 0.5.5 ships (its __init__), so a name it lacks is told apart from one
@@ -116,7 +119,12 @@ def upgrade_cell(cell: dict) -> dict:
     if "config" not in cell:
         return cell
     config = Config.from_dict(cell["config"])
-    return {**cell, "config": config.to_dict(), "label": config.label,
+    key = cell["key"]
+    if config.kind == "kvpress" and config.scorer == "finch" and isinstance((cell.get("settings") or {}).get("chunk_length"), int):
+        # run chunk by chunk before finch followed kvpress's registry (one top-k): that is finch-chunked
+        # now, under a key of its own, so the registry's finch runs on these cases anew
+        config, key = replace(config, scorer="finch-chunked"), key + "-chunked"
+    return {**cell, "key": key, "config": config.to_dict(), "label": config.label,
             "haystack": cell.get("haystack") or LEGACY_HAYSTACK}
 
 

@@ -79,6 +79,8 @@ def summarize(cells: list[dict]) -> dict:
             **_interval("top1", mean_interval(c.get("top1") for c in group), clip=(0.0, 1.0)),
             **_interval("needle_whole", mean_interval(c.get("needle_whole") for c in group), clip=(0.0, 1.0)),
             "kinds": sorted({c.get("kind", "passkey") for c in group}),
+            # which layers the retention counts: "global" on a hybrid model (sliding layers hold their window)
+            "retention_layers": _max(c.get("retention_layers") for c in group),
             "peer_settings": peer_settings(group),
         })
     return {"rows": rows, "heatmaps": heatmaps(cells), "contrasts": contrasts(cells, rows), "goals": goals(rows),

@@ -161,8 +161,8 @@ def settings_text(row: dict, short: bool = False) -> str:
         if found.get("window") is not None:
             parts.append(f"window {_span(found['window'])}" + (" = question" if "question" in
                                                                 found.get("window_is", "") else ""))
-        parts += [f"{label} {found[key]}" for key, label in (("chunk_length", "chunks"), ("block_size", "blocks"))
-                  if found.get(key)]
+        parts += [f"{label} {found[key]}" if isinstance(found[key], int) else f"no {label}"
+                  for key, label in (("chunk_length", "chunks"), ("block_size", "blocks")) if found.get(key)]
         if "kernel 5" in str(found.get("pooling")):
             parts.append("avg-pool 5")
         return ", ".join(parts)
@@ -171,12 +171,18 @@ def settings_text(row: dict, short: bool = False) -> str:
         parts = [press]
         if found.get("window") is not None:
             parts.append(f"window {_span(found['window'])} tokens = {found.get('window_is', '?')}")
-        if found.get("chunk_length"):
+        if isinstance(found.get("chunk_length"), int):
             parts.append(f"chunks of {found['chunk_length']}")
+        elif found.get("chunk_length"):  # e.g. Finch as kvpress's registry runs it: one top-k over the context
+            parts.append(str(found["chunk_length"]).split("(")[-1].rstrip(")"))
         if found.get("block_size"):
             parts.append(f"blocks of {found['block_size']}")
         if found.get("rerotate_keys"):
             parts.append("keys re-rotated")
+        elif found.get("rerotate_keys") is False:
+            parts.append("keys at their document positions")
+        if found.get("layers_pressed"):
+            parts.append(found["layers_pressed"])
         if found.get("pooling"):
             parts.append(found["pooling"])
         return "; ".join(parts)

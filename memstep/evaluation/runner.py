@@ -47,10 +47,12 @@ class EvalSettings:
     device: str = "cpu"
     dtype: str = "float32"
     threads: int = 2
+    prompt_form: str = "chat"  # how the questions are framed: the model's chat template or a completion
 
     def key_fields(self) -> dict:
         fields = dict(self.__dict__)
         fields.pop("threads")  # how fast, not what: resumed cells stay valid
+        fields.pop("prompt_form")  # follows from the model (already in the key); the cells from before it keep theirs
         return fields
 
 
@@ -96,6 +98,7 @@ def _cell_record(config: Config, case: Case, key: str, event: dict, ready: dict)
         "peak_rss_bytes": event.get("peak_rss_bytes"), "baseline_rss_bytes": ready.get("baseline_rss_bytes"),
         "peak_device_bytes": event.get("peak_device_bytes"),
         "memory_entries": event.get("memory_entries"), "retention": event.get("retention"),
+        **({"retention_layers": event["retention_layers"]} if event.get("retention_layers") else {}),
         "document_tokens": len(case.document_ids), "transformers": ready.get("transformers"),
     }
 
@@ -113,7 +116,7 @@ def run_group(config: Config, cases: list[Case], keys: list[str], settings: Eval
         return {"write": path} if config == REFERENCE else {"read": path}
 
     job = {"model": settings.model, "device": settings.device, "dtype": settings.dtype,
-           "threads": settings.threads, "config": config.to_dict(), "settings": settings.key_fields(),
+           "threads": settings.threads, "prompt_form": settings.prompt_form, "config": config.to_dict(), "settings": settings.key_fields(),
            "cases": [{"key": k, "case": c.to_dict(), "reference": reference(c)} for k, c in zip(keys, cases)]}
     by_key = dict(zip(keys, cases))
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
@@ -139,11 +142,13 @@ def run_group(config: Config, cases: list[Case], keys: list[str], settings: Eval
                         on_cell(record)
                 elif event["event"] == "error":
                     report.errors.append(f"{config.label}: {event.get('message')}")
+                    store.add_failure(config.label, cases[0].length, str(event.get("message")))
             code = process.wait()
             if code != 0:
                 errors.seek(0)
                 tail = errors.read().strip().splitlines()[-3:]
                 report.errors.append(f"{config.label} worker exited with {code}: {' | '.join(tail)}")
+                store.add_failure(config.label, cases[0].length, f"worker exited with {code}: {tail[-1] if tail else ''}")
     finally:
         os.unlink(handle.name)
 

@@ -16,6 +16,7 @@ from memstep.evaluation.grid import upgrade_cell
 
 CELLS = "cells.jsonl"
 SUMMARY = "summary.json"
+FAILURES = "failures.jsonl"  # a configuration that could not run a case: its reason, one line each
 
 
 class ResultStore:
@@ -54,6 +55,24 @@ class ResultStore:
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(cell, sort_keys=True) + "\n")
         self._cells[cell["key"]] = cell
+
+    def add_failure(self, label: str, length: int, message: str) -> None:
+        """Record why ``label`` failed at ``length`` (a press that does not run on a model)."""
+        with (self.folder / FAILURES).open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"label": label, "length": length, "message": message}, sort_keys=True) + "\n")
+
+    def failures(self) -> list[dict]:
+        """The recorded failures, one per (configuration, length, reason), with how many cases hit each."""
+        path = self.folder / FAILURES
+        found: dict[tuple, dict] = {}
+        for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            key = (item["label"], item["length"], item["message"])
+            found.setdefault(key, {**item, "cases": 0})["cases"] += 1
+        return list(found.values())
 
     def write_summary(self, summary: dict) -> Path:
         path = self.folder / SUMMARY

@@ -22,6 +22,15 @@ def retention_per_layer(kept_positions: np.ndarray, positions: range) -> list[fl
     return [round(float(x), 4) for x in kept.sum(axis=1) / (heads * len(wanted))]
 
 
+def scheduled_layers(step) -> tuple[list[int], str]:
+    """The layers whose retention says something about the schedule and scorer, and their name:
+    on a hybrid model (Gemma 3) the global layers, since a sliding layer holds its window
+    whatever the schedule (``StepRecord.global_layers``); all layers otherwise."""
+    if getattr(step, "layer_types", None):
+        return step.global_layers, "global"
+    return list(range(step.kept_positions.shape[0])), "all"
+
+
 def whole_needle(kept_positions: np.ndarray, positions: range) -> float:
     """The fraction of (layer, KV head) slots that keep every token of the answer."""
     wanted = np.asarray(list(positions))
@@ -103,14 +112,18 @@ def run_case(lm, config: dict, settings: dict, case: dict, reference: dict | Non
     start, end = case["passkey_tokens"]
     last = result.steps[-1]
     answer_positions = range(offset + start, offset + end)
+    layers, scope = scheduled_layers(last)
+    kept = last.kept_positions[layers]
     return {
         "answer": result.answer,
         "continuation_nll": nll,
         "prefill_seconds": result.seconds,
         "seconds": seconds,
-        "memory_entries": int(last.memory_after),
-        "retention": retention_per_layer(last.kept_positions, answer_positions),
-        "needle_whole": whole_needle(last.kept_positions, answer_positions),
+        # a global layer's entries on a hybrid model (a sliding one holds its window)
+        "memory_entries": int(max(last.layer_entries[i] for i in layers)) if scope == "global" else int(last.memory_after),
+        "retention": retention_per_layer(kept, answer_positions),
+        "needle_whole": whole_needle(kept, answer_positions),
+        "retention_layers": scope,
         "peak_bytes_modeled": result.peak_bytes_modeled,
         "settings": {"question_pool": result.question_pool, "question_weight": result.question_weight,
                      "chunk": "whole document" if config["schedule"] == "once" else config.get("chunk"),
