@@ -147,7 +147,7 @@ def intervals_figure(summary: dict, lengths: list[int] | None = None):
     # 36 px a row: two-line names at 10 px stay apart even when a phone's wrapped legend takes more
     # of the figure's height; between lengths, room for the next row's three-line titles
     height = 260 + 36 * sum(counts) + 90 * len(lengths)
-    fig = make_subplots(rows=len(lengths), cols=2, shared_yaxes=True, horizontal_spacing=0.03,
+    fig = make_subplots(rows=len(lengths), cols=2, shared_yaxes=True, horizontal_spacing=0.08,
                         vertical_spacing=min(0.3, 120 / height) if len(lengths) > 1 else 0.0,
                         row_heights=counts, subplot_titles=titles)
     shown = set()
@@ -163,7 +163,8 @@ def intervals_figure(summary: dict, lengths: list[int] | None = None):
         fig.update_yaxes(categoryorder="array", categoryarray=[r["label"] for r in at][::-1], automargin=True,
                          tickfont_size=10, tickmode="array", tickvals=[r["label"] for r in at],
                          ticktext=[_wrap(r["label"], 28) for r in at], row=i, col=1)
-        fig.update_xaxes(range=[-5, 105], row=i, col=1)
+        # ticks at 0, 50 and 100 only: a phone leaves a few pixels between "100" and the KL panel's "0"
+        fig.update_xaxes(range=[-5, 105], tickvals=[0, 50, 100], row=i, col=1)
         fig.add_vline(x=0, line={"color": "grey", "width": 1, "dash": "dot"}, row=i, col=2)
     fig.update_annotations(font_size=10)
     subtitle = ("answers counted on the cases the full cache answers;<br>KL of the next-token distributions, nats/token"
