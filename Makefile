@@ -77,7 +77,7 @@ kvpress-venv: $(KVPRESS_VENV)/.installed
 #   compression at the end, each paired with the headline's FM question-aware row (the
 #   engine's defaults: pool max:15, weight 0.75, chunked) on the same cases;
 # - more headline cases (2k: passkey and word needles, seeds 1-2), the headline rows at 4k
-#   (passkey and word, seeds 0-1) and 8k (depths 1/4 and 3/4): bench-long;
+#   (passkey and word, seeds 0-1) and 8k (depths 1/4 and 3/4, seeds 0-1): bench-long;
 # - bench-gemma3: Gemma 3 270M (sliding-window + global layers, base model) at 2k, 8k and 16k
 #   into results/eval-gemma3 (16k on the first Austen text alone: the other is shorter).
 EVAL_COMMON ?= --budgets 512 --chunk 512 --scorers chunk-attention --ropes compact \
@@ -114,8 +114,8 @@ bench-long: install-dev model kvpress-venv
 	$(EVAL) --lengths 2048 --depths 0.167,0.5,0.833 --seeds 1,2 $(EVAL_MORE) $(EVAL_HEAD_PEERS) > /dev/null
 	$(EVAL) --lengths 4096 --depths 0.167,0.5,0.833 --seeds 0,1 $(EVAL_MORE) --schedules full,fm --question-aware yes > /dev/null
 	$(EVAL) --lengths 4096 --depths 0.167,0.5,0.833 --seeds 0,1 $(EVAL_MORE) $(EVAL_HEAD_PEERS) > /dev/null
-	$(EVAL) --lengths 8192 --depths 0.25,0.75 --seeds 0 $(EVAL_MORE) --schedules full,fm --question-aware yes > /dev/null
-	$(EVAL) --lengths 8192 --depths 0.25,0.75 --seeds 0 $(EVAL_MORE) $(EVAL_HEAD_PEERS) > /dev/null
+	$(EVAL) --lengths 8192 --depths 0.25,0.75 --seeds 0,1 $(EVAL_MORE) --schedules full,fm --question-aware yes > /dev/null
+	$(EVAL) --lengths 8192 --depths 0.25,0.75 --seeds 0,1 $(EVAL_MORE) $(EVAL_HEAD_PEERS) > /dev/null
 bench-gemma3: install-dev model kvpress-venv
 	$(EVAL_GEMMA3) --lengths 2048 --depths 0.167,0.5,0.833 --schedules full,fm,imdc --question-aware both > /dev/null
 	$(EVAL_GEMMA3) --lengths 2048 --depths 0.167,0.5,0.833 --schedules full --peers kvpress \

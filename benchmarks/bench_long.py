@@ -21,6 +21,10 @@ grows as the square of the length, its memory linearly).
     .venv/bin/python benchmarks/bench_long.py --lengths 8192,32768       # quicker
     .venv/bin/python benchmarks/bench_long.py --from-json benchmarks/results/bench_long_cpu.json --docs
 
+--weights resident passes `memstep run --weights resident` (every page of the memory-mapped
+weights read at load): the rows then show what the run itself adds, without the weights' file
+pages that a longer document touches for the first time (its own JSON and docs block, `..._resident`).
+
 --model takes any model `memstep run` takes (Gemma 3 270M once it is a model choice); the
 JSON is named after it. Rows already in the JSON for the same model, threads and settings
 are kept (an interrupted run resumes; --fresh measures everything again).
@@ -94,18 +98,21 @@ def resident_parts(pid: int) -> dict[str, int]:
     return {"anonymous": fields["Anonymous"], "file": fields["Rss"] - fields["Anonymous"]}
 
 
-def model_baseline(document: Path, model: str | None, threads: int) -> dict:
+def model_baseline(document: Path, model: str | None, threads: int, weights: str = "mapped") -> dict:
     """What a one-token run costs: loading the model, tokenizer and libraries (no prefill to speak of)."""
-    args = [str(document), "--schedule", "full", "--max-tokens", "1"] + (["--model", model] if model else [])
+    args = [str(document), "--schedule", "full", "--max-tokens", "1", "--weights", weights] + (
+        ["--model", model] if model else [])
     got = run_cli(args, threads)
     return {"peak_rss": got["peak_rss"], "cpu_seconds": got["cpu_seconds"], "command": got["command"],
             "peak_anonymous_sampled": got["peak_anonymous_sampled"], "peak_file_sampled": got["peak_file_sampled"]}
 
 
 def measure_row(document: Path, model: str | None, tokens: int, schedule: str, size: int, threads: int,
-                baseline: dict, machine: dict, shape) -> dict:
+                baseline: dict, machine: dict, shape, weights: str = "mapped") -> dict:
     args = [str(document.relative_to(ROOT) if document.is_relative_to(ROOT) else document),
             "--schedule", schedule, "--max-tokens", str(tokens)]
+    if weights != "mapped":
+        args += ["--weights", weights]
     if schedule != "full":
         args += ["--chunk", str(size), "--memory", str(size)]
     if model:
@@ -126,6 +133,7 @@ def measure_row(document: Path, model: str | None, tokens: int, schedule: str, s
         "peak_anonymous_sampled": got["peak_anonymous_sampled"], "peak_file_sampled": got["peak_file_sampled"],
         "peak_bytes_modeled": result["peak_bytes_modeled"],
         "widest_step_tokens": max(s["memory_before"] + s["chunk_size"] for s in steps),
+        "measured_at": time.strftime("%Y-%m-%d %H:%M"),
     }
     plan = planned(shape, result["tokens"], schedule, size, machine)
     row.update(flops=plan.flops, planned_seconds=plan.seconds, planned_peak_bytes=plan.peak_bytes,
@@ -201,7 +209,9 @@ def _split(row: dict) -> str:
 def markdown(report: dict) -> str:
     lines = [f"{report['model']} ({report['dtype']}, {report['threads']} thread(s), CPU time; "
              f"{report['trained_positions']} trained positions), {report['document']}, chunk-attention scorer, "
-             "compact RoPE positions; each row one `memstep run` process:", "",
+             "compact RoPE positions; each row one `memstep run` process"
+             + ("" if report.get("weights", "mapped") == "mapped" else
+                f" with `--weights {report['weights']}` (every page of the weights read at load)") + ":", "",
              "| tokens | schedule | c = M | steps | CPU s (prefill) | CPU ms / token | planned s | "
              "peak RSS | above the model | anonymous / file-backed (sampled) | modeled peak | fraction of the limit |",
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -274,9 +284,10 @@ def model_slug(model: str | None) -> str | None:
     return None if not model or model == "embedded" else re.sub(r"[^A-Za-z0-9]+", "-", model).strip("-")[-40:]
 
 
-def output_path(model: str | None) -> Path:
+def output_path(model: str | None, weights: str = "mapped") -> Path:
     slug = model_slug(model)
-    return RESULTS / ("bench_long_cpu.json" if slug is None else f"bench_long_cpu_{slug}.json")
+    name = "bench_long_cpu" + ("" if slug is None else f"_{slug}") + ("" if weights == "mapped" else f"_{weights}")
+    return RESULTS / f"{name}.json"
 
 
 def write_docs(report: dict, command: str, measured: str | None = None) -> None:
@@ -285,6 +296,8 @@ def write_docs(report: dict, command: str, measured: str | None = None) -> None:
     from benchmarks.docs_block import write_block
 
     slug = model_slug(report.get("model_arg"))
+    if report.get("weights", "mapped") != "mapped":
+        slug = f"{slug or 'embedded'}-{report['weights']}"
     path = FIGURE if slug is None else FIGURE.with_name(f"bench_long_{slug}.png")
     plotted = len({r["tokens"] for r in report["rows"]}) > 1
     if plotted:
@@ -306,6 +319,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")),
                         help="torch threads of every run (default OMP_NUM_THREADS, else 1)")
     parser.add_argument("--document", type=Path, default=NOVEL)
+    parser.add_argument("--weights", default="mapped", choices=("mapped", "resident"),
+                        help="memstep run --weights: mapped (default, paged in as touched) or resident (read at load)")
     parser.add_argument("--output", type=Path, default=None, help="JSON (default benchmarks/results/bench_long_cpu*.json)")
     parser.add_argument("--fresh", action="store_true", help="measure every row again")
     parser.add_argument("--docs", action="store_true", help="write the table into docs/benchmarks.md and the figure")
@@ -328,15 +343,17 @@ def main(argv=None) -> int:
     schedules = [s for s in args.schedules.split(",") if s]
     if not lengths or min(lengths) < 1 or set(schedules) - {"imdc", "fm", "full"}:
         parser.error("--lengths must be positive and --schedules one of imdc, fm, full")
-    output = args.output or output_path(args.model)
+    output = args.output or output_path(args.model, args.weights)
     settings = {"model_arg": args.model, "threads": args.threads, "size": args.size,
-                "document": args.document.name}
+                "document": args.document.name, "weights": args.weights}
     old = json.loads(output.read_text()) if output.exists() and not args.fresh else None
+    if old is not None:
+        old.setdefault("weights", "mapped")  # JSON written before the option existed
     rows = old["rows"] if old and all(old.get(k) == v for k, v in settings.items()) else []
 
     machine, shape = measure_machine(args.model, args.threads)
     print(f"matmul {machine['matmul_flops_per_second'] / 1e9:.1f} GFLOP/s", file=sys.stderr)
-    baseline = model_baseline(args.document, args.model, args.threads)
+    baseline = model_baseline(args.document, args.model, args.threads, args.weights)
     report = {**settings, **machine, "machine": platform.processor() or platform.machine(),
               "cpus": os.cpu_count(), "baseline": baseline, "rows": rows, "fits": {}}
     # the shortest first (it sizes the rest), then the longest (the rows the targets compare), then the others
@@ -349,7 +366,7 @@ def main(argv=None) -> int:
             if any(r["tokens"] == tokens and r["schedule"] == schedule for r in rows):
                 continue
             row = measure_row(args.document, args.model, tokens, schedule, args.size, args.threads, baseline,
-                              machine, shape)
+                              machine, shape, args.weights)
             rows.append(row)
             print(f"[{tokens}] {schedule}: {row['prefill_cpu_seconds']:.1f} CPU s, peak RSS {_mb(row['peak_rss'])}",
                   file=sys.stderr)

@@ -271,9 +271,31 @@ def looks_like_path(spec: str) -> bool:
         return False
 
 
+WEIGHTS = ("mapped", "resident")
+PAGE_BYTES = 4096
+
+
+def read_in(model) -> None:
+    """Touch every page of the model's CPU tensors once, so memory-mapped weights are all resident
+    now (as MAP_POPULATE would) instead of paged in as a document first uses them."""
+    import torch
+
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if tensor.device.type == "cpu" and tensor.numel():
+                flat = tensor.detach().reshape(-1)
+                flat[::max(1, PAGE_BYTES // flat.element_size())].sum()
+
+
 def load_model(spec: str | None = None, device: str = "auto", dtype: str = "auto",
-               device_map: str | None = None) -> LoadedModel:
-    """Load a causal LM and its tokenizer for the engine (SDPA attention, eval mode)."""
+               device_map: str | None = None, weights: str = "mapped") -> LoadedModel:
+    """Load a causal LM and its tokenizer for the engine (SDPA attention, eval mode).
+
+    weights: 'mapped' leaves safetensors weights memory-mapped, their pages read as first touched
+    (e.g. the embedding rows of the tokens a document uses); 'resident' reads every page at load
+    (the whole model in memory from the start, nothing paged in mid-run)."""
+    if weights not in WEIGHTS:
+        raise MemstepError(f"unknown weights mode '{weights}': choose from {', '.join(WEIGHTS)}")
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     spec = check_spec_text(spec) or default_model()
@@ -314,6 +336,8 @@ def load_model(spec: str | None = None, device: str = "auto", dtype: str = "auto
     if device_map is None:
         model.to(torch_device)
     model.eval()
+    if weights == "resident":
+        read_in(model)
     return LoadedModel(model, tokenizer, name, str(torch_device), str(torch_dtype).replace("torch.", ""))
 
 

@@ -5,7 +5,9 @@ SmolLM2 tokenizer) for the CLI and generation tests."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,6 +64,38 @@ def test_local_folder_loads_for_the_engine(tiny_lm, tiny_lm_folder):
 def test_dtype_override(tiny_lm_folder):
     lm = load_model(str(tiny_lm_folder), device="cpu", dtype="bfloat16")
     assert lm.dtype == "bfloat16" and next(lm.model.parameters()).dtype == torch.bfloat16
+
+
+def _resident_share(path: Path) -> float:
+    """The resident fraction of this process's mapping of ``path`` (Linux /proc/self/smaps)."""
+    size = rss = 0
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.endswith(str(path)):
+            for field in lines[i + 1:i + 24]:
+                if field.startswith("Size:"):
+                    size += int(field.split()[1])
+                elif field.startswith("Rss:"):
+                    rss += int(field.split()[1])
+                    break
+    assert size, f"{path} is not memory-mapped"
+    return rss / size
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+def test_weights_mapped_or_resident(tiny_lm_folder, tmp_path):
+    """'mapped' leaves most of the weights' file unread until used (the embedding's rows);
+    'resident' reads every page at load; both give the same model."""
+    share, logits = {}, {}
+    for mode in ("mapped", "resident"):
+        folder = shutil.copytree(tiny_lm_folder, tmp_path / mode)  # a file no other test maps
+        lm = load_model(str(folder), device="cpu", dtype="float32", weights=mode)
+        share[mode] = _resident_share((folder / "model.safetensors").resolve())
+        logits[mode] = lm.model(torch.arange(8)[None]).logits
+    assert share["mapped"] < 0.5 and share["resident"] > 0.99, share
+    assert torch.equal(logits["mapped"], logits["resident"])
+    with pytest.raises(MemstepError, match="unknown weights mode 'lazy'"):
+        load_model(str(tiny_lm_folder), weights="lazy")
 
 
 def test_unsupported_architecture_is_refused(tmp_path):

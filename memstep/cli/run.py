@@ -9,6 +9,7 @@ import sys
 from memstep.cli.common import at_least, check_output_path, write_output
 from memstep.cli.schedule import add_schedule_options, review_of
 from memstep.errors import MemstepError
+from memstep.models import WEIGHTS
 from memstep.presets import ATTENTIONS, PRESETS, ROPE_MODES, SWITCHES, Fidelity, apply_preset
 from memstep.question_pool import QUESTION_POOL, parse_question_pool
 
@@ -64,6 +65,9 @@ def register(sub) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device-map", default=None, help="'auto' shards a large model across GPUs")
+    p.add_argument("--weights", default="mapped", choices=WEIGHTS,
+                   help="mapped (default): memory-mapped weights are read as first touched; "
+                        "resident: every page read at load (the whole model in memory from the start)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     p.add_argument("--output", default=None, help="write the JSON result to this file")
@@ -93,7 +97,7 @@ def cmd_run(args) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # stderr carries memstep's own progress bar and errors only
-    lm = load_model(args.model, args.device, args.dtype, args.device_map)
+    lm = load_model(args.model, args.device, args.dtype, args.device_map, weights=args.weights)
     ids, notice = tokenize_document(text, lm.tokenizer, args.max_tokens)
     notices = [notice] if notice else []
     for line in notices:
@@ -114,6 +118,7 @@ def cmd_run(args) -> int:
             bar.set_postfix(memory=record.memory_after, chunk=record.chunk_size)
     result = run.result
     payload = result.to_dict(with_positions=args.positions)
+    payload["weights"] = args.weights  # mapped (paged in as touched) or resident (read at load)
     if args.output:
         write_output(args.output, json.dumps(payload))
     if args.json:
