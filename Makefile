@@ -79,7 +79,8 @@ kvpress-venv: $(KVPRESS_VENV)/.installed
 # - more headline cases (2k: passkey and word needles, seeds 1-2), the headline rows at 4k
 #   (passkey and word, seeds 0-1) and 8k (depths 1/4 and 3/4, seeds 0-1): bench-long;
 # - bench-gemma3: Gemma 3 270M (sliding-window + global layers, base model) at 2k, 8k and 16k
-#   into results/eval-gemma3 (16k on the first Austen text alone: the other is shorter).
+#   into results/eval-gemma3 (16k on the first Austen text alone: the other is shorter; kvpress
+#   SnapKV and ChunkKV at 8k last).
 EVAL_COMMON ?= --budgets 512 --chunk 512 --scorers chunk-attention --ropes compact \
 	--needles passkey,code,word,name --metrics accuracy,kl,retention --quiet
 EVAL_HEAD ?= --depths 0.167,0.5,0.833 --seeds 0
@@ -122,7 +123,9 @@ bench-gemma3: install-dev model kvpress-venv
 		--presses snapkv,chunkkv,finch,keydiff,finch-unrotated --question-aware yes > /dev/null
 	$(EVAL_GEMMA3) --lengths 8192 --depths 0.25,0.75 --schedules full,fm,imdc --question-aware yes > /dev/null
 	$(EVAL_GEMMA3) --lengths 8192 --depths 0.25,0.75 --schedules full,fm --question-aware no > /dev/null
-	$(EVAL_GEMMA3) --lengths 16384 --depths 0.25,0.75 $(GEMMA3_16K) --schedules full,fm --question-aware yes > /dev/null
+	$(EVAL_GEMMA3) --lengths 16384 --depths 0.25,0.75 $(GEMMA3_16K) --schedules full,fm --question-aware both > /dev/null
+	$(EVAL_GEMMA3) --lengths 8192 --depths 0.25,0.75 --schedules full --peers kvpress \
+		--presses snapkv,chunkkv --question-aware yes > /dev/null
 eval-docs: install-dev
 	$(PY) benchmarks/eval_docs.py --results $(RESULTS) --docs docs/evaluation.md --readme README.md
 bench-eval: bench-headline bench-ablations bench-long bench-gemma3 eval-docs

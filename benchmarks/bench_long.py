@@ -21,7 +21,7 @@ grows as the square of the length, its memory linearly).
     .venv/bin/python benchmarks/bench_long.py --lengths 8192,32768       # quicker
     .venv/bin/python benchmarks/bench_long.py --from-json benchmarks/results/bench_long_cpu.json --docs
 
---weights resident passes `memstep run --weights resident` (every page of the memory-mapped
+--load-weights resident passes `memstep run --load-weights resident` (every page of the memory-mapped
 weights read at load): the rows then show what the run itself adds, without the weights' file
 pages that a longer document touches for the first time (its own JSON and docs block, `..._resident`).
 
@@ -100,7 +100,7 @@ def resident_parts(pid: int) -> dict[str, int]:
 
 def model_baseline(document: Path, model: str | None, threads: int, weights: str = "mapped") -> dict:
     """What a one-token run costs: loading the model, tokenizer and libraries (no prefill to speak of)."""
-    args = [str(document), "--schedule", "full", "--max-tokens", "1", "--weights", weights] + (
+    args = [str(document), "--schedule", "full", "--max-tokens", "1", "--load-weights", weights] + (
         ["--model", model] if model else [])
     got = run_cli(args, threads)
     return {"peak_rss": got["peak_rss"], "cpu_seconds": got["cpu_seconds"], "command": got["command"],
@@ -112,7 +112,7 @@ def measure_row(document: Path, model: str | None, tokens: int, schedule: str, s
     args = [str(document.relative_to(ROOT) if document.is_relative_to(ROOT) else document),
             "--schedule", schedule, "--max-tokens", str(tokens)]
     if weights != "mapped":
-        args += ["--weights", weights]
+        args += ["--load-weights", weights]
     if schedule != "full":
         args += ["--chunk", str(size), "--memory", str(size)]
     if model:
@@ -210,8 +210,8 @@ def markdown(report: dict) -> str:
     lines = [f"{report['model']} ({report['dtype']}, {report['threads']} thread(s), CPU time; "
              f"{report['trained_positions']} trained positions), {report['document']}, chunk-attention scorer, "
              "compact RoPE positions; each row one `memstep run` process"
-             + ("" if report.get("weights", "mapped") == "mapped" else
-                f" with `--weights {report['weights']}` (every page of the weights read at load)") + ":", "",
+             + ("" if report.get("load_weights", "mapped") == "mapped" else
+                f" with `--load-weights {report['load_weights']}` (every page of the weights read at load)") + ":", "",
              "| tokens | schedule | c = M | steps | CPU s (prefill) | CPU ms / token | planned s | "
              "peak RSS | above the model | anonymous / file-backed (sampled) | modeled peak | fraction of the limit |",
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -296,8 +296,8 @@ def write_docs(report: dict, command: str, measured: str | None = None) -> None:
     from benchmarks.docs_block import write_block
 
     slug = model_slug(report.get("model_arg"))
-    if report.get("weights", "mapped") != "mapped":
-        slug = f"{slug or 'embedded'}-{report['weights']}"
+    if report.get("load_weights", "mapped") != "mapped":
+        slug = f"{slug or 'embedded'}-{report['load_weights']}"
     path = FIGURE if slug is None else FIGURE.with_name(f"bench_long_{slug}.png")
     plotted = len({r["tokens"] for r in report["rows"]}) > 1
     if plotted:
@@ -319,8 +319,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")),
                         help="torch threads of every run (default OMP_NUM_THREADS, else 1)")
     parser.add_argument("--document", type=Path, default=NOVEL)
-    parser.add_argument("--weights", default="mapped", choices=("mapped", "resident"),
-                        help="memstep run --weights: mapped (default, paged in as touched) or resident (read at load)")
+    parser.add_argument("--load-weights", default="mapped", choices=("mapped", "resident"),
+                        help="memstep run --load-weights: mapped (default, paged in as touched) or resident (read at load)")
     parser.add_argument("--output", type=Path, default=None, help="JSON (default benchmarks/results/bench_long_cpu*.json)")
     parser.add_argument("--fresh", action="store_true", help="measure every row again")
     parser.add_argument("--docs", action="store_true", help="write the table into docs/benchmarks.md and the figure")
@@ -343,17 +343,17 @@ def main(argv=None) -> int:
     schedules = [s for s in args.schedules.split(",") if s]
     if not lengths or min(lengths) < 1 or set(schedules) - {"imdc", "fm", "full"}:
         parser.error("--lengths must be positive and --schedules one of imdc, fm, full")
-    output = args.output or output_path(args.model, args.weights)
+    output = args.output or output_path(args.model, args.load_weights)
     settings = {"model_arg": args.model, "threads": args.threads, "size": args.size,
-                "document": args.document.name, "weights": args.weights}
+                "document": args.document.name, "load_weights": args.load_weights}
     old = json.loads(output.read_text()) if output.exists() and not args.fresh else None
     if old is not None:
-        old.setdefault("weights", "mapped")  # JSON written before the option existed
+        old.setdefault("load_weights", "mapped")  # JSON written before the option existed
     rows = old["rows"] if old and all(old.get(k) == v for k, v in settings.items()) else []
 
     machine, shape = measure_machine(args.model, args.threads)
     print(f"matmul {machine['matmul_flops_per_second'] / 1e9:.1f} GFLOP/s", file=sys.stderr)
-    baseline = model_baseline(args.document, args.model, args.threads, args.weights)
+    baseline = model_baseline(args.document, args.model, args.threads, args.load_weights)
     report = {**settings, **machine, "machine": platform.processor() or platform.machine(),
               "cpus": os.cpu_count(), "baseline": baseline, "rows": rows, "fits": {}}
     # the shortest first (it sizes the rest), then the longest (the rows the targets compare), then the others
@@ -366,7 +366,7 @@ def main(argv=None) -> int:
             if any(r["tokens"] == tokens and r["schedule"] == schedule for r in rows):
                 continue
             row = measure_row(args.document, args.model, tokens, schedule, args.size, args.threads, baseline,
-                              machine, shape, args.weights)
+                              machine, shape, args.load_weights)
             rows.append(row)
             print(f"[{tokens}] {schedule}: {row['prefill_cpu_seconds']:.1f} CPU s, peak RSS {_mb(row['peak_rss'])}",
                   file=sys.stderr)

@@ -65,7 +65,7 @@ def register(sub) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device-map", default=None, help="'auto' shards a large model across GPUs")
-    p.add_argument("--weights", default="mapped", choices=WEIGHTS,
+    p.add_argument("--load-weights", default="mapped", choices=WEIGHTS,
                    help="mapped (default): memory-mapped weights are read as first touched; "
                         "resident: every page read at load (the whole model in memory from the start)")
     p.add_argument("--seed", type=int, default=0)
@@ -97,7 +97,7 @@ def cmd_run(args) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # stderr carries memstep's own progress bar and errors only
-    lm = load_model(args.model, args.device, args.dtype, args.device_map, weights=args.weights)
+    lm = load_model(args.model, args.device, args.dtype, args.device_map, weights=args.load_weights)
     ids, notice = tokenize_document(text, lm.tokenizer, args.max_tokens)
     notices = [notice] if notice else []
     for line in notices:
@@ -118,7 +118,7 @@ def cmd_run(args) -> int:
             bar.set_postfix(memory=record.memory_after, chunk=record.chunk_size)
     result = run.result
     payload = result.to_dict(with_positions=args.positions)
-    payload["weights"] = args.weights  # mapped (paged in as touched) or resident (read at load)
+    payload["load_weights"] = args.load_weights  # mapped (paged in as touched) or resident (read at load)
     if args.output:
         write_output(args.output, json.dumps(payload))
     if args.json:
