@@ -350,3 +350,33 @@ def test_evaluate_tab_leads_with_the_takeaway_and_the_numbers():
     text = evaluate.takeaway(summary)
     assert text.startswith("**Takeaway (2,048 tokens, M = 512).** When the question is known, use question-aware FM")
     assert "0/6" in text and "paired difference +100 points" in text
+
+
+def test_takeaway_compares_longer_documents_with_the_press_that_answers_most():
+    """Past the takeaway's length, one sentence per length: memstep's question-aware FM against
+    the press answering most (not the one closest in KL), paired, with the interval's verdict."""
+    from memstep.evaluation import metrics, report
+
+    full = Config("memstep", "full")
+    anchor = Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact", True)
+    agnostic = Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact")
+    close = Config("kvpress", "full", None, "snapkv", 512, question_aware=True)
+    answering = Config("kvpress", "full", None, "chunkkv", 512, question_aware=True)
+    cells = []
+    for i in range(12):
+        depth = i / 12
+        cells += [_fair_cell(full, depth, True, 0.0), _fair_cell(anchor, depth, True, 0.1),
+                  _fair_cell(agnostic, depth, False, 0.1)]
+        longer = [_fair_cell(full, depth, True, 0.0), _fair_cell(anchor, depth, False, 0.2),
+                  _fair_cell(close, depth, False, 0.01), _fair_cell(answering, depth, True, 0.3)]
+        for cell in longer:
+            cell.update(length=4096, key=cell["key"] + "-4096")
+        cells += longer
+    summary = metrics.summarize(cells)
+    text = report.recommendation(summary)
+    assert text.startswith("**Takeaway (2,048 tokens, M = 512).**")
+    longer = text.split(" Longer documents: ")[1]
+    assert longer.startswith("at 4,096 tokens memstep answers 0/12") and answering.label + " 12/12" in longer
+    assert longer.endswith(f"{answering.label} answers more).") and close.label not in longer
+    line = next(line for line in report.fair_takeaway(summary) if "4,096 tokens" in line)
+    assert close.label in line and answering.label in line  # the closest in KL and the one answering most

@@ -294,10 +294,16 @@ def _row(summary: dict, length: int, test) -> dict | None:
     return next((r for r in summary["rows"] if r["length"] == length and test(r["config"])), None)
 
 
+def _best_answering(peers: list[dict]) -> dict | None:
+    """The press that answers most of the counted cases (the lower KL on a tie)."""
+    counted = [r for r in peers if r.get("counted")]
+    return max(counted, key=lambda r: (r["counted_accuracy"], -(r.get("kl") or 0)), default=None)
+
+
 def fair_takeaway(summary: dict) -> list[str]:
     """The takeaway, one line per length, from the numbers: memstep's question-aware memory at
-    the engine's defaults, its agnostic one, the best question-aware peer by KL, each with the
-    settings it ran with."""
+    the engine's defaults, its agnostic one, the press closest to the full cache (KL) and the
+    one that answers most, each with the settings it ran with."""
     lines = []
     default = lambda c: not c.get("question_pool") and c.get("question_weight") is None  # noqa: E731
     for length in sorted({r["length"] for r in summary["rows"]}):
@@ -310,13 +316,16 @@ def fair_takeaway(summary: dict) -> list[str]:
                         and not c.get("question_aware"))
         peers = [r for r in summary["rows"] if r["length"] == length and r["config"]["kind"] == "kvpress"
                  and r.get("kl") is not None]
-        best = min(peers, key=lambda r: r["kl"], default=None)
+        closest = min(peers, key=lambda r: r["kl"], default=None)
+        answers = _best_answering(peers)
         if not (full and aware):
             continue
         parts = [f"**{length:,} tokens**: the full cache answers {full.get('counted', 0)} of "
                  f"{full.get('reference_cases') or full['cells']} cases"]
-        for name, row in (("memstep FM question-aware", aware), ("IMDC question-aware", imdc),
-                          ("FM without the question", agnostic), (best["label"] if best else None, best)):
+        shown = [("memstep FM question-aware", aware), ("IMDC question-aware", imdc),
+                 ("FM without the question", agnostic)]
+        shown += [(peer["label"], peer) for peer in (closest, answers) if peer is not None]
+        for name, row in shown[:4] + [p for p in shown[4:] if p[1] is not closest]:  # each press once
             if row is None:
                 continue
             parts.append(f"{name} ({settings_text(row)}, {entries_text(row)} entries) answers {counted_text(row)} "
@@ -394,12 +403,31 @@ def recommendation(summary: dict, length: int | None = None) -> str:
               f"{_difference(versus, 'kl', -1)}"
             + ("" if _excludes_zero(versus, "kl") else ": the question costs nothing measurable in general fidelity")
             + f"). {_question_cost(summary, aware)}")
-    peers = [r for r in summary["rows"] if r["length"] == at and r["config"]["kind"] == "kvpress"
-             and r.get("counted")]
-    best = max(peers, key=lambda r: (r["counted_accuracy"], -(r.get("kl") or 0)), default=None)
+    best = _best_answering([r for r in summary["rows"] if r["length"] == at and r["config"]["kind"] == "kvpress"])
     if best is not None:
         mine = paired.get(best["label"], {})
         text += (f" The best kvpress press here, {best['label']} ({settings_text(best)}), answers "
                  f"{counted_text(best)} (paired difference to memstep's {_difference(mine, 'accuracy', 100, ' points', 0)})"
                  f", KL {interval_text(best, 'kl')} (paired {_difference(mine, 'kl')}).")
-    return text
+    return text + _longer(summary, at, default)
+
+
+def _longer(summary: dict, shortest: int, default) -> str:
+    """One sentence per longer length: memstep's question-aware FM against the press that answers
+    most there, paired on the same cases, and whether the interval tells them apart."""
+    out = []
+    for at in sorted({r["length"] for r in summary["rows"]} - {shortest}):
+        if at < shortest:
+            continue
+        aware = _row(summary, at, lambda c: c["kind"] == "memstep" and c["schedule"] == "fm"
+                     and c.get("question_aware") and default(c))
+        best = _best_answering([r for r in summary["rows"] if r["length"] == at and r["config"]["kind"] == "kvpress"])
+        if not (aware and aware.get("counted") and best):
+            continue
+        mine = next((p for p in summary.get("paired") or [] if p["length"] == at and p["label"] == best["label"]), {})
+        low, high = mine.get("accuracy_difference_low"), mine.get("accuracy_difference_high")
+        verdict = ("the interval does not tell them apart" if low is None or low <= 0 <= high else
+                   f"{best['label'] if low > 0 else 'memstep'} answers more")
+        out.append(f"at {at:,} tokens memstep answers {counted_text(aware)}, {best['label']} {counted_text(best)} "
+                   f"(paired {_difference(mine, 'accuracy', 100, ' points', 0)}: {verdict})")
+    return (" Longer documents: " + "; ".join(out) + ".") if out else ""
