@@ -324,8 +324,9 @@ def fair_takeaway(summary: dict) -> list[str]:
                  f"{full.get('reference_cases') or full['cells']} cases"]
         shown = [("memstep FM question-aware", aware), ("IMDC question-aware", imdc),
                  ("FM without the question", agnostic)]
-        shown += [(peer["label"], peer) for peer in (closest, answers) if peer is not None]
-        for name, row in shown[:4] + [p for p in shown[4:] if p[1] is not closest]:  # each press once
+        presses = [closest] + ([answers] if answers is not closest else [])  # each press once
+        shown += [(peer["label"], peer) for peer in presses if peer is not None]
+        for name, row in shown:
             if row is None:
                 continue
             parts.append(f"{name} ({settings_text(row)}, {entries_text(row)} entries) answers {counted_text(row)} "
@@ -416,9 +417,7 @@ def _longer(summary: dict, shortest: int, default) -> str:
     """One sentence per longer length: memstep's question-aware FM against the press that answers
     most there, paired on the same cases, and whether the interval tells them apart."""
     out = []
-    for at in sorted({r["length"] for r in summary["rows"]} - {shortest}):
-        if at < shortest:
-            continue
+    for at in sorted({r["length"] for r in summary["rows"] if r["length"] > shortest}):
         aware = _row(summary, at, lambda c: c["kind"] == "memstep" and c["schedule"] == "fm"
                      and c.get("question_aware") and default(c))
         best = _best_answering([r for r in summary["rows"] if r["length"] == at and r["config"]["kind"] == "kvpress"])
