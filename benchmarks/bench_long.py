@@ -221,11 +221,19 @@ def markdown(report: dict) -> str:
                      f"{1000 * r['cpu_seconds_per_token']:.2f} | {r['planned_seconds']:,.1f} | {_mb(r['peak_rss'])} | "
                      f"{_mb(r['peak_rss_above_model'])} | {_split(r)} | {_mb(r['peak_bytes_modeled'])} | "
                      f"{r['limit_fraction']:.2f} |")
+    later = sorted((r for r in report["rows"] if r.get("measured_at")), key=lambda r: r["measured_at"])
+    if later and len(later) < len(report["rows"]):  # a resumed JSON: say which rows the later run added
+        rows = ", ".join(f"{r['schedule'].upper() if r['schedule'] != 'full' else 'full'} {r['tokens']:,}"
+                         for r in sorted(later, key=lambda r: (r["schedule"], r["tokens"])))
+        lines += ["", f"Rows from two runs of the same settings: {rows} were added by a later run "
+                      f"({later[0]['measured_at']} to {later[-1]['measured_at']}); the others are from the first."]
     measured = {(r["schedule"], r["tokens"]) for r in report["rows"]}
     missing = [f"{name.upper()} at {', '.join(f'{t:,}' for t in LENGTHS if (name, t) not in measured)}"
                for name in ("imdc", "fm") if any((name, t) not in measured for t in LENGTHS)]
     if missing:
         model = f" --model {report['model_arg']}" if report.get("model_arg") else ""
+        if report.get("load_weights", "mapped") != "mapped":
+            model += f" --load-weights {report['load_weights']}"
         lines += ["", f"Not measured in this JSON: {'; '.join(missing)} tokens "
                       f"(`OMP_NUM_THREADS=1 python benchmarks/bench_long.py{model}` adds them and keeps these rows)."]
     if report["fits"]:
