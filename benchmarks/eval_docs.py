@@ -296,7 +296,7 @@ def docs(summary: dict, cells: list[dict], earlier: dict | None, gemma3: Path | 
         f"reach {COUNTED_TARGET[2048]} counted cases at 2,048 tokens and {COUNTED_TARGET[4096]} at 4,096 and "
         "8,192 (counted: the full cache answers them). The cases `make bench-long` adds for this lean to the "
         "needle kinds the 135M full cache can answer (passkey and word: seeds 1-2 at 2,048, seeds 0-1 at 4,096, "
-        "depths 1/4 and 3/4 at 8,192); the code and name needles stay in at 2,048 (seed 0). The table says what "
+        "depths 1/4 and 3/4 with seeds 0-1 at 8,192); the code and name needles stay in at 2,048 (seed 0). The table says what "
         "has run so far.",
         "",
         counts_table(summary),
