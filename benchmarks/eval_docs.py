@@ -87,6 +87,51 @@ def counts_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def kept_whole_section(summary: dict) -> list[str]:
+    """Length by length, the headline rows' answers next to how often each kept the answer whole,
+    and the paired difference of the latter to memstep: why the presses rank as they do."""
+    lines = ["| length | configuration | answered, of the cases the full cache answers | answer kept whole, "
+             "layer-head slots (95% CI) | kept whole, paired difference to memstep (95% CI) |",
+             "|---:|---|---:|---:|---:|"]
+    paired = {(p["length"], p["label"]): p for p in summary.get("paired") or []}
+    for length in sorted(COUNTED_TARGET):
+        for name, test in HEADLINE[:3]:
+            row = next((r for r in summary["rows"] if r["length"] == length and test(r["config"])), None)
+            if row is None:
+                continue
+            diff = report._difference(paired.get((length, row["label"]), {}), "needle_whole", 100, " points", 0)
+            lines.append(f"| {length} | {name} | {report.counted_text(row)} | "
+                         f"{report.interval_text(row, 'needle_whole', percent=True)} | "
+                         f"{'-' if row['label'] == _anchor_label(summary, length) else diff} |")
+    return lines
+
+
+def kept_whole_orders_answers(summary: dict) -> bool:
+    """At every length, do the headline rows rank the same by answers and by answer kept whole?"""
+    for length in COUNTED_TARGET:
+        rows = [r for r in summary["rows"] if r["length"] == length and r.get("counted")
+                and any(test(r["config"]) for _, test in HEADLINE[:3])]
+        by_answers = sorted(rows, key=lambda r: r["counted_accuracy"])
+        by_whole = sorted(rows, key=lambda r: r.get("needle_whole") or 0)
+        if [r["label"] for r in by_answers] != [r["label"] for r in by_whole]:
+            return False
+    return True
+
+
+def chunkkv_not_apart(summary: dict) -> bool:
+    """Does the paired accuracy interval of ChunkKV against memstep include 0 at every length?"""
+    test = HEADLINE[2][1]
+    labels = {r["label"] for r in summary["rows"] if test(r["config"])}
+    found = [p for p in summary.get("paired") or [] if p["label"] in labels
+             and p.get("accuracy_difference_low") is not None]
+    return bool(found) and all(p["accuracy_difference_low"] <= 0 <= p["accuracy_difference_high"] for p in found)
+
+
+def _anchor_label(summary: dict, length: int) -> str | None:
+    row = next((r for r in summary["rows"] if r["length"] == length and HEADLINE[0][1](r["config"])), None)
+    return row and row["label"]
+
+
 def finch_rows(row: dict) -> bool:
     return row["config"]["kind"] == "kvpress" and str(row["config"].get("scorer", "")).startswith("finch")
 
@@ -340,6 +385,24 @@ def docs(summary: dict, cells: list[dict], earlier: dict | None, gemma3: Path | 
         "",
         "\n".join(report.unsupported(summary, lambda p: anchor_paired(p))) or "- nothing: every interval "
         "excludes zero",
+        "",
+        "### Why the presses rank as they do: the answer kept whole",
+        "",
+        "A needle's answer (a five-digit number, a word, a name) is several tokens, and the model can only "
+        "read it back if every one of them survives. The presses differ in exactly that: SnapKV scores tokens "
+        "one by one after a pool over 5 keys, memstep pools the question's scores over 15 keys, ChunkKV keeps "
+        "or drops whole chunks of 20 tokens (a needle sentence spans one or two). The share of layer-head "
+        "slots that keep the whole answer "
+        + ("ranks the three as their answers do, at every length:" if kept_whole_orders_answers(summary) else
+           "does not rank the three as their answers do at every length:"),
+        "",
+        *kept_whole_section(summary),
+        "",
+        "Where the two orders agree, the ranking is consistent with one cause, how much of the answer's span "
+        "survives: pooling over 15 keys keeps more of it than SnapKV's 5, keeping whole chunks keeps more "
+        "still" + (" (ChunkKV's answers are within the paired intervals of memstep's at every length)"
+                   if chunkkv_not_apart(summary) else "") + ". A paired interval that includes 0 means these "
+        "cases do not tell the two apart.",
         "",
         "## Ablations (2048 tokens): where memstep's question-aware gains come from",
         "",
