@@ -306,14 +306,23 @@ def gemma3_sentence(folder: Path) -> list[str]:
         aware = next((r for r in summary["rows"] if r["length"] == length and HEADLINE[0][1](r["config"])), None)
         if aware:
             parts.append(f"{length:,} tokens: {report.counted_text(aware)}, KL {report.interval_text(aware, 'kl')}")
-    peers = [r for r in summary["rows"] if r["length"] == 2048 and r["config"]["kind"] == "kvpress" and r.get("kl")]
-    peer_text = "; ".join(f"{r['label'].replace(' M=512', '')} {report.counted_text(r)}, KL {report.interval_text(r, 'kl')}"
-                          for r in peers)
+    peer_texts = []
+    for length in sorted({r["length"] for r in summary["rows"]}):
+        peers = [r for r in summary["rows"] if r["length"] == length and r["config"]["kind"] == "kvpress"
+                 and r.get("kl")]
+        if peers:
+            peer_texts.append(f"At {length:,} tokens " + "; ".join(
+                f"{r['label'].replace(' M=512', '')} {report.counted_text(r)}, KL {report.interval_text(r, 'kl')}"
+                for r in peers))
+    agnostic = [f"{r['length']:,} tokens {report.counted_text(r)}" for r in summary["rows"]
+                if r["config"]["kind"] == "memstep" and r["config"]["schedule"] == "fm"
+                and not r["config"].get("question_aware") and r.get("counted")]
     failed = sorted({f["label"].replace(" M=512", "") for f in ResultStore(folder).failures()})
     return ["", "On **Gemma 3 270M** (15 sliding-window layers that keep their 512-token window, 3 global layers "
             "that follow the budget; a base model asked in completion form), question-aware FM (M = c = 512) "
             "answers, of the cases its full cache answers, " + "; ".join(parts) + "."
-            + (f" kvpress at 2,048 tokens (global layers only): {peer_text}." if peer_text else "")
+            + (f" Without the question, FM answers {', '.join(agnostic)}." if agnostic else "")
+            + (f" kvpress (global layers only). {'. '.join(peer_texts)}." if peer_texts else "")
             + (f" {', '.join(failed)} does not run on Gemma 3 (see the details)." if failed else "")
             + " Details: [docs/evaluation.md](docs/evaluation.md#gemma-3-270m-sliding-window-and-global-layers)."]
 
