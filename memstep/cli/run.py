@@ -118,7 +118,6 @@ def cmd_run(args) -> int:
             bar.set_postfix(memory=record.memory_after, chunk=record.chunk_size)
     result = run.result
     payload = result.to_dict(with_positions=args.positions)
-    payload["load_weights"] = args.load_weights  # mapped (paged in as touched) or resident (read at load)
     if args.output:
         write_output(args.output, json.dumps(payload))
     if args.json:
