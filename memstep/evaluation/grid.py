@@ -120,7 +120,8 @@ def upgrade_cell(cell: dict) -> dict:
         return cell
     config = Config.from_dict(cell["config"])
     key = cell["key"]
-    if config.kind == "kvpress" and config.scorer == "finch" and isinstance((cell.get("settings") or {}).get("chunk_length"), int):
+    chunked = isinstance((cell.get("settings") or {}).get("chunk_length"), int)
+    if config.kind == "kvpress" and config.scorer == "finch" and chunked:
         # run chunk by chunk before finch followed kvpress's registry (one top-k): that is finch-chunked
         # now, under a key of its own, so the registry's finch runs on these cases anew
         config, key = replace(config, scorer="finch-chunked"), key + "-chunked"

@@ -294,6 +294,21 @@ def _row(summary: dict, length: int, test) -> dict | None:
     return next((r for r in summary["rows"] if r["length"] == length and test(r["config"])), None)
 
 
+def _at_defaults(config: dict) -> bool:
+    """memstep's question settings left at the engine's defaults (not an ablation row)."""
+    return not config.get("question_pool") and config.get("question_weight") is None
+
+
+def _aware(summary: dict, length: int, schedule: str = "fm") -> dict | None:
+    """memstep's question-aware row at the engine's defaults."""
+    return _row(summary, length, lambda c: c["kind"] == "memstep" and c["schedule"] == schedule
+                and c.get("question_aware") and _at_defaults(c))
+
+
+def _presses(summary: dict, length: int) -> list[dict]:
+    return [r for r in summary["rows"] if r["length"] == length and r["config"]["kind"] == "kvpress"]
+
+
 def _best_answering(peers: list[dict]) -> dict | None:
     """The press that answers most of the counted cases (the lower KL on a tie)."""
     counted = [r for r in peers if r.get("counted")]
@@ -305,17 +320,12 @@ def fair_takeaway(summary: dict) -> list[str]:
     the engine's defaults, its agnostic one, the press closest to the full cache (KL) and the
     one that answers most, each with the settings it ran with."""
     lines = []
-    default = lambda c: not c.get("question_pool") and c.get("question_weight") is None  # noqa: E731
     for length in sorted({r["length"] for r in summary["rows"]}):
         full = _row(summary, length, lambda c: c["kind"] == "memstep" and c["schedule"] == "full")
-        aware = _row(summary, length, lambda c: c["kind"] == "memstep" and c["schedule"] == "fm"
-                     and c.get("question_aware") and default(c))
-        imdc = _row(summary, length, lambda c: c["kind"] == "memstep" and c["schedule"] == "imdc"
-                    and c.get("question_aware") and default(c))
+        aware, imdc = _aware(summary, length), _aware(summary, length, "imdc")
         agnostic = _row(summary, length, lambda c: c["kind"] == "memstep" and c["schedule"] == "fm"
                         and not c.get("question_aware"))
-        peers = [r for r in summary["rows"] if r["length"] == length and r["config"]["kind"] == "kvpress"
-                 and r.get("kl") is not None]
+        peers = [r for r in _presses(summary, length) if r.get("kl") is not None]
         closest = min(peers, key=lambda r: r["kl"], default=None)
         answers = _best_answering(peers)
         if not (full and aware):
@@ -379,10 +389,8 @@ def recommendation(summary: dict, length: int | None = None) -> str:
     question-agnostic one (paired on the same cases), and the closest kvpress press with its
     settings. Says when the intervals do not separate them."""
     lengths = sorted({r["length"] for r in summary["rows"]})
-    default = lambda c: not c.get("question_pool") and c.get("question_weight") is None  # noqa: E731
     for at in ([length] if length else lengths):
-        aware = _row(summary, at, lambda c: c["kind"] == "memstep" and c["schedule"] == "fm"
-                     and c.get("question_aware") and default(c))
+        aware = _aware(summary, at)
         agnostic = _row(summary, at, lambda c: c["kind"] == "memstep" and c["schedule"] == "fm"
                         and not c.get("question_aware"))
         if aware and agnostic:
@@ -404,23 +412,21 @@ def recommendation(summary: dict, length: int | None = None) -> str:
               f"{_difference(versus, 'kl', -1)}"
             + ("" if _excludes_zero(versus, "kl") else ": the question costs nothing measurable in general fidelity")
             + f"). {_question_cost(summary, aware)}")
-    best = _best_answering([r for r in summary["rows"] if r["length"] == at and r["config"]["kind"] == "kvpress"])
+    best = _best_answering(_presses(summary, at))
     if best is not None:
         mine = paired.get(best["label"], {})
         text += (f" The best kvpress press here, {best['label']} ({settings_text(best)}), answers "
                  f"{counted_text(best)} (paired difference to memstep's {_difference(mine, 'accuracy', 100, ' points', 0)})"
                  f", KL {interval_text(best, 'kl')} (paired {_difference(mine, 'kl')}).")
-    return text + _longer(summary, at, default)
+    return text + _longer(summary, at)
 
 
-def _longer(summary: dict, shortest: int, default) -> str:
+def _longer(summary: dict, shortest: int) -> str:
     """One sentence per longer length: memstep's question-aware FM against the press that answers
     most there, paired on the same cases, and whether the interval tells them apart."""
     out = []
     for at in sorted({r["length"] for r in summary["rows"] if r["length"] > shortest}):
-        aware = _row(summary, at, lambda c: c["kind"] == "memstep" and c["schedule"] == "fm"
-                     and c.get("question_aware") and default(c))
-        best = _best_answering([r for r in summary["rows"] if r["length"] == at and r["config"]["kind"] == "kvpress"])
+        aware, best = _aware(summary, at), _best_answering(_presses(summary, at))
         if not (aware and aware.get("counted") and best):
             continue
         mine = next((p for p in summary.get("paired") or [] if p["length"] == at and p["label"] == best["label"]), {})

@@ -116,7 +116,8 @@ def run_group(config: Config, cases: list[Case], keys: list[str], settings: Eval
         return {"write": path} if config == REFERENCE else {"read": path}
 
     job = {"model": settings.model, "device": settings.device, "dtype": settings.dtype,
-           "threads": settings.threads, "prompt_form": settings.prompt_form, "config": config.to_dict(), "settings": settings.key_fields(),
+           "threads": settings.threads, "prompt_form": settings.prompt_form, "config": config.to_dict(),
+           "settings": settings.key_fields(),
            "cases": [{"key": k, "case": c.to_dict(), "reference": reference(c)} for k, c in zip(keys, cases)]}
     by_key = dict(zip(keys, cases))
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
