@@ -384,7 +384,9 @@ def test_variants_with_the_same_weights_share_their_measurements(tiny_folder):
     assert models["laco-notebook"]["same_as"] == "laco-paper"
     assert 0 <= models["laco-notebook"]["max_weight_difference"] <= 1e-5
     assert models["laco-notebook"]["perplexity"] == models["laco-paper"]["perplexity"]
-    assert [e["event"] for e in events].count("model") == 3 and events[-1]["event"] == "done"
+    # dense, paper, notebook (reused) and block influence: the guard's baseline is always measured
+    assert [e["event"] for e in events].count("model") == 4 and events[-1]["event"] == "done"
+    assert "uniform" not in models and run.report["guard"]["baseline"] == "block influence (ShortGPT)"
 
 
 # ---- the paper's code: a real merge by default, its L/H, special tokens, chained vs one RDSC ----

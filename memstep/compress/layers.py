@@ -152,19 +152,20 @@ class LayerInputs:
                 out.append(self.decoder.norm(hidden).float())
         return out
 
-    def block_influence(self) -> list[float]:
-        """ShortGPT's block influence of each layer: 1 - the cosine similarity of the layer's
+    def influence(self, i: int) -> float:
+        """ShortGPT's block influence of layer ``i``: 1 - the cosine similarity of the layer's
         input and output hidden states, averaged over all calibration tokens."""
         n = len(self.dense)
-        scores = []
-        for i in range(n):
-            sims = []
-            for b in range(len(self.inputs)):
-                x = self.inputs[b][i][0].float()
-                y = (self.inputs[b][i + 1] if i + 1 < n else self.last_output[b])[0].float()
-                sims.append(torch.nn.functional.cosine_similarity(x, y, dim=-1))
-            scores.append(1.0 - torch.cat(sims).mean().item())
-        return scores
+        sims = []
+        for b in range(len(self.inputs)):
+            x = self.inputs[b][i][0].float()
+            y = (self.inputs[b][i + 1] if i + 1 < n else self.last_output[b])[0].float()
+            sims.append(torch.nn.functional.cosine_similarity(x, y, dim=-1))
+        return 1.0 - torch.cat(sims).mean().item()
+
+    def block_influence(self) -> list[float]:
+        """Every layer's block influence (``influence``), bottom to top."""
+        return [self.influence(i) for i in range(len(self.dense))]
 
 
 def mean_similarity(reference: list[torch.Tensor], candidate: list[torch.Tensor]) -> float:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from memstep.cli.common import add_force_option, at_least, output_folder, saved_into
+from memstep.errors import MemstepError
 
 # Mirrors memstep.compress.laco.DEFAULTS (kept literal so the parser needs no torch import).
 C, L, I, T = 3, 0, 1, 0.45  # noqa: E741
@@ -24,7 +25,8 @@ def register(sub) -> None:
                     "states with the dense model's on the calibration sentences is above T (then l -= I, else "
                     "l -= 1). Then measure held-out perplexity, passkey accuracy, a generation sample, sizes and "
                     "prefill seconds of the dense model, LaCo, and block-influence and uniform layer removal at "
-                    "the same number of layers.")
+                    "the same number of layers, and say in one line when LaCo's model is worse than dropping the same "
+                    "number of layers by block influence.")
     p.add_argument("--model", default=None, help="'embedded' (default), a hub id or a folder")
     p.add_argument("--C", type=int, default=C, help=f"layers per merge: the base and C-1 above it (default {C}; "
                                                      "C = 2 only copies the upper layer)")
@@ -43,26 +45,53 @@ def register(sub) -> None:
     p.add_argument("--merge", default="chained", choices=("chained", "run"),
                    help="chained: a window that takes in a merged layer merges its merged weights (paper and "
                         "notebook); run: one RDSC over the original layers of the whole run (default chained)")
+    add_measure_options(p, "the collapsed model", "block influence is always measured: the guard compares against it")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_laco)
+
+
+def add_measure_options(p, what: str, baselines_note: str) -> None:
+    """Calibration, measurement, output and guard options shared by `compress laco` and `compress drop`."""
     p.add_argument("--calibration", default=None, metavar="FILE",
                    help="your own text (.txt, .md, .pdf, .html): its paragraphs, separated by blank lines, are the "
                         "calibration sentences (default: Persuasion, bundled)")
     p.add_argument("--sentences", type=int, default=None, help="calibration paragraphs used (default 6)")
     p.add_argument("--calibration-tokens", type=int, default=None, help="tokens per paragraph, at most (default 128)")
     p.add_argument("--no-eval", action="store_true", help="search (and save) only: no perplexity, passkey, timing")
-    p.add_argument("--no-baselines", action="store_true", help="skip the block-influence and uniform baselines")
+    p.add_argument("--no-baselines", action="store_true", help=f"skip the uniform-removal baseline ({baselines_note})")
     p.add_argument("--perplexity-windows", type=int, default=None,
                    help="256-token held-out windows for perplexity (default 8)")
     p.add_argument("--passkey-cases", type=int, default=None, help="passkey documents (default 4)")
     p.add_argument("--passkey-tokens", type=int, default=None, help="tokens per passkey document (default 1024)")
     p.add_argument("--prefill-tokens", type=int, default=None, help="tokens of the timed prefill document (default 2048)")
     p.add_argument("--repeats", type=int, default=1, help="timed prefills per model; the best counts (default 1)")
-    p.add_argument("--output", default=None, help="save the collapsed model to this folder (new or empty)")
+    p.add_argument("--output", default=None, help=f"save {what} to this folder (new or empty)")
+    p.add_argument("--guard", type=float, default=None, metavar="RATIO",
+                   help="refuse to save a model whose held-out perplexity is more than RATIO times the dense "
+                        "model's (e.g. 2); the command then exits with code 1")
     add_force_option(p)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--json", action="store_true", help="print the whole report as JSON")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_laco)
+
+
+def checked_common(args) -> None:
+    """The shared options' checks, before any model loads."""
+    from memstep.compress.guard import check_limit
+
+    for name in ("perplexity_windows", "sentences", "calibration_tokens", "passkey_cases", "passkey_tokens",
+                 "prefill_tokens", "repeats"):
+        at_least("--" + name.replace("_", "-"), getattr(args, name))
+    if check_limit(args.guard) is not None and args.no_eval:
+        raise MemstepError("--guard needs the measurements: drop --no-eval or --guard")
+
+
+def probe_from_args(args, tokenizer):
+    from memstep.compress.quality import PASSKEY_CASES, PASSKEY_TOKENS, PERPLEXITY_WINDOWS, PREFILL_TOKENS, make_probe
+
+    return None if args.no_eval else make_probe(
+        tokenizer, windows=args.perplexity_windows or PERPLEXITY_WINDOWS, passkey_cases=args.passkey_cases or PASSKEY_CASES,
+        passkey_tokens=args.passkey_tokens or PASSKEY_TOKENS, prefill_tokens=args.prefill_tokens or PREFILL_TOKENS)
 
 
 def calibration_from_args(args, count: int) -> list[str]:
@@ -80,11 +109,9 @@ def build_run(args, lm=None):
     """The CollapseRun the arguments describe (settings and calibration checked before any model loads)."""
     from memstep.compress.collapse_run import CollapseRun
     from memstep.compress.laco import CALIBRATION_SENTENCES, CALIBRATION_TOKENS, check_settings, settings_warnings
-    from memstep.compress.quality import PASSKEY_CASES, PASSKEY_TOKENS, PERPLEXITY_WINDOWS, PREFILL_TOKENS, make_probe
     from memstep.models import load_model
 
-    for name in ("perplexity_windows", "sentences", "calibration_tokens", "passkey_cases", "passkey_tokens", "prefill_tokens", "repeats"):
-        at_least("--" + name.replace("_", "-"), getattr(args, name))
+    checked_common(args)
     # the depth is known once the model is loaded (checked again then); check the rest now
     H = args.L + args.C if args.H is None else args.H
     check_settings(args.C, args.L, H, args.I, args.T, H)
@@ -92,17 +119,27 @@ def build_run(args, lm=None):
     for warning in settings_warnings(args.C):
         print(f"memstep: warning: {warning}", file=sys.stderr)
     lm = lm or load_model(args.model, args.device, args.dtype)
-    probe = None if args.no_eval else make_probe(
-        lm.tokenizer, windows=args.perplexity_windows or PERPLEXITY_WINDOWS, passkey_cases=args.passkey_cases or PASSKEY_CASES,
-        passkey_tokens=args.passkey_tokens or PASSKEY_TOKENS, prefill_tokens=args.prefill_tokens or PREFILL_TOKENS)
+    probe = probe_from_args(args, lm.tokenizer)
     return CollapseRun(lm, texts, variants=(args.variant,), probe=probe, baselines=not args.no_baselines,
-                       output=args.output, repeats=args.repeats, C=args.C, L=args.L, H=args.H, I=args.I, T=args.T,
+                       output=args.output, repeats=args.repeats, guard=args.guard, C=args.C, L=args.L, H=args.H, I=args.I, T=args.T,
                        reference=args.reference, merge=args.merge,
                        max_tokens=args.calibration_tokens or CALIBRATION_TOKENS)
 
 
 def _mib(n) -> str:
     return f"{n / 2**20:,.1f} MiB"
+
+
+def guard_lines(report: dict) -> list[str]:
+    """The guard's verdict and refusal, said before the table: one line each."""
+    verdict = report.get("guard")
+    lines = [f"warning: {verdict['message']}"] if verdict and verdict["worse"] else []
+    if verdict and not verdict["worse"]:
+        lines.append(f"guard: {verdict['method']} is no worse than {verdict['baseline']} at {verdict['layers']} layers "
+                     f"(perplexity {verdict['perplexity']:,.2f} against {verdict['baseline_perplexity']:,.2f})")
+    if report.get("refused"):
+        lines.append(report["refused"] + " (--guard)")
+    return lines
 
 
 def format_report(report: dict) -> str:
@@ -121,8 +158,19 @@ def format_report(report: dict) -> str:
     models = report["models"]
     if not models:
         return "\n".join(lines)
-    lines.append(f"{'model':<28} {'layers':>6} {'params':>12} {'weights':>12} {'KV/token':>10} {'perplexity':>10} "
-                 f"{'passkey':>8} {'prefill s':>9} {'CPU s':>7}")
+    lines += guard_lines(report) + models_table(report)
+    if "uniform" not in models and search["removed"]:
+        lines.append("uniform-removal baseline skipped (--no-baselines)")
+    elif not search["removed"]:
+        lines.append("no layer removed: lower T or C to collapse more, so there is nothing to compare against")
+    return "\n".join(lines)
+
+
+def models_table(report: dict) -> list[str]:
+    """The measured models' table, their generation samples and what the probe held."""
+    models = report["models"]
+    lines = [f"{'model':<28} {'layers':>6} {'params':>12} {'weights':>12} {'KV/token':>10} {'perplexity':>10} "
+             f"{'passkey':>8} {'prefill s':>9} {'CPU s':>7}"]
     for row in models.values():
         acc = "-" if row["passkey_accuracy"] is None else f"{row['passkey_accuracy']:.0%}"
         lines.append(f"{row['label']:<28} {row['layers']:>6} {row['params']:>12,} {_mib(row['weight_bytes']):>12} "
@@ -136,11 +184,7 @@ def format_report(report: dict) -> str:
     lines.append(f"perplexity: {probe['perplexity_tokens']} held-out tokens (Pride and Prejudice); passkey: "
                  f"{len(probe['passkey_cases'])} cases at ~{probe['passkey_cases'][0]['tokens']} tokens; prefill: "
                  f"{probe['prefill_tokens']} tokens, full cache (wall and process CPU seconds on this machine)")
-    if "block-influence" not in models and search["removed"]:
-        lines.append("baselines skipped (--no-baselines)")
-    elif not search["removed"]:
-        lines.append("no layer removed: lower T or C to collapse more, so there is nothing to compare against")
-    return "\n".join(lines)
+    return lines
 
 
 def cmd_laco(args) -> int:
@@ -167,5 +211,9 @@ def cmd_laco(args) -> int:
                 bar.refresh()
             elif kind == "model":
                 bar.write(f"measured {event['label']}: perplexity {event['perplexity']:.2f}", file=sys.stderr)
+            elif kind == "guard" and event["worse"]:
+                bar.write(f"memstep: warning: {event['message']}", file=sys.stderr)
+            elif kind == "refused":
+                bar.write(f"memstep: {event['message']} (--guard)", file=sys.stderr)
     print(json.dumps(run.report) if args.json else format_report(run.report))
-    return 0
+    return 1 if run.report["refused"] else 0
