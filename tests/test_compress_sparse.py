@@ -646,3 +646,42 @@ def test_cli_reconstruct_cr_ends_with_the_last_block_alone(capsys, tokenizer, tm
     payload = json.loads(capsys.readouterr().out)
     assert code == 0 and payload["settings"]["reconstruct"] == "br+gp+cr"
     assert [r["steps"] for r in payload["records"]] == [[[0]], [[0, 1], [1]]]  # 3 trainings for 2 blocks
+
+
+# ---- "add": generated windows added to the real ones (the reference's gen_add) -------------------
+def test_add_calibration_keeps_every_real_window_and_adds_the_generated_ones(tokenizer, monkeypatch):
+    from memstep.compress.sparse import calibration as calibration_module
+
+    generated = [[7 + i] * FAST["seq_len"] for i in range(3)]  # stand-in for the model's own text
+    monkeypatch.setattr(calibration_module, "self_generated_windows", lambda m, t, count, *a, **k: generated[:count])
+    lm = tiny_lm(tokenizer, layers=1)
+    config = SparseConfig(method="wanda", reconstruct="br", calibration="add", self_samples=3, **FAST)
+    run = SparsePruning(lm, config)
+    list(run)
+    cal, real = run.calibration, calibration_module.text_windows(tokenizer, FAST["samples"], FAST["seq_len"])
+    assert cal.windows == real + generated and cal.recon == 7  # added, not substituted: 4 real + 3 generated
+    assert cal.windows[cal.stats[0]:cal.stats[1]] == real  # masks from the real windows, as the reference
+    result = run.result.to_dict()
+    assert (result["real_windows"], result["generated_windows"]) == (4, 3)
+    assert result["calibration_tokens"] == 7 * FAST["seq_len"]
+    assert SparseConfig(calibration="add", samples=5).generated_samples == 5  # default: as many as the real ones
+    with pytest.raises(MemstepError, match="--self-samples"):
+        SparseConfig(calibration="add", self_samples=0).validate()
+
+
+def test_cli_add_reports_real_and_generated_counts(capsys, tokenizer, tmp_path, monkeypatch):
+    import json
+
+    from memstep.cli import main
+    from memstep.compress.sparse import calibration as calibration_module
+
+    monkeypatch.setattr(calibration_module, "self_generated_windows",
+                        lambda m, t, count, samples_len=None, *a, **k: [[9] * 16] * count)
+    folder = _tiny_folder(tokenizer, tmp_path)
+    argv = ["compress", "sparse", "--model", str(folder), "--reconstruct", "none", "--calibration", "add",
+            "--samples", "2", "--self-samples", "3", "--seq-len", "16", "--held-out-samples", "1", "--quiet"]
+    assert main(argv) == 0
+    assert "calibration add (2 real + 3 self-generated windows of 16 tokens" in capsys.readouterr().out
+    assert main([*argv, "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert (payload["real_windows"], payload["generated_windows"]) == (2, 3)

@@ -32,7 +32,8 @@ def register(sub) -> None:
                    help=f"{' | '.join(RECONSTRUCTIONS)} (cr: br+gp+cr) (default {d.reconstruct})")
     p.add_argument("--calibration", default=d.calibration, metavar="SOURCE",
                    help=f"{' | '.join(SOURCES)} | FILE: real text (bundled Persuasion, or --calibration-text), text "
-                        f"the dense model generates, half of each, or your own text file (.txt, .md, .pdf, .html; "
+                        f"the dense model generates, half of each, real text plus --self-samples generated windows "
+                        f"added to it (the reference code's gen_add), or your own text file (.txt, .md, .pdf, .html; "
                         f"short for --calibration text --calibration-text FILE) (default {d.calibration})")
     p.add_argument("--calibration-text", default=None, metavar="FILE",
                    help="your own text as the real calibration text (default: Persuasion, bundled)")
@@ -42,6 +43,9 @@ def register(sub) -> None:
     p.add_argument("--self-length", type=int, default=d.self_length,
                    help=f"tokens of each self-generated text, cut into --seq-len windows (default {d.self_length}; "
                         "the reference code: 2048)")
+    p.add_argument("--self-samples", type=int, default=None,
+                   help="with --calibration add: self-generated windows added to the --samples real ones "
+                        "(default: as many as --samples)")
     p.add_argument("--train", default=d.train_params, choices=TRAINABLE,
                    help="what BR/CR trains: norms = every block parameter (surviving linear weights, biases, norm "
                         f"gains) as the reference code; linear = the surviving linear weights only (default "
@@ -81,7 +85,7 @@ def calibration_source(args) -> tuple[str, str | None]:
 
 def real_windows_needed(config) -> int:
     """How many windows of real text the settings read (0: none, e.g. self-generated with magnitude)."""
-    if config.calibration == "text":
+    if config.calibration in ("text", "add"):
         return config.samples
     if config.calibration == "both":
         return config.samples // 2
@@ -115,7 +119,7 @@ def config_from_args(args):
     return SparseConfig(method=args.method, sparsity=args.sparsity, nm=args.nm, reconstruct=reconstruct,
                         calibration=source, calibration_file=Path(path).name if path else None,
                         mask_data=args.mask_data, samples=args.samples, seq_len=args.seq_len,
-                        self_length=args.self_length, held_out_samples=args.held_out_samples, optimizer=args.optimizer,
+                        self_length=args.self_length, self_samples=args.self_samples, held_out_samples=args.held_out_samples, optimizer=args.optimizer,
                         lr=args.lr, steps=args.steps, batch_size=args.batch_size, damp=args.damp,
                         block_columns=args.block_columns, seed=args.seed, train_params=args.train).validate()
 
@@ -126,8 +130,10 @@ def format_result(result) -> str:
     source = s["calibration"] + (f" ({s['calibration_file']})" if s.get("calibration_file") else "")
     masks = (f", masks from {result.mask_tokens:,} tokens of real text" if result.mask_tokens
              and s.get("mask_data") == "real" and s["calibration"] != "text" else "")
+    counts = (f"{result.real_windows} real + {result.generated_windows} self-generated windows of {s['seq_len']} "
+              f"tokens" if result.generated_windows else f"{result.real_windows} x {s['seq_len']} tokens")
     lines = [f"{result.model}: {s['method']} {pattern}, reconstruction {s['reconstruct']} (training "
-             f"{s.get('train_params', 'linear')}), calibration {source} ({s['samples']} x {s['seq_len']} tokens{masks}), "
+             f"{s.get('train_params', 'linear')}), calibration {source} ({counts}{masks}), "
              f"{result.seconds:.0f} s",
              f"{'block':>5} {'calib err':>10} {'(masked)':>10} {'held err':>10} {'(masked)':>10} "
              f"{'sparsity':>8} {'seconds':>8}"]

@@ -146,8 +146,10 @@ def calibration_set(model, tokenizer, config: SparseConfig, text: str | None = N
                     generated: list[list[int]] | None = None) -> CalibrationSet:
     """The windows ``config`` asks for. ``text``: the user's calibration text (the bundled novel
     when None). ``self`` with masks from real text reads ``samples`` real windows for the masks
-    alone; ``both`` takes half real windows and half self-generated ones. ``generated``: windows
-    the model wrote before with the same settings (the first ones needed are taken)."""
+    alone; ``both`` takes half real windows and half self-generated ones; ``add`` takes
+    ``samples`` real windows and adds ``self_samples`` generated ones (the reference's gen_add).
+    ``generated``: windows the model wrote before with the same settings (the first ones needed
+    are taken)."""
     source, samples, seq_len = config.calibration, config.samples, config.seq_len
     if source not in SOURCES:
         raise MemstepError(f"unknown calibration source '{source}': choose one of {', '.join(SOURCES)}")
@@ -166,6 +168,11 @@ def calibration_set(model, tokenizer, config: SparseConfig, text: str | None = N
             return CalibrationSet(windows, samples, (0, samples), samples)
         real = text_windows(tokenizer, samples, seq_len, text, name)
         return CalibrationSet(windows + real, samples, (samples, 2 * samples), samples)
+    if source == "add":
+        real, extra = text_windows(tokenizer, samples, seq_len, text, name), generate(config.generated_samples)
+        total = samples + len(extra)
+        stats = (0, samples) if config.mask_data == "real" else (0, total)
+        return CalibrationSet(real + extra, total, stats, len(extra))
     half = samples // 2  # both: the generated half gets the odd one
     real = text_windows(tokenizer, half, seq_len, text, name) if half else []
     stats = (0, half) if config.mask_data == "real" and half else (0, samples)

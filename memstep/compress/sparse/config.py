@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from memstep.errors import MemstepError
 
 METHODS = ("magnitude", "wanda", "sparsegpt")
-SOURCES = ("text", "self", "both")
+# Calibration sources: real text; self-generated windows only; "both" splits --samples in half;
+# "add" is the reference code's gen_add: --samples real windows plus --self-samples generated
+# ones added to them ("additional calibration data"), reconstruction training on all of them.
+SOURCES = ("text", "self", "both", "add")
 # What reconstruction trains: "norms" = every parameter of the block (surviving linear weights,
 # biases and the norms' gains), as the reference code (LOG-postech/rethinking-LLM-pruning) does;
 # "linear" = the surviving linear weights only.
@@ -99,6 +102,7 @@ class SparseConfig:
     samples: int = 16
     seq_len: int = 128
     self_length: int = 512  # tokens per self-generated text, cut into windows (the reference: 2048)
+    self_samples: int | None = None  # "add": generated windows added to the real ones (default: as many)
     held_out_samples: int = 8
     optimizer: str = "adam"
     lr: float = 1e-3
@@ -112,6 +116,12 @@ class SparseConfig:
     @property
     def pattern(self) -> Pattern:
         return parse_nm(self.nm) if self.nm else Pattern(sparsity=self.sparsity).validate()
+
+    @property
+    def generated_samples(self) -> int:
+        """How many self-generated windows the calibration holds."""
+        return {"text": 0, "self": self.samples, "both": self.samples - self.samples // 2,
+                "add": self.self_samples or self.samples}.get(self.calibration, 0)
 
     @property
     def train(self) -> TrainOptions:
@@ -131,6 +141,8 @@ class SparseConfig:
         if self.calibration != "text" and self.self_length < self.seq_len:
             raise MemstepError(f"--self-length ({self.self_length}) must be at least --seq-len ({self.seq_len}): "
                                "each self-generated text is cut into windows of --seq-len tokens")
+        if self.self_samples is not None and self.self_samples < 1:
+            raise MemstepError(f"--self-samples must be at least 1 (got {self.self_samples})")
         if self.samples < 1 or self.held_out_samples < 1:
             raise MemstepError("--samples and --held-out-samples must be at least 1")
         if self.seq_len < 2:

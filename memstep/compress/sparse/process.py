@@ -180,6 +180,7 @@ class SparsePruning:
             sparsity=all_zeros / all_weights, matrices=matrices,
             calibration_tokens=len(calib) * cfg.seq_len, held_out_tokens=len(held) * cfg.seq_len,
             mask_tokens=tokens if cfg.method != "magnitude" else 0, generated_windows=self.calibration.generated,
+            real_windows=n - self.calibration.generated,
             calibration_preview=[tok.decode(ids[:48]) for ids in calib[-2:]],
             seconds=time.perf_counter() - started)
         if self.output:

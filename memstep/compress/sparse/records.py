@@ -53,7 +53,8 @@ class SparseResult:
     output: str | None = None
     verified: bool | None = None
     mask_tokens: int = 0  # calibration tokens the masks' statistics came from (0: magnitude needs none)
-    generated_windows: int = 0  # self-generated windows among the calibration  # the saved folder's zeros recounted equal the model's
+    generated_windows: int = 0  # self-generated windows among the reconstruction's calibration windows
+    real_windows: int = 0  # windows of real text among them
 
     @property
     def final_error(self) -> dict:
