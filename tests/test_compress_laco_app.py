@@ -102,3 +102,27 @@ def test_short_laco_run_in_the_browser_loads_into_run(tmp_path, monkeypatch, art
         assert page.locator("#run").is_visible()  # the Run tab is shown
         folder = page.locator("#model input").input_value()
         assert folder.startswith(str(tmp_path / "compressed"))
+
+
+def test_guard_verdict_and_influence_figure():
+    from ui.tabs.compress import drop
+
+    worse = laco.verdict_html({"worse": True, "removed_layers": 2, "layers": 28, "perplexity": 1579.96,
+                               "baseline_perplexity": 30.02, "dense_perplexity": 24.46})
+    assert "worse than dropping the same 2 layers by block influence" in worse and "1,579.96" in worse
+    assert "30.02" in worse and "role='alert'" in worse
+    fine = laco.verdict_html({"worse": False, "removed_layers": 2, "layers": 28, "perplexity": 29.0,
+                              "baseline_perplexity": 30.02, "dense_perplexity": 24.46})
+    assert "no worse" in fine and "alert" not in fine
+    fig = drop.influence_figure([0.3, 0.01, 0.2, 0.05], [1, 3], 4)
+    kept, dropped = fig.data
+    assert list(kept.x) == [0, 2] and list(dropped.x) == [1, 3] and dropped.marker.color == drop.DROPPED
+    assert fig.layout.yaxis.type == "log" and drop.influence_figure([], [], 30).layout.yaxis.type == "linear"
+
+
+def test_keep_baseline_refuses_without_a_run():
+    import gradio as gr
+
+    for bad in (None, {"spec": "embedded"}, {"spec": "embedded", "removed": "1,2"}):
+        with pytest.raises(gr.Error):
+            laco.keep_baseline(bad)

@@ -413,7 +413,7 @@ def _result(records, ppl_cal, ppl_held):
                         perplexity={"calibration": {"dense": 10.0, "pruned": ppl_cal},
                                     "held_out": {"dense": 20.0, "pruned": ppl_held}},
                         sparsity=0.5, matrices={}, calibration_tokens=0, held_out_tokens=0, calibration_preview=[],
-                        seconds=12.0)
+                        seconds=12.0, real_windows=4, generated_windows=4)
 
 
 def test_error_figure_has_one_curve_per_technique_and_split():
@@ -437,9 +437,9 @@ def test_table_rows_give_perplexities_and_cuts_against_none():
     rows = table_rows([{"technique": "none", "records": none, "result": _result(none, 11.0, 25.0)},
                        {"technique": "br+gp", "records": br, "result": _result(br, 10.5, 30.0)},
                        {"technique": "br+gp+cr", "records": br[:1], "result": None}])
-    assert rows[0][:3] == ["none", "10.00 → 11.00", "20.00 → 25.00"] and rows[0][5] == "—"
-    assert rows[1][5] == "+75% / +25%"  # 1 - 0.05/0.2 on calibration, 1 - 0.3/0.4 held-out
-    assert rows[2][0] == "BR+GP+CR (block 1/2)" and rows[2][1] == "…"
+    assert rows[0][:4] == ["none", "4 + 4", "10.00 → 11.00", "20.00 → 25.00"] and rows[0][6] == "—"
+    assert rows[1][6] == "+75% / +25%"  # 1 - 0.05/0.2 on calibration, 1 - 0.3/0.4 held-out
+    assert rows[2][0] == "BR+GP+CR (block 1/2)" and rows[2][1] == rows[2][2] == "…"
 
 
 def test_app_caps_and_settings():

@@ -177,9 +177,13 @@ def status_html(text: str, progress: float | None = None) -> str:
 
 
 # ---- the run --------------------------------------------------------------------------------------
+def _slug(model_name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", model_name.split("/")[-1].lower()).strip("-") or "model"
+
+
 def folder_name(model_name: str, settings: dict) -> str:
     """A folder name in the app's store (ui/compressed.py) that says what made the model."""
-    base = re.sub(r"[^a-z0-9]+", "-", model_name.split("/")[-1].lower()).strip("-") or "model"
+    base = _slug(model_name)
     s = settings
     return (f"{base}-laco-{s['variant']}-{s['reference']}-C{s['C']}L{s['L']}H{s['H']}I{s['I']}T{s['T']:g}"
             f"-cal{s['sentences']}x{s['tokens']}" + ("-run" if s.get("merge") == "run" else ""))
@@ -200,44 +204,68 @@ def _int(value, name: str, low: int, high: int | None = None) -> int:
     return number
 
 
+def _settings(C, L, H, I, T, variant, reference, sentences, tokens, merge) -> dict:  # noqa: E741
+    """The page's LaCo settings checked (one readable line for a bad one)."""
+    settings = dict(C=_int(C, "C", 2), L=_int(L, "L", 0), H=_int(H, "H", 0), I=_int(I, "I", 1),
+                    sentences=_int(sentences, "calibration sentences", 1, MAX_SENTENCES),
+                    tokens=_int(tokens, "tokens per sentence", 2, MAX_TOKENS),
+                    variant=choice(variant, "merge", VARIANTS, "paper"),
+                    reference=choice(reference, "compare candidates with", REFERENCES, "dense"),
+                    merge=choice(merge, "merge into a merged layer", MERGES, "chained"))
+    settings["T"] = real(T, "T")
+    return settings
+
+
+def _estimate(lm, settings: dict, evaluate: bool) -> float:
+    from memstep.engine import model_shape
+
+    shape = model_shape(lm.model)
+    return estimates.seconds(*estimates.laco_work(
+        shape, sentences=settings["sentences"], tokens=settings["tokens"], C=settings["C"], L=settings["L"],
+        H=settings["H"], evaluate=bool(evaluate), probe=APP_PROBE, repeats=APP_REPEATS), shape,
+        compressed.weight_bytes(lm.model))
+
+
+def estimate_note(model_spec, C, L, H, T, sentences, tokens, evaluate, request: gr.Request = None) -> str:
+    """What the run would take, shown beside the Collapse button before it is pressed (recomputed
+    whenever a setting changes); a bad setting says so instead."""
+    from ui.models import get_model
+
+    if not compressed.compress_enabled():
+        return ""
+    try:
+        settings = _settings(C, L, H, 1, T, "paper", "dense", sentences, tokens, "chained")
+        lm = get_model(model_spec, jobs.session_of(request))
+        settings["H"] = settings["H"] or len(lm.model.model.layers) - 1
+        return f"about **{estimates.duration(_estimate(lm, settings, flag(evaluate, 'measure')))}** on this machine"
+    except MemstepError as err:
+        return f"cannot run: {err}"
+
+
 def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, evaluate,  # noqa: E741
              merge="chained", request: gr.Request = None):
-    """Stream (status, similarity plot, layer map, table, load button, saved model). The work runs
-    in a job of its own (ui/jobs.py): Stop, a cancelled request or a visitor gone end it within
-    seconds. A run estimated over a minute starts on the second press."""
+    """Stream (status, similarity plot, layer map, guard verdict, table, load button, saved model,
+    keep-the-baseline button, the baseline's layers). The work runs in a job of its own
+    (ui/jobs.py): Stop, a cancelled request or a visitor gone end it within seconds. One press
+    starts it: the estimate stands beside the button beforehand."""
     from memstep.compress.collapse_run import LABELS, CollapseRun
     from memstep.compress.data import calibration_texts
     from memstep.compress.laco import settings_warnings
     from memstep.compress.quality import make_probe
-    from memstep.engine import model_shape
 
     from ui.models import forget, get_model
 
     session, reservation = jobs.session_of(request), None
     try:
         compressed.check_enabled()
-        settings = dict(C=_int(C, "C", 2), L=_int(L, "L", 0), H=_int(H, "H", 0), I=_int(I, "I", 1),
-                        sentences=_int(sentences, "calibration sentences", 1, MAX_SENTENCES),
-                        tokens=_int(tokens, "tokens per sentence", 2, MAX_TOKENS),
-                        variant=choice(variant, "merge", VARIANTS, "paper"),
-                        reference=choice(reference, "compare candidates with", REFERENCES, "dense"),
-                        merge=choice(merge, "merge into a merged layer", MERGES, "chained"))
+        settings = _settings(C, L, H, I, T, variant, reference, sentences, tokens, merge)
         variant, reference, evaluate = settings["variant"], settings["reference"], flag(evaluate, "measure")
-        settings["T"] = real(T, "T")
         lm = get_model(model_spec, session)
         settings["H"] = settings["H"] or len(lm.model.model.layers) - 1  # 0: the top layer's index, as the notebook
         probe = make_probe(lm.tokenizer, **APP_PROBE) if evaluate else None
         texts = calibration_texts(settings["sentences"])
-        shape, needed = model_shape(lm.model), compressed.weight_bytes(lm.model)
-        estimate = estimates.seconds(*estimates.laco_work(
-            shape, sentences=settings["sentences"], tokens=settings["tokens"], C=settings["C"], L=settings["L"],
-            H=settings["H"], evaluate=bool(evaluate), probe=APP_PROBE, repeats=APP_REPEATS), shape, needed)
-        if not estimates.confirmed(session, ("laco", lm.name, sorted(settings.items()), bool(evaluate)), estimate):
-            gr.Info(estimates.confirm_text(estimate, "Collapse"), title="memstep")
-            yield (status_html(f"{estimates.duration(estimate)} estimated · press Collapse again", 0.0), gr.skip(),
-                   gr.skip(), gr.skip(), gr.skip(), gr.skip())
-            return
-        reservation = compressed.Reservation(session, folder_name(lm.name, settings), needed)
+        estimate = _estimate(lm, settings, evaluate)
+        reservation = compressed.Reservation(session, folder_name(lm.name, settings), compressed.weight_bytes(lm.model))
         forget(str(reservation.path))  # an earlier model of that name, loaded, is about to be replaced
         run = CollapseRun(lm, texts, variants=(variant,), probe=probe, output=reservation.path, repeats=APP_REPEATS,
                           C=settings["C"], L=settings["L"], H=settings["H"], I=settings["I"], T=settings["T"],
@@ -252,16 +280,16 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
     depth, total = len(search.dense_layers), max(1, search.H - search.C - search.L + 1)
     measured_total = 4 if evaluate else 0
     candidates, groups, baselines, models = [], None, {}, {}
-    no_button = gr.update(interactive=False)
+    no_button, skip = gr.update(interactive=False), gr.skip()
     state = f"measuring the dense model's layer inputs… (estimated {estimates.duration(estimate)})"
-    progress, began = 0.0, time.monotonic()
+    progress, began, verdict = 0.0, time.monotonic(), ""
     try:
         yield (status_html(state, progress), similarity_figure([], settings["T"], depth),
-               layer_map_figure(depth, [[i] for i in range(depth)]), [], no_button, None)
+               layer_map_figure(depth, [[i] for i in range(depth)]), "", [], no_button, None,
+               gr.update(visible=False), None)
         for event in jobs.stream(lambda: iter(run), session):
             if event is jobs.HEARTBEAT:  # nothing new: the clock moves, and a Stop can get in
-                yield (status_html(f"{state} · {time.monotonic() - began:.0f} s", progress), gr.skip(), gr.skip(),
-                       gr.skip(), gr.skip(), gr.skip())
+                yield (status_html(f"{state} · {time.monotonic() - began:.0f} s", progress), *[skip] * 8)
                 continue
             kind = event["event"]
             if kind == "candidate":
@@ -277,8 +305,10 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
                          f"({event['pruning_ratio']:.0%} of the layers removed) in {event['seconds']:.1f} s")
                 progress = 0.5 if evaluate else 0.95
             elif kind == "saved":
-                state = f"saved the collapsed model as {compressed.shown(event['folder'])}" + (
-                    " · measuring…" if evaluate else "")
+                state = f"saved the collapsed model as {compressed.shown(event['folder'])}"
+            elif kind == "guard":
+                verdict = verdict_html(event)
+                state = "compared with block influence at the same layer count"
             elif kind == "model":
                 models[event["key"]] = event
                 if "removed" in event and event["key"] in ("block-influence", "uniform"):
@@ -288,9 +318,10 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
             else:
                 continue
             yield (status_html(state, progress), similarity_figure(candidates, settings["T"], depth),
-                   layer_map_figure(depth, groups, baselines), table_rows(models), no_button, None)
+                   layer_map_figure(depth, groups, baselines), verdict, table_rows(models), no_button, None, skip, skip)
     except Cancelled:
-        yield (status_html(f"stopped: {state}", progress), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+        where = f"after candidate {len(candidates)} of about {total}" if candidates else "before the first candidate"
+        yield (status_html(f"stopped {where} · nothing saved", progress), *[skip] * 8)
         return
     except MemstepError as err:
         raise gr.Error(str(err), print_exception=False) from None
@@ -300,10 +331,59 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
     done = (f"done: {result.layers_before} → {result.layers_after} layers, removed "
             f"{', '.join(map(str, result.removed)) or 'none'}" + (" · ready to load into Run" if result.removed else
                                                                    " · lower T or C to collapse more"))
+    worse = bool(run.report["guard"] and run.report["guard"]["worse"])
+    baseline = {"spec": model_spec, "removed": models["block-influence"]["removed"]} if worse else None
     yield (status_html(done, 1.0), similarity_figure(candidates, settings["T"], depth),
-           layer_map_figure(depth, groups, baselines), table_rows(models),
-           gr.update(interactive=bool(run.report["saved"])),
-           compressed.token(run.report["saved"], session) if run.report["saved"] else None)
+           layer_map_figure(depth, groups, baselines), verdict, table_rows(models),
+           gr.update(interactive=bool(run.report["saved"]), value=LOAD_LABEL),
+           compressed.token(run.report["saved"], session) if run.report["saved"] else None,
+           gr.update(visible=worse, interactive=worse), baseline)
+
+
+LOAD_LABEL = "Load the collapsed model into Run"
+KEEP_LABEL = "Keep block influence's model instead"
+
+
+def verdict_html(verdict: dict) -> str:
+    """The guard's verdict in one line above the table: a warning when LaCo did worse."""
+    if verdict["worse"]:
+        return (f"<div class='memstep-guard memstep-guard-worse' role='alert'><b>LaCo's model is worse than dropping "
+                f"the same {verdict['removed_layers']} layers by block influence:</b> perplexity "
+                f"{verdict['perplexity']:,.2f} against {verdict['baseline_perplexity']:,.2f} (dense "
+                f"{verdict['dense_perplexity']:,.2f}). Keep the baseline's model instead?</div>")
+    return (f"<div class='memstep-guard'>LaCo's model is no worse than block influence at {verdict['layers']} layers: "
+            f"perplexity {verdict['perplexity']:,.2f} against {verdict['baseline_perplexity']:,.2f}.</div>")
+
+
+def keep_baseline(baseline, request: gr.Request = None):
+    """Save the block-influence model the run measured (rebuilt from the Run tab's model) in the
+    app's store; the load button then loads it."""
+    from memstep.compress.baselines import remove_layers
+    from memstep.compress.data import save_model
+
+    from ui.models import forget, get_model
+
+    session = jobs.session_of(request)
+    try:
+        compressed.check_enabled()
+        if not isinstance(baseline, dict) or not isinstance(baseline.get("removed"), list):
+            raise MemstepError("run LaCo first: there is no baseline to keep")
+        lm = get_model(baseline.get("spec"), session)
+        depth = len(lm.model.model.layers)
+        removed = baseline["removed"]
+        if not removed or not all(isinstance(i, int) and 0 <= i < depth for i in removed) or len(removed) >= depth:
+            raise MemstepError("the baseline's layers do not fit this model: run LaCo again")
+        name = f"{_slug(lm.name)}-block-influence-{'-'.join(map(str, removed))}"
+        with compressed.Reservation(session, name, compressed.weight_bytes(lm.model)) as reservation:
+            forget(str(reservation.path))  # an earlier model of that name, loaded, is about to be replaced
+            model = remove_layers(lm.model, removed, info={"method": "block-influence", "removed": removed})
+            save_model(model, lm.tokenizer, reservation.path, info=model.config.memstep_compress)
+    except MemstepError as err:
+        raise gr.Error(str(err), print_exception=False) from None
+    return (gr.update(interactive=True, value="Load block influence's model into Run"),
+            compressed.token(reservation.path, session), gr.update(interactive=False, value="Kept: block influence"),
+            status_html(f"kept block influence's model (layers {', '.join(map(str, removed))} dropped) as "
+                        f"{compressed.shown(reservation.path)} · ready to load into Run", 1.0))
 
 
 def _groups_so_far(depth: int, candidates: list[dict]) -> list[list[int]]:
@@ -327,7 +407,7 @@ def load_into_run(folder):
 
 def stop_laco(request: gr.Request = None):
     jobs.stop(jobs.session_of(request))
-    return status_html("stopped")
+    return status_html("stopped · nothing saved")
 
 
 def build_section(model_box=None, tabs=None) -> dict:
@@ -361,11 +441,14 @@ def build_section(model_box=None, tabs=None) -> dict:
                                         f"({APP_PROBE['passkey_cases']} cases at 1k tokens), prefill of "
                                         f"{APP_PROBE['prefill_tokens']} tokens (CPU seconds, best of {APP_REPEATS})",
                                    elem_id="laco-evaluate")
-            with gr.Row():
+            with gr.Row(equal_height=True):
                 start = gr.Button("Collapse", variant="primary", elem_id="laco-run",
-                                  interactive=compressed.compress_enabled())
-                stop = gr.Button("Stop", variant="stop", elem_id="laco-stop")
-            load = gr.Button("Load the collapsed model into Run", interactive=False, elem_id="laco-load")
+                                  interactive=compressed.compress_enabled(), min_width=100)
+                stop = gr.Button("Stop", variant="stop", elem_id="laco-stop", min_width=80)
+            model_input = model_box if model_box is not None else gr.State(None)
+            gr.Markdown(estimate_note, inputs=[model_input, C, L, H, T, sentences, tokens, evaluate],
+                        elem_id="laco-estimate", elem_classes="memstep-note")
+            load = gr.Button(LOAD_LABEL, interactive=False, elem_id="laco-load")
             if not compressed.compress_enabled():
                 gr.Markdown(compressed.DISABLED, elem_classes="memstep-note")
             gr.Markdown("The collapsed model is saved as a model folder: the Run tab takes it like any model "
@@ -376,16 +459,20 @@ def build_section(model_box=None, tabs=None) -> dict:
                              elem_id="laco-status")
             sim_plot = gr.Plot(similarity_figure([], DEFAULTS["T"], 30), show_label=False, elem_id="laco-similarity")
             map_plot = gr.Plot(layer_map_figure(30, [[i] for i in range(30)]), show_label=False, elem_id="laco-map")
+            verdict = gr.HTML("", elem_id="laco-verdict")
             table = gr.Dataframe(headers=TABLE_HEADERS, interactive=False, wrap=True, elem_id="laco-table",
                                  column_widths=TABLE_WIDTHS,
                                  label="quality and cost against the dense model and the baselines")
-    folder = gr.State(None)
-    model_input = model_box if model_box is not None else gr.State(None)
+            keep = gr.Button(KEEP_LABEL, visible=False, elem_id="laco-keep")
+    folder, baseline = gr.State(None), gr.State(None)
     running = start.click(run_laco, [model_input, C, L, H, I, T, variant, reference, sentences, tokens, evaluate, merge],
-                          [status, sim_plot, map_plot, table, load, folder], concurrency_id="prefill",
-                          concurrency_limit=1, show_progress="minimal", show_progress_on=[status],
-                          api_visibility="private")
+                          [status, sim_plot, map_plot, verdict, table, load, folder, keep, baseline],
+                          concurrency_id="prefill", concurrency_limit=1, show_progress="minimal",
+                          show_progress_on=[status], api_visibility="private")
     stop.click(stop_laco, None, [status], cancels=[running], concurrency_limit=None, api_visibility="private")
+    keep.click(keep_baseline, [baseline], [load, folder, keep, status], concurrency_id="prefill", concurrency_limit=1,
+               api_visibility="private")
     if model_box is not None and tabs is not None:
         load.click(load_into_run, [folder], [model_box, tabs], concurrency_limit=None, api_visibility="private")
-    return {"run": start, "load": load, "status": status, "similarity": sim_plot, "map": map_plot, "table": table}
+    return {"run": start, "load": load, "status": status, "similarity": sim_plot, "map": map_plot, "table": table,
+            "verdict": verdict, "keep": keep}

@@ -17,7 +17,6 @@ import html
 import os
 import re
 import time
-from dataclasses import asdict
 
 import gradio as gr
 import plotly.graph_objects as go
@@ -40,7 +39,8 @@ TECHNIQUE_COLORS = {"none": "#94a3b8", "lr": "#f59e0b", "br": "#3b82f6", "br+gp"
 PATTERNS = ["unstructured", "2:4", "4:8"]
 LOG_TICKS = [m * 10.0 ** e for e in range(-6, 2) for m in (1, 2, 5)]  # 1-2-5 labels on the log axis
 FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
-TABLE_HEADERS = ["technique", "calib. ppl (dense → pruned)", "held-out ppl (dense → pruned)",
+TABLE_HEADERS = ["technique", "calibration windows (real + generated)", "calib. ppl (dense → pruned)",
+                 "held-out ppl (dense → pruned)",
                  "final error calib.", "final error held-out", "error cut vs none (calib. / held-out)",
                  "sparsity", "seconds"]
 DEFAULTS = dict(method="wanda", pattern="unstructured", sparsity=0.5, techniques=["none", "br+gp"],
@@ -111,6 +111,7 @@ def table_rows(runs: list[dict]) -> list[list]:
             f"{_cut(last.error_calibration, none.error_calibration)} / {_cut(last.error_held_out, none.error_held_out)}")
         rows.append([
             TECHNIQUE_LABELS[run["technique"]] + ("" if done else f" (block {last.block + 1}/{last.blocks})"),
+            f"{result.real_windows} + {result.generated_windows}" if done else "…",
             f"{ppl['calibration']['dense']:.2f} → {ppl['calibration']['pruned']:.2f}" if done else "…",
             f"{ppl['held_out']['dense']:.2f} → {ppl['held_out']['pruned']:.2f}" if done else "…",
             f"{last.error_calibration:.4g}", f"{last.error_held_out:.4g}", cut,
@@ -162,34 +163,53 @@ def _private_copy(lm):
     return LoadedModel(copy.deepcopy(lm.model), lm.tokenizer, lm.name, lm.device, lm.dtype)
 
 
+def _configs(method, pattern, sparsity, techniques, calibration, samples, seq_len, steps, lr, train):
+    techniques = [t for t in RECONSTRUCTIONS if t in names(techniques, "techniques", RECONSTRUCTIONS)]
+    if not techniques:
+        raise MemstepError("tick at least one reconstruction technique")
+    return techniques, [make_config(method, pattern, sparsity, calibration, samples, seq_len, steps, lr, t, train)
+                        for t in techniques]
+
+
+def _estimate(lm, configs) -> float:
+    """Seconds for every technique's run; "add" reconstructs on its real and its generated windows."""
+    from memstep.engine import model_shape
+
+    shape, needed = model_shape(lm.model), compressed.weight_bytes(lm.model)
+    return sum(estimates.seconds(*estimates.sparse_work(
+        shape, method=c.method, technique=c.reconstruct, calibration=c.calibration,
+        samples=c.samples + (c.generated_samples if c.calibration == "add" else 0), seq_len=c.seq_len,
+        held_out=c.held_out_samples, steps=c.steps, batch=c.batch_size), shape, needed) for c in configs)
+
+
+def estimate_note(spec, method, pattern, sparsity, techniques, calibration, samples, seq_len, steps, lr, train="norms",
+                  request: gr.Request = None) -> str:
+    """What the run would take, beside the Prune button before it is pressed; a bad setting says so."""
+    if not compressed.compress_enabled():
+        return ""
+    try:
+        _, configs = _configs(method, pattern, sparsity, techniques, calibration, samples, seq_len, steps, lr, train)
+        lm = _source_model(spec, jobs.session_of(request))
+        return f"about **{estimates.duration(_estimate(lm, configs))}** on this machine"
+    except MemstepError as err:
+        return f"cannot run: {err}"
+
+
 def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq_len, steps, lr, train="norms",
           request: gr.Request = None):
     """Stream (status, figure, table, saved-model dropdown) while each technique prunes the model.
     The work runs in a job of its own (ui/jobs.py): Stop, a cancelled request or a visitor gone end
-    it within seconds. A run estimated over a minute starts on the second press."""
-    from memstep.engine import model_shape
-
+    it within seconds. One press starts it: the estimate stands beside the button beforehand."""
     from ui.models import forget
 
     session = jobs.session_of(request)
     reservations: list = []
     try:
         compressed.check_enabled()
-        techniques = [t for t in RECONSTRUCTIONS if t in names(techniques, "techniques", RECONSTRUCTIONS)]
-        if not techniques:
-            raise MemstepError("tick at least one reconstruction technique")
-        configs = [make_config(method, pattern, sparsity, calibration, samples, seq_len, steps, lr, t, train)
-                   for t in techniques]
+        techniques, configs = _configs(method, pattern, sparsity, techniques, calibration, samples, seq_len, steps,
+                                       lr, train)
         lm = _source_model(spec, session)
-        shape, needed = model_shape(lm.model), compressed.weight_bytes(lm.model)
-        estimate = sum(estimates.seconds(*estimates.sparse_work(
-            shape, method=c.method, technique=c.reconstruct, calibration=c.calibration, samples=c.samples,
-            seq_len=c.seq_len, held_out=c.held_out_samples, steps=c.steps, batch=c.batch_size), shape, needed)
-            for c in configs)
-        if not estimates.confirmed(session, ("sparse", lm.name, [asdict(c) for c in configs]), estimate):
-            gr.Info(estimates.confirm_text(estimate, "Prune"), title="memstep")
-            yield (f"**Not started:** {estimates.confirm_text(estimate, 'Prune')}.", gr.skip(), gr.skip(), gr.skip())
-            return
+        needed, estimate = compressed.weight_bytes(lm.model), _estimate(lm, configs)
         compressed.make_room(needed * len(techniques))  # all of this run's models fit together
         for technique in techniques:
             reservations.append(compressed.Reservation(session, folder_name(technique), needed))
@@ -223,7 +243,10 @@ def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq
             head = f"**{TECHNIQUE_LABELS[technique]}** ({i}/{len(techniques)})"
             if kind == "start":
                 runs.append({"technique": technique, "records": value.records, "result": None})
-                status = f"{head}: preparing calibration data and dense perplexity…"
+                config = value.config
+                mix = (f"{config.samples} real + {config.generated_samples} self-generated windows"
+                       if config.calibration != "text" else f"{config.samples} windows of real text")
+                status = f"{head}: preparing calibration data ({mix}) and dense perplexity…"
                 yield status, error_figure(runs, blocks), table_rows(runs), gr.update()
             elif kind == "block":
                 status = (f"{head}: block {value.block + 1}/{value.blocks} pruned to {value.sparsity:.1%} — error "
@@ -236,7 +259,8 @@ def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq
                 status = f"{head}: done, saved as `{compressed.shown(folder)}`"
                 yield status, error_figure(runs, blocks), table_rows(runs), gr.update(choices=saved, value=saved[-1][1])
     except Cancelled:
-        yield ("**Stopped.** The curves show the blocks done so far.", gr.skip(), gr.skip(),
+        yield ("**Stopped.** The curves show the blocks done so far; the technique that was running saved nothing.",
+               gr.skip(), gr.skip(),
                gr.update(choices=saved, value=saved[-1][1]) if saved else gr.skip())
         return
     except MemstepError as err:
@@ -244,8 +268,10 @@ def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq
     finally:
         for reservation in reservations:
             reservation.release()
-    done = ("**Done.** Solid lines: calibration data; dashed: held-out text. Pick a pruned model below and load it "
-            "into the Run tab.")
+    last = runs[-1]["result"]
+    done = (f"**Done.** Calibration: {last.real_windows} real + {last.generated_windows} self-generated windows of "
+            f"{last.settings['seq_len']} tokens. Solid lines: calibration data; dashed: held-out text. Pick a pruned "
+            "model below and load it into the Run tab.")
     if calibration != "text":  # let the user see what the model wrote for itself
         sample = re.sub(r"[\s*_`#\[\]<>|~\\]+", " ", runs[-1]["result"].calibration_preview[-1]).strip()
         done += f" A self-generated calibration sample begins: *{html.escape(sample[:240])}…*"
@@ -282,8 +308,11 @@ def build_section(model_box=None, tabs=None) -> None:
             techniques = gr.CheckboxGroup([(TECHNIQUE_LABELS[t], t) for t in RECONSTRUCTIONS],
                                           value=DEFAULTS["techniques"], label="Reconstruction techniques",
                                           elem_id="sparse-techniques")
-            calibration = gr.Radio([("Persuasion (text)", "text"), ("self-generated", "self"), ("both", "both")],
+            calibration = gr.Radio([("Persuasion (text)", "text"), ("text + self-generated added (reference)", "add"),
+                                    ("self-generated", "self"), ("half of each", "both")],
                                    value=DEFAULTS["calibration"], label="Calibration data",
+                                   info="added: the model writes as many windows as there are samples and they join "
+                                        "the real ones (the reference code's gen_add)",
                                    elem_id="sparse-calibration")
             with gr.Row():
                 samples = gr.Number(DEFAULTS["samples"], label=f"Samples (1-{MAX_SAMPLES})", precision=0,
@@ -295,10 +324,14 @@ def build_section(model_box=None, tabs=None) -> None:
                                min_width=80)
             train = gr.Radio([("every block parameter (reference)", "norms"), ("linear weights only", "linear")],
                              value="norms", label="Reconstruction trains", elem_id="sparse-train")
-            with gr.Row():
+            with gr.Row(equal_height=True):
                 start = gr.Button("Prune", variant="primary", elem_id="sparse-run",
-                                  interactive=compressed.compress_enabled())
-                stop = gr.Button("Stop", elem_id="sparse-stop")
+                                  interactive=compressed.compress_enabled(), min_width=100)
+                stop = gr.Button("Stop", elem_id="sparse-stop", min_width=80)
+            model_input = model_box if model_box is not None else gr.State(None)
+            gr.Markdown(estimate_note, inputs=[model_input, method, pattern, sparsity, techniques, calibration, samples,
+                                               seq_len, steps, lr, train],
+                        elem_id="sparse-estimate", elem_classes="memstep-note")
         with gr.Column(scale=9):
             status = gr.Markdown("Pick a mask, a pattern and the techniques to compare, then **Prune**. The embedded "
                                  "model takes a few minutes per technique on a 2-core CPU."
@@ -308,7 +341,7 @@ def build_section(model_box=None, tabs=None) -> None:
             with gr.Row(equal_height=True):
                 pruned = gr.Dropdown([], label="Pruned model", elem_id="sparse-pruned", scale=4)
                 load = gr.Button("Load into the Run tab", elem_id="sparse-load", scale=1)
-    running = start.click(prune, [model_box if model_box is not None else gr.State(None), method, pattern, sparsity,
+    running = start.click(prune, [model_input, method, pattern, sparsity,
                                   techniques, calibration, samples, seq_len, steps, lr, train],
                           [status, plot, table, pruned], concurrency_id="prefill", concurrency_limit=1,
                           show_progress="minimal", show_progress_on=[status], api_visibility="private")
