@@ -25,10 +25,6 @@ def register(sub) -> None:
     p.add_argument("--remove", type=int, default=None,
                    help="layers to drop (default: a quarter of the layers, as ShortGPT removes about 25%%)")
     add_measure_options(p, "the shallower model", "the dense model is always measured")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--json", action="store_true", help="print the whole report as JSON")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_drop)
 
 

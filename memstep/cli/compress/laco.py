@@ -46,10 +46,6 @@ def register(sub) -> None:
                    help="chained: a window that takes in a merged layer merges its merged weights (paper and "
                         "notebook); run: one RDSC over the original layers of the whole run (default chained)")
     add_measure_options(p, "the collapsed model", "block influence is always measured: the guard compares against it")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--json", action="store_true", help="print the whole report as JSON")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_laco)
 
 
@@ -73,6 +69,10 @@ def add_measure_options(p, what: str, baselines_note: str) -> None:
                    help="refuse to save a model whose held-out perplexity is more than RATIO times the dense "
                         "model's (e.g. 2); the command then exits with code 1")
     add_force_option(p)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def checked_common(args) -> None:

@@ -20,8 +20,8 @@ from memstep.errors import MemstepError
 
 from ui import compressed, estimates, jobs
 from ui.inputs import flag
-from ui.tabs.compress.laco import (APP_PROBE, APP_REPEATS, FONT, LEGEND_ROOM, MAX_SENTENCES, MAX_TOKENS,
-                                   TABLE_HEADERS, TABLE_WIDTHS, _int, _slug, table_rows)
+from ui.tabs.compress.laco import (APP_PROBE, APP_REPEATS, MAX_SENTENCES, MAX_TOKENS, TABLE_HEADERS, TABLE_WIDTHS,
+                                   _int, _slug, phone_layout, table_rows)
 
 KEPT, DROPPED = "#94a3b8", "#dc2626"
 INTRO = """**Block influence** (ShortGPT, Men et al. 2024) scores each layer by 1 − the cosine similarity of
@@ -40,13 +40,8 @@ def influence_figure(scores: list[float], dropped: list[int], depth: int, height
         fig.add_trace(go.Bar(x=layers, y=[scores[i] for i in layers], name=name, marker_color=color,
                              customdata=[[dropped.index(i) + 1 if i in drop else None] for i in layers],
                              hovertemplate="layer %{x}: influence %{y:.4f}<extra></extra>"))
-    fig.update_layout(template="plotly_white", height=height + LEGEND_ROOM, font=FONT, barmode="overlay",
-                      margin=dict(l=60, r=20, t=76, b=60 + LEGEND_ROOM),
-                      title=dict(text="Block influence of each layer<br>(1 − cos(input, output))", x=0.0,
-                                 xref="container", xanchor="left", y=1.0, yref="container", yanchor="top",
-                                 pad=dict(t=14, l=12), font=dict(size=14)),
-                      legend=dict(orientation="h", yref="container", y=0.0, yanchor="bottom", xref="container",
-                                  x=0.0, xanchor="left"))
+    phone_layout(fig, "Block influence of each layer<br>(1 − cos(input, output))", height, 60)
+    fig.update_layout(barmode="overlay")
     fig.update_xaxes(title_text="layer", range=[-0.5, max(depth, 1) - 0.5], tickmode="auto", nticks=16)
     fig.update_yaxes(title_text="block influence", type="log" if scores and min(scores) > 0 else "linear",
                      gridcolor="#eef0f3")

@@ -45,6 +45,16 @@ are measured on held-out text (*Pride and Prejudice*; calibration comes from *Pe
 
 
 # ---- pure figure and table builders ---------------------------------------------------------------
+def phone_layout(fig: go.Figure, title: str, height: int, bottom: int) -> None:
+    """Laid out for a phone too: a two-line title at the top, the legend at the foot, ticks Plotly spaces."""
+    fig.update_layout(template="plotly_white", height=height + LEGEND_ROOM, font=FONT,
+                      margin=dict(l=60, r=20, t=76, b=bottom + LEGEND_ROOM),
+                      title=dict(text=title, x=0.0, xref="container", xanchor="left", y=1.0, yref="container",
+                                 yanchor="top", pad=dict(t=14, l=12), font=dict(size=14)),
+                      legend=dict(orientation="h", yref="container", y=0.0, yanchor="bottom", xref="container",
+                                  x=0.0, xanchor="left"))
+
+
 def similarity_figure(candidates: list[dict], threshold: float, depth: int | None, height: int = 360) -> go.Figure:
     """Each candidate's similarity against T, by the original index of its base layer; the
     x axis runs from the top layer down, as the search walks."""
@@ -69,14 +79,7 @@ def similarity_figure(candidates: list[dict], threshold: float, depth: int | Non
                   annotation_text=f"T = {threshold:g}", annotation_position="top left",
                   annotation_font=dict(color=THRESHOLD, size=11))
     top = max(depth or 1, 1) - 1
-    # laid out for a phone too: a two-line title at the top, the legend at the foot, ticks Plotly spaces
-    fig.update_layout(template="plotly_white", height=height + LEGEND_ROOM, font=FONT,
-                      margin=dict(l=60, r=20, t=76, b=76 + LEGEND_ROOM),
-                      title=dict(text="LaCo search: similarity of each<br>candidate to the dense model", x=0.0,
-                                 xref="container", xanchor="left", y=1.0, yref="container", yanchor="top",
-                                 pad=dict(t=14, l=12), font=dict(size=14)),
-                      legend=dict(orientation="h", yref="container", y=0.0, yanchor="bottom", xref="container",
-                                  x=0.0, xanchor="left"))
+    phone_layout(fig, "LaCo search: similarity of each<br>candidate to the dense model", height, 76)
     fig.update_xaxes(title_text="base layer l (original numbering;<br>the search walks right)",
                      range=[top + 0.5, -0.5], tickmode="auto", nticks=10, showline=True, linecolor="#9ca3af")
     low = min([c["similarity"] for c in candidates] + [threshold, 0.0])
