@@ -16,6 +16,7 @@ at once: a stopped run resumes where it stopped. Each child takes the shared hea
 
     .venv/bin/python benchmarks/bench_sparse.py --plan          # the cells, done and left, and what is left costs
     .venv/bin/python benchmarks/bench_sparse.py --limit 10      # run (or resume) up to 10 cells
+    flock /tmp/memstep-heavy.lock .venv/bin/python benchmarks/bench_sparse.py --held --limit 10   # one lock hold
     .venv/bin/python benchmarks/bench_sparse.py --docs          # run what is left, then write the table
     .venv/bin/python benchmarks/bench_sparse.py --retable --docs   # the table from what has run, no runs
     .venv/bin/python benchmarks/bench_sparse.py --default-run   # CPU s and peak RSS of `memstep compress sparse`
@@ -144,10 +145,11 @@ def child_default() -> dict:
             "threads": int(os.environ.get("OMP_NUM_THREADS", "0") or 0)}
 
 
-def in_child(args: list[str]) -> dict:
-    """Run this script as a child holding the heavy-job lock; its last stdout line is its JSON."""
+def in_child(args: list[str], held: bool = False) -> dict:
+    """Run this script as a child holding the heavy-job lock (``held``: the caller holds it for a
+    batch of cells); its last stdout line is its JSON."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    command = ["flock", LOCK, sys.executable, str(Path(__file__).resolve()), *args]
+    command = ([] if held else ["flock", LOCK]) + [sys.executable, str(Path(__file__).resolve()), *args]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"child {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -234,6 +236,8 @@ def main(argv=None) -> int:
     p.add_argument("--docs", action="store_true", help="write the table into docs/compress.md")
     p.add_argument("--retable", action="store_true", help="no runs: the table from the cells measured")
     p.add_argument("--default-run", action="store_true", help="measure `memstep compress sparse` at its defaults")
+    p.add_argument("--held", action="store_true",
+                   help="the caller holds the heavy-job lock for the whole batch: `flock LOCK ... --held --limit N`")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -250,7 +254,7 @@ def main(argv=None) -> int:
         print(f"left: {len(left)} cells, about {sum(map(estimate, left)) / 3600:.1f} CPU-hours (one thread each)")
         return 0
     if args.default_run:
-        default = in_child(["--child", "default"])
+        default = in_child(["--child", "default"], args.held)
         saved = json.loads(SUMMARY_FILE.read_text()) if SUMMARY_FILE.is_file() else {}
         SUMMARY_FILE.write_text(json.dumps({**saved, "default_run": default}, indent=1))
         print(f"memstep compress sparse (defaults): {default['cpu_seconds']:.0f} CPU s, "
@@ -259,12 +263,12 @@ def main(argv=None) -> int:
     if not args.retable:
         left = left[:args.limit] if args.limit is not None else left
         if any(c["calibration"] != "text" for c in left) and not GENERATED_FILE.is_file():
-            generated = in_child(["--child", "generate"])
+            generated = in_child(["--child", "generate"], args.held)
             GENERATED_FILE.write_text(json.dumps(generated))
             print(f"self-generated {len(generated['windows'])} windows in {generated['cpu_seconds']:.0f} CPU s: "
                   f"{generated['preview']!r}", flush=True)
         for i, cell in enumerate(left, start=1):
-            row = in_child(["--child", key(cell)])
+            row = in_child(["--child", key(cell)], args.held)
             with CELLS_FILE.open("a") as out:
                 out.write(json.dumps(row) + "\n")
             rows[key(cell)] = row
