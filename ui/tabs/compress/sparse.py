@@ -244,8 +244,9 @@ def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq
             if kind == "start":
                 runs.append({"technique": technique, "records": value.records, "result": None})
                 config = value.config
-                mix = (f"{config.samples} real + {config.generated_samples} self-generated windows"
-                       if config.calibration != "text" else f"{config.samples} windows of real text")
+                real = config.samples if config.calibration in ("text", "add") else \
+                    config.samples - config.generated_samples  # self: none, both: half
+                mix = f"{real} real + {config.generated_samples} self-generated windows"
                 status = f"{head}: preparing calibration data ({mix}) and dense perplexity…"
                 yield status, error_figure(runs, blocks), table_rows(runs), gr.update()
             elif kind == "block":
