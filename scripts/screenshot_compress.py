@@ -53,6 +53,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
     parser.add_argument("--skip", nargs="*", default=[], choices=["stop", "laco", "drop", "sparse"])
+    parser.add_argument("--light", action="store_true",
+                        help="about a CPU-minute: LaCo on the top layers and the drop without measuring, prune "
+                             "with no reconstruction (file names end in _light)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     with serve(build_app()) as url, chromium_page(WIDTHS["wide"]) as page:
@@ -60,7 +63,7 @@ def main(argv=None) -> int:
         page.get_by_role("tab", name="Compress").click()
         page.get_by_role("tab", name="Layer collapse (LaCo)").click()
         wait_for_plot(page, "laco-similarity")
-        page.wait_for_function("() => /about/.test(document.querySelector('#laco-estimate')?.innerText || '')",
+        page.wait_for_function("() => /estimated/.test(document.querySelector('#laco-estimate')?.innerText || '')",
                                timeout=120_000)
         print("LaCo estimate beside the button:", page.locator("#laco-estimate").inner_text(), flush=True)
         if "stop" not in args.skip:
@@ -73,12 +76,15 @@ def main(argv=None) -> int:
             page.screenshot(path=str(args.out / "compress_laco_stopped_wide.png"))
             shrink(args.out / "compress_laco_stopped_wide.png")
         if "laco" not in args.skip:
+            if args.light:
+                set_number(page, "laco-l", 24)
+                page.locator("#laco-evaluate input").uncheck()
             began = time.perf_counter()
             page.locator("#laco-run").click()  # one press
             print("LaCo:", wait_state(page, "laco", "^done", 1200), f"({time.perf_counter() - began:.0f} s)",
                   flush=True)
             print("verdict:", page.locator("#laco-verdict").inner_text(), flush=True)
-            both_widths(page, args.out, "compress_laco")
+            both_widths(page, args.out, "compress_laco" + "_light" * args.light)
             if page.locator("#laco-keep").is_visible():
                 page.locator("#laco-keep").click()
                 page.wait_for_function("() => /Load block influence/.test(document.querySelector('#laco-load')"
@@ -91,30 +97,33 @@ def main(argv=None) -> int:
             page.get_by_role("tab", name="Block influence (drop layers)").click()
             wait_for_plot(page, "drop-influence")
             set_number(page, "drop-remove", 2)
-            page.wait_for_function("() => /about/.test(document.querySelector('#drop-estimate')?.innerText || '')",
+            if args.light:
+                page.locator("#drop-evaluate input").uncheck()
+            page.wait_for_function("() => /estimated/.test(document.querySelector('#drop-estimate')?.innerText || '')",
                                    timeout=60_000)
             page.locator("#drop-run").click()
             print("drop:", wait_state(page, "drop", "^done", 900), flush=True)
-            both_widths(page, args.out, "compress_drop")
+            both_widths(page, args.out, "compress_drop" + "_light" * args.light)
         if "sparse" not in args.skip:
             page.get_by_role("tab", name="Pruning + reconstruction").click()
             page.locator("#sparse-run").wait_for(state="visible", timeout=30_000)
             page.get_by_label("text + self-generated added (reference)").check()
             for box in page.locator("#sparse-techniques label").all():
                 checkbox = box.locator("input")
-                if (box.inner_text().strip() in ("none", "BR+GP")) != checkbox.is_checked():
+                wanted = ("none",) if args.light else ("none", "BR+GP")
+                if (box.inner_text().strip() in wanted) != checkbox.is_checked():
                     checkbox.click()
             set_number(page, "sparse-samples", 2)
-            set_number(page, "sparse-seq-len", 32)
-            set_number(page, "sparse-steps", 2)
-            page.wait_for_function("() => /about/.test(document.querySelector('#sparse-estimate')?.innerText || '')",
+            set_number(page, "sparse-seq-len", 16 if args.light else 32)
+            set_number(page, "sparse-steps", 1 if args.light else 2)
+            page.wait_for_function("() => /estimated/.test(document.querySelector('#sparse-estimate')?.innerText || '')",
                                    timeout=60_000)
             print("sparse estimate:", page.locator("#sparse-estimate").inner_text(), flush=True)
             page.locator("#sparse-run").click()
             page.wait_for_function("() => /Done\\./.test(document.querySelector('#sparse-status')?.innerText || '')",
                                    timeout=1800_000)
             print("sparse:", page.locator("#sparse-status").inner_text()[:300], flush=True)
-            both_widths(page, args.out, "compress_sparse")
+            both_widths(page, args.out, "compress_sparse" + "_light" * args.light)
     return 0
 
 

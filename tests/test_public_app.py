@@ -136,7 +136,7 @@ def test_one_press_runs_with_the_estimate_beside_the_button(store, monkeypatch, 
     monkeypatch.setattr(estimates, "CONFIRM_SECONDS", 0)
     args = (str(deep_lm_folder), 2, 0, 0, 1, 0.01, "paper", "dense", 2, 16, False)
     note = laco.estimate_note(str(deep_lm_folder), 2, 0, 0, 0.01, 2, 16, False, request=request("s"))
-    assert note.startswith("about **") and note.endswith("on this machine")
+    assert note.startswith("estimated **") and note.endswith("on this machine")
     assert "cannot run: C must be at least 2" in laco.estimate_note(str(deep_lm_folder), 1, 0, 0, 0.01, 2, 16, False,
                                                                      request=request("s"))
     first = list(laco.run_laco(*args, request=request("s")))

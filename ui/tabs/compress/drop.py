@@ -78,7 +78,7 @@ def estimate_note(model_spec, remove, sentences, tokens, evaluate, request: gr.R
     try:
         settings = _settings(remove, sentences, tokens)
         lm = get_model(model_spec, jobs.session_of(request))
-        return f"about **{estimates.duration(_estimate(lm, settings, flag(evaluate, 'measure')))}** on this machine"
+        return f"estimated **{estimates.duration(_estimate(lm, settings, flag(evaluate, 'measure')))}** on this machine"
     except MemstepError as err:
         return f"cannot run: {err}"
 

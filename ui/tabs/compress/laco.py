@@ -240,7 +240,7 @@ def estimate_note(model_spec, C, L, H, T, sentences, tokens, evaluate, request: 
         settings = _settings(C, L, H, 1, T, "paper", "dense", sentences, tokens, "chained")
         lm = get_model(model_spec, jobs.session_of(request))
         settings["H"] = settings["H"] or len(lm.model.model.layers) - 1
-        return f"about **{estimates.duration(_estimate(lm, settings, flag(evaluate, 'measure')))}** on this machine"
+        return f"estimated **{estimates.duration(_estimate(lm, settings, flag(evaluate, 'measure')))}** on this machine"
     except MemstepError as err:
         return f"cannot run: {err}"
 

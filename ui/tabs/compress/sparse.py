@@ -190,7 +190,7 @@ def estimate_note(spec, method, pattern, sparsity, techniques, calibration, samp
     try:
         _, configs = _configs(method, pattern, sparsity, techniques, calibration, samples, seq_len, steps, lr, train)
         lm = _source_model(spec, jobs.session_of(request))
-        return f"about **{estimates.duration(_estimate(lm, configs))}** on this machine"
+        return f"estimated **{estimates.duration(_estimate(lm, configs))}** on this machine"
     except MemstepError as err:
         return f"cannot run: {err}"
 
