@@ -113,29 +113,24 @@ def destructive(model) -> bool:
     return bool(model.model.layers[0].mlp.down_proj.weight.abs().sum() > 0)
 
 
-def test_guard_fires_where_the_merge_is_worse_than_dropping(monkeypatch):
-    run, events = collapse(copying_model(destructive=True), monkeypatch)
+def test_guard_fires_where_the_merge_is_worse_than_dropping_and_its_limit_refuses_the_save(monkeypatch, tmp_path):
+    run, events = collapse(copying_model(destructive=True), monkeypatch, output=tmp_path / "bad", guard=2)
     models, verdict = run.report["models"], run.report["guard"]
     # dropping exact identities leaves the dense model; the merge does not
     assert models["block-influence"]["perplexity"] == pytest.approx(models["dense"]["perplexity"], rel=1e-5)
     assert models["laco-paper"]["perplexity"] > 2 * models["dense"]["perplexity"]
     assert verdict["worse"] and "worse than block influence (ShortGPT)" in verdict["message"]
     kinds = [e["event"] for e in events]
-    assert kinds.index("guard") < kinds.index("done")
+    assert kinds.index("guard") < kinds.index("refused") < kinds.index("done")
+    assert run.report["refused"].startswith("not saved") and run.report["saved"] is None
+    assert not (tmp_path / "bad").exists()
 
 
-def test_guard_stays_silent_where_the_merge_is_not_worse(monkeypatch):
-    run, _ = collapse(copying_model(destructive=False), monkeypatch)
+def test_guard_stays_silent_where_the_merge_is_not_worse_and_the_model_is_saved(monkeypatch, tmp_path):
+    run, events = collapse(copying_model(destructive=False), monkeypatch, output=tmp_path / "good", guard=2)
     models = run.report["models"]
     assert models["laco-paper"]["perplexity"] == pytest.approx(models["block-influence"]["perplexity"], rel=1e-5)
     assert not run.report["guard"]["worse"] and run.report["guard"]["message"] is None
-
-
-def test_guard_limit_refuses_the_save_and_allows_a_good_model(monkeypatch, tmp_path):
-    run, events = collapse(copying_model(destructive=True), monkeypatch, output=tmp_path / "bad", guard=2)
-    assert run.report["refused"].startswith("not saved") and run.report["saved"] is None
-    assert not (tmp_path / "bad").exists() and "refused" in [e["event"] for e in events]
-    run, events = collapse(copying_model(destructive=False), monkeypatch, output=tmp_path / "good", guard=2)
     assert run.report["refused"] is None and (tmp_path / "good" / "config.json").is_file()
     kinds = [e["event"] for e in events]
     assert kinds.index("guard") < kinds.index("saved")  # told before the save
