@@ -15,6 +15,15 @@ ARTIFACTS = ROOT / "test-artifacts"
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
+# Exhaustive scans (rounding grids, fuzzing, property tests) take a sample in the suite and run
+# whole with MEMSTEP_FULL_SCANS=1 (benchmarks/full_scans.py), so the suite stays fast.
+FULL_SCANS = os.environ.get("MEMSTEP_FULL_SCANS") == "1"
+
+
+def scan_size(whole: int, suite: int) -> int:
+    """How many cases a scan runs: ``whole`` with MEMSTEP_FULL_SCANS=1, else ``suite``."""
+    return whole if FULL_SCANS else min(whole, suite)
+
 
 def make_tiny_model(model_type: str = "llama", layers: int = 2, seed: int = 0, **overrides):
     """A random-init causal LM of the given family: 4 query heads, 2 KV heads (GQA)."""
