@@ -3,6 +3,7 @@ behaviour matters (session-scoped: loaded once, a few seconds after the first co
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -59,21 +60,54 @@ def artifacts_dir():
     return ARTIFACTS
 
 
-# ---- the app in headless Chromium (browser tests): one server and one browser per module ----
-@pytest.fixture(scope="module")
-def app_url():
-    from ui.browser import CHROMIUM, serve
+# ---- the app and headless Chromium: one server and one browser per test session ----------------
+@pytest.fixture(scope="session")
+def served_app():
+    """The app as `make demo` serves it (default model, no environment set), shared by every test
+    that needs no server of its own; its URL."""
+    from ui.browser import serve
     from ui.layout import build_app
 
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing (make chromium)")
     with serve(build_app()) as url:
         yield url
 
 
-@pytest.fixture(scope="module")
-def browser(app_url):
-    from ui.browser import chromium
+def _need_chromium():
+    from ui.browser import CHROMIUM
 
-    with chromium() as browser:
-        yield browser
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing (make chromium)")
+
+
+@pytest.fixture(scope="session")
+def app_url(served_app):
+    _need_chromium()
+    return served_app
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for the session. While it runs, ui.browser.chromium() (and so
+    chromium_page()) hands out this browser instead of starting another Playwright, which could
+    not run beside it in this thread; the contexts a test opened through it are closed after."""
+    _need_chromium()
+    from ui import browser as ui_browser
+
+    started = ui_browser.chromium
+
+    @contextlib.contextmanager
+    def shared():
+        before = set(browser.contexts)
+        try:
+            yield browser
+        finally:
+            for context in browser.contexts:
+                if context not in before:
+                    context.close()
+
+    with started() as browser:
+        ui_browser.chromium = shared
+        try:
+            yield browser
+        finally:
+            ui_browser.chromium = started
