@@ -62,14 +62,20 @@ def artifacts_dir():
 
 # ---- the app and headless Chromium: one server and one browser per test session ----------------
 @pytest.fixture(scope="session")
-def served_app():
+def app_server():
     """The app as `make demo` serves it (default model, no environment set), shared by every test
-    that needs no server of its own; its URL."""
+    that needs no server of its own: (the Gradio Blocks, its URL)."""
     from ui.browser import serve
     from ui.layout import build_app
 
-    with serve(build_app()) as url:
-        yield url
+    demo = build_app()
+    with serve(demo) as url:
+        yield demo, url
+
+
+@pytest.fixture(scope="session")
+def served_app(app_server):
+    return app_server[1]
 
 
 def _need_chromium():

@@ -214,18 +214,16 @@ def _generating(message) -> bool:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    from ui.browser import serve
-    from ui.layout import build_app
+def served(app_server, tmp_path_factory):
+    """The session's app (tests/conftest.py), saving compressed models into a folder of this
+    module's own and never asking to confirm a long run (the confirm step has its own test)."""
     from ui.models import get_model
 
     mp = pytest.MonkeyPatch()
-    mp.setenv("MEMSTEP_COMPRESSED", str(tmp_path_factory.mktemp("compressed")))
-    mp.setattr("ui.estimates.CONFIRM_SECONDS", 10**9)  # the confirm step has its own test
+    mp.setenv("MEMSTEP_COMPRESSED", str(tmp_path_factory.mktemp("compressed")))  # read at each save
+    mp.setattr("ui.estimates.CONFIRM_SECONDS", 10**9)
     get_model(None)
-    demo = build_app()
-    with serve(demo) as url:
-        yield demo, url
+    yield app_server
     mp.undo()
 
 
