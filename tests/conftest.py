@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "assets"
 ARTIFACTS = ROOT / "test-artifacts"
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# One torch thread per pytest-xdist worker (`make test` runs two): two threads each would
+# oversubscribe the cores; a run without workers keeps two.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
 # Exhaustive scans (rounding grids, fuzzing, property tests) take a sample in the suite and run
 # whole with MEMSTEP_FULL_SCANS=1 (benchmarks/full_scans.py), so the suite stays fast.
@@ -39,6 +41,18 @@ def make_tiny_model(model_type: str = "llama", layers: int = 2, seed: int = 0, *
     config._attn_implementation = "sdpa"
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     return model.eval()
+
+
+SESSION_APP_FIXTURES = {"app_server", "served_app", "app_url", "browser"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """For pytest-xdist's --dist loadgroup: a test file runs on one worker (its module fixtures
+    are made once), and every test of the session's app server and browser on the same worker
+    (one server and one browser in all)."""
+    for item in items:
+        group = "app" if SESSION_APP_FIXTURES & set(item.fixturenames) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
