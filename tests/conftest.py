@@ -55,6 +55,19 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(group))
 
 
+@pytest.fixture
+def no_schedule_work(monkeypatch):
+    """Refusals "before any work", by state: building any schedule (its chunks, its budgets, the
+    Schedule itself) fails the test."""
+    from memstep import schedules
+
+    def built(*args, **kwargs):
+        raise AssertionError("a schedule was built before the refusal")
+
+    for name in ("Schedule", "_fixed_chunks", "_imdc_chunks", "growth_budget", "layer_growth_budgets"):
+        monkeypatch.setattr(schedules, name, built)
+
+
 @pytest.fixture(scope="session")
 def tiny_model():
     return make_tiny_model()
