@@ -19,7 +19,7 @@ ARTIFACTS = ROOT / "test-artifacts"
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
 # Exhaustive scans (rounding grids, fuzzing, property tests) take a sample in the suite and run
-# whole with MEMSTEP_FULL_SCANS=1 (benchmarks/full_scans.py), so the suite stays fast.
+# whole with MEMSTEP_FULL_SCANS=1 (benchmarks/bench_tests.py --scans), so the suite stays fast.
 FULL_SCANS = os.environ.get("MEMSTEP_FULL_SCANS") == "1"
 
 
