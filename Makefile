@@ -41,8 +41,20 @@ chromium:
 demo: model
 	GRADIO_SERVER_NAME=127.0.0.1 GRADIO_SERVER_PORT=7860 $(PY) app.py
 
-test: install-dev model chromium
-	$(PY) -m pytest -q
+# `make test PYTEST_ARGS=--durations=20` passes options on to pytest (.ci/run does). The suite runs
+# on TEST_WORKERS pytest-xdist workers (one per core here); a test file stays on one worker, and the
+# tests of the session's app server and browser share one (tests/conftest.py).
+PYTEST_ARGS ?=
+TEST_WORKERS ?= 2
+
+# Debian chromium (apt, about 2 minutes on a fresh machine) installs in the background while pip
+# fills the venv and the models convert: apt and pip share no lock, and nothing here needs the browser.
+test:
+	@$(MAKE) --no-print-directory chromium & apt=$$!; \
+	$(MAKE) --no-print-directory install-dev model; built=$$?; \
+	wait $$apt || { echo "make chromium failed" >&2; exit 1; }; \
+	test $$built = 0
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: install-dev
 	$(PY) -m pytest -q -m "not slow and not browser"

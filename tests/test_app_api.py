@@ -17,14 +17,10 @@ NETHERFIELD = (ASSETS / "pride_and_prejudice_ch1-12.txt").read_text()[:2500].rsp
 
 
 @pytest.fixture(scope="module")
-def client():
+def client(served_app):
     from gradio_client import Client
 
-    from ui.browser import serve
-    from ui.layout import build_app
-
-    with serve(build_app()) as url:
-        yield Client(url, verbose=False)
+    return Client(served_app, verbose=False)  # the session's app (tests/conftest.py)
 
 
 def test_prefill_streams_each_step_then_the_whole_run(client):

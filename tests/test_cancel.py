@@ -1,7 +1,8 @@
 """Cancellation that cancels: the compress loops stop at their checkpoints once the job's flag is
-set, a job closed by the app stops its thread within seconds, and (slow) a LaCo or pruning run
-started through the served app's queue leaves the process idle within 10 s of Stop, of a
-cancelled request, and of the visitor leaving."""
+set, a job closed by the app ends its thread, and (slow) a LaCo or pruning run started through
+the served app's queue ends its job after Stop, a cancelled request and the visitor leaving.
+All by state (the job's thread has ended, the model lock is free, no step ran after the flag),
+never by a time or a CPU share."""
 
 from __future__ import annotations
 
@@ -14,25 +15,24 @@ import pytest
 import torch
 from conftest import make_tiny_model
 
-from memstep.cancel import CancelFlag, Cancelled, cancel_scope, checkpoint, stop_on_cancel
+from memstep.cancel import CancelFlag, Cancelled, cancel_scope, checkpoint, current_flag, stop_on_cancel
 from ui import jobs
 
-IDLE_SHARE = 0.10  # of one core: below this over a second, the process is idle
+ENDS_WITHIN = 120  # seconds: a bound for a job that never ends (a hang), not a measurement
 
 
-def cpu_share(seconds: float = 1.0) -> float:
-    began, cpu = time.monotonic(), time.process_time()
-    time.sleep(seconds)
-    return (time.process_time() - cpu) / (time.monotonic() - began)
+def wait_until(predicate, limit: float = ENDS_WITHIN) -> bool:
+    """Poll ``predicate`` until it holds or ``limit`` seconds pass; whether it held."""
+    deadline = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
-def seconds_until_idle(limit: float = 20.0) -> float:
-    """Seconds until the process uses less than IDLE_SHARE of a core over a second."""
-    began = time.monotonic()
-    while time.monotonic() - began < limit:
-        if cpu_share(1.0) < IDLE_SHARE:
-            return time.monotonic() - began
-    return float("inf")
+def job_ended() -> bool:
+    return jobs.running_jobs() == 0 and not jobs.MODEL_LOCK.locked()
 
 
 class FlagAfter(CancelFlag):
@@ -61,19 +61,24 @@ def test_checkpoint_is_a_no_op_outside_a_job_and_raises_inside_one():
     checkpoint()  # the scope ended: no flag any more
 
 
-def test_a_closed_stream_stops_its_busy_thread_within_seconds():
+def test_a_closed_stream_ends_its_busy_thread_after_at_most_the_step_in_flight():
+    steps = []  # per step the work finished: whether its job's flag was set by then
+
     def busy():
+        flag = current_flag()
         while True:  # a CPU-bound loop with checkpoints, like a pruning step
-            sum(i * i for i in range(20_000))
             checkpoint()
+            sum(i * i for i in range(20_000))
+            steps.append(flag.cancelled)
             yield "tick"
 
     stream = jobs.stream(busy, session="s1", heartbeat=0.2)
     assert next(stream) in ("tick", jobs.HEARTBEAT)
-    assert cpu_share(0.5) > 0.25  # it really computes (a loaded machine shares its cores)
+    assert wait_until(lambda: len(steps) >= 3) and jobs.running_jobs() == 1  # it really runs
     stream.close()  # what Gradio does after Stop, a cancel or a lost client
-    assert seconds_until_idle(5) < 3
-    assert jobs.running_jobs() == 0 and not jobs.MODEL_LOCK.locked()
+    assert wait_until(job_ended), "the job's thread still runs"
+    assert steps.count(True) <= 1 and True not in steps[:-1]  # only the step in flight finished after the flag
+    assert "s1" not in jobs._flags
 
 
 def test_stop_sets_the_running_jobs_flag_and_the_stream_reports_it():
@@ -209,18 +214,16 @@ def _generating(message) -> bool:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    from ui.browser import serve
-    from ui.layout import build_app
+def served(app_server, tmp_path_factory):
+    """The session's app (tests/conftest.py), saving compressed models into a folder of this
+    module's own and never asking to confirm a long run (the confirm step has its own test)."""
     from ui.models import get_model
 
     mp = pytest.MonkeyPatch()
-    mp.setenv("MEMSTEP_COMPRESSED", str(tmp_path_factory.mktemp("compressed")))
-    mp.setattr("ui.estimates.CONFIRM_SECONDS", 10**9)  # the confirm step has its own test
+    mp.setenv("MEMSTEP_COMPRESSED", str(tmp_path_factory.mktemp("compressed")))  # read at each save
+    mp.setattr("ui.estimates.CONFIRM_SECONDS", 10**9)
     get_model(None)
-    demo = build_app()
-    with serve(demo) as url:
-        yield demo, url
+    yield app_server
     mp.undo()
 
 
@@ -231,19 +234,31 @@ SPARSE = ["embedded", "wanda", "unstructured", 0.5, ["br+gp"], "text", 16, 128, 
 @pytest.mark.slow
 @pytest.mark.parametrize("section, how", [("laco", "stop"), ("laco", "cancel"), ("sparse", "leave"),
                                           ("sparse", "stop")])
-def test_the_app_is_idle_within_10_s_of_stopping_a_compression(served, section, how, artifacts_dir):
+def test_stopping_a_compression_in_the_app_ends_its_job(served, section, how, monkeypatch):
     from ui.tabs.compress import laco, sparse
 
     demo, url = served
+    produced = []  # per item the job's work produced: whether its flag was set by then
+    started = threading.Event()
+    stream = jobs.stream
+
+    def watched_stream(work, session="", heartbeat=jobs.HEARTBEAT_SECONDS):
+        def watched():
+            flag = current_flag()
+            started.set()
+            for item in work():
+                produced.append(flag.cancelled)
+                yield item
+        return stream(watched, session, heartbeat)
+
+    monkeypatch.setattr(jobs, "stream", watched_stream)
     run_fn, stop_fn, data = ((laco.run_laco, laco.stop_laco, LACO) if section == "laco"
                              else (sparse.prune, sparse.stop_pruning, SPARSE))
     client = QueueClient(url)
     event_id = client.join(_event(demo, run_fn), data)
     client.wait_for(_generating, 120)  # the job started and streams
-    time.sleep(4)  # well inside the work (the dense model's inputs, candidates / the first block)
-    busy, running = cpu_share(1.0), jobs.running_jobs()
-    assert busy > 0.25 and running == 1, (busy, running, client.messages[-2:])  # a loaded machine shares cores
-    stopped = time.monotonic()
+    assert started.wait(ENDS_WITHIN), "the work never started"
+    assert jobs.running_jobs() == 1 and jobs.MODEL_LOCK.locked(), client.messages[-2:]
     if how == "stop":
         client.join(_event(demo, stop_fn), [])
     elif how == "cancel":
@@ -251,14 +266,7 @@ def test_the_app_is_idle_within_10_s_of_stopping_a_compression(served, section, 
                                                        "fn_index": _event(demo, run_fn)})
     else:
         client.leave()
-    idle = seconds_until_idle(20)
-    row = {"section": section, "how": how, "seconds_to_idle": idle,
-           "seconds_since_stop": time.monotonic() - stopped}
-    with open(artifacts_dir / "cancel_idle.jsonl", "a") as out:
-        out.write(json.dumps(row) + "\n")
-    assert idle < 10, row
-    deadline = time.monotonic() + 10
-    while jobs.running_jobs() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert jobs.running_jobs() == 0 and not jobs.MODEL_LOCK.locked()
-    assert cpu_share(2.0) < IDLE_SHARE  # and it stays idle
+    assert wait_until(job_ended), f"the {section} job still runs after {how}"
+    # the work stopped at its next checkpoint: at most the item in flight came after the flag
+    assert produced.count(True) <= 1 and True not in produced[:-1], produced
+    assert not jobs._flags  # no flag of a finished job stays behind

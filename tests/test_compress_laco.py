@@ -485,12 +485,10 @@ def test_chained_merges_differ_from_one_rdsc_over_the_run(monkeypatch):
 
 
 @pytest.mark.slow
-def test_cli_defaults_on_the_embedded_model_merge_for_real(tmp_path, capsys):
+def test_cli_defaults_on_the_embedded_model_merge_for_real(tmp_path, capsys, embedded):
     """`memstep compress laco` with its defaults: the saved merged layer differs from every
     original layer, the members of its group included."""
     from safetensors.torch import load_file
-
-    from memstep.models import load_model
 
     out_folder = tmp_path / "laco-default"
     code = main(["compress", "laco", "--no-eval", "--quiet", "--output", str(out_folder), "--json"])
@@ -498,7 +496,7 @@ def test_cli_defaults_on_the_embedded_model_merge_for_real(tmp_path, capsys):
     assert code == 0, err
     search = json.loads(out)["searches"]["paper"]
     assert search["settings"]["C"] >= 3 and search["merges"], search["candidates"]
-    dense = load_model("embedded", device="cpu", dtype="float32").model.state_dict()
+    dense = embedded.model.state_dict()  # the session's load (tests/conftest.py)
     saved = {}
     for path in out_folder.glob("*.safetensors"):
         saved.update(load_file(str(path)))

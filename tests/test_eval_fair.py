@@ -112,6 +112,7 @@ def test_peer_window_is_the_question_in_question_aware_mode(tokenizer, prose, mo
         peer.make_press("finch", False, 17)  # Finch reads the question: never run agnostic
 
 
+@pytest.mark.kvpress
 @pytest.mark.slow  # two kvpress imports in its own virtualenv: ~10 s quiet, ~40 s on a loaded machine
 @pytest.mark.skipif(not KVPRESS_PYTHON.exists(), reason="no .venv-kvpress (make kvpress-venv)")
 def test_real_kvpress_builds_the_question_window(tokenizer, prose, tmp_path):

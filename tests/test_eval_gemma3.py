@@ -137,6 +137,7 @@ print(float((rows[True] - want).abs().max()), float((rows[False] - want).abs().m
 """
 
 
+@pytest.mark.kvpress
 @pytest.mark.slow  # the kvpress virtualenv's torch and transformers load in a subprocess (~10-30 s)
 @pytest.mark.skipif(not (ROOT / ".venv-kvpress" / "bin" / "python").exists(), reason="no .venv-kvpress")
 def test_peer_masks_are_needed_in_the_kvpress_virtualenv():

@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ASSETS, make_tiny_model
+from conftest import ASSETS, make_tiny_model, scan_size
 
 from memstep.models import LoadedModel
 from memstep.presets import REFERENCE, SWITCHES, preset_settings
@@ -460,16 +460,18 @@ def test_the_port_itself_sees_the_switch(tiny, variant):
 GROWTHS = ["linear", "square", "sqrt", "inverse_convex", "inverse_concave", "square_sqrt", "double_inverse"]
 
 
+@pytest.mark.scan
 def test_growth_budgets_match_the_reference_code_on_random_settings():
-    """3,000 seeded random (tokens, c, M) per growth (21,000 in all): IM budgets (every layer of
-    the layer-wise growths) and IMDC chunks equal the reference's, and memstep's former
-    multiply-first order would not (so the scan can fail)."""
+    """3,000 seeded random (tokens, c, M) per growth (21,000 in all; the suite runs 600 of each,
+    MEMSTEP_FULL_SCANS=1 all): IM budgets (every layer of the layer-wise growths) and
+    IMDC chunks equal the reference's, and memstep's former multiply-first order would not (so
+    the scan can fail)."""
     rng = random.Random(2024)
     mismatches = {g: 0 for g in GROWTHS}
     for growth in GROWTHS:
         name = growth.replace("_", "-")
         layers = 30 if growth in MemSizeScheduler.LAYERWISE else 1
-        for _ in range(3000):
+        for _ in range(scan_size(3000, 600)):
             chunk = rng.randint(1, 4096)
             tokens = rng.randint(chunk, chunk * rng.randint(2, 64))
             memory = rng.randint(0, 8192)

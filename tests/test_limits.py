@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 from conftest import ROOT
@@ -45,13 +44,12 @@ def test_step_cap_is_exact():
     assert planner.LONGEST_CAP_STEPS == MAX_STEPS
 
 
-def test_over_cap_is_refused_fast(capsys):
-    began = time.process_time()
+def test_over_cap_is_refused_fast(capsys, no_schedule_work):
     one_line_error(*run_cli(capsys, "schedule", "--tokens", 10**7, "--chunk", 1)[::2], "16,384", "at least 611")
     one_line_error(*run_cli(capsys, "plan", "--tokens", 10**6, "--chunk", 1)[::2], "over the limit")
     with pytest.raises(MemstepError, match="over the limit"):
         planner.plan("llama-3.1-8b", "h100-80gb", schedule="fm", tokens=10**6, chunk=1, memory=1)
-    assert time.process_time() - began < 1.0  # refused before any schedule is built
+    # refused before any schedule is built: no_schedule_work fails the test otherwise
 
 
 @pytest.mark.parametrize("sizes,words", [
@@ -129,11 +127,9 @@ def test_plan_deeply_nested_config_exit_2(capsys, tmp_path):
 
 
 def test_run_output_into_missing_folder_fails_before_the_run(capsys, tmp_path):
-    began = time.process_time()
     code, _, err = run_cli(capsys, "run", ROOT / "assets" / "persuasion_excerpt.txt", "--output",
                            tmp_path / "missing" / "run.json", "--model", tmp_path / "no-model")
-    one_line_error(code, err, "does not exist")
-    assert time.process_time() - began < 2.0
+    one_line_error(code, err, "does not exist")  # the output's folder, not the missing model: checked first
 
 
 def test_broken_pipe_exits_without_traceback():

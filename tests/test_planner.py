@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -150,15 +149,27 @@ def test_imdc_saves_against_fm_and_ratios_are_relative():
     assert plain.evict_per_layer is False  # the reference code evicts after the forward
 
 
-def test_one_million_tokens_plan_instantly():
-    began = time.perf_counter()
+def test_one_million_tokens_plan_instantly(monkeypatch):
+    """Bounded work, not a stopwatch: a step's bytes are computed once per distinct step shape
+    (FM and IMDC repeat the same step thousands of times), so 1M tokens cost a few dozen."""
+    from memstep.planner import plans as plans_module
+    from memstep.planner import search
+
+    computed = []
+    step_bytes = plans_module.step_bytes
+
+    def counted(*args, **kwargs):
+        computed.append(args[1:4])
+        return step_bytes(*args, **kwargs)
+
+    monkeypatch.setattr(plans_module, "step_bytes", counted)
+    monkeypatch.setattr(search, "step_bytes", counted)
     plans = planner.compare("llama-3.1-8b", "h200", schedules=("fm", "im", "imdc", "full"), tokens=1_000_000,
                             chunk=256, memory=384)
     longest = planner.longest_context("llama-3.1-8b", "h200", "imdc", chunk=256, memory=384)
-    elapsed = time.perf_counter() - began
     assert plans["imdc"].schedule.steps == 3907 and plans["full"].schedule.steps == 1
     assert longest.unlimited
-    assert elapsed < 2.0, f"planning 1M tokens took {elapsed:.2f} s"
+    assert len(computed) <= 50, len(computed)  # 4 schedules x 3907 steps without the memo
 
 
 def test_plan_json_has_steps_peak_seconds_and_fit():

@@ -2,7 +2,8 @@
 any command: every generated call ends with exit 2 and one line on stderr, never a traceback, and
 leaves the folder it ran in exactly as it was (nothing created, nothing removed). No model is
 ever loaded: the loader is replaced by one that refuses, so a call whose every setting passes
-ends at that refusal, also one line."""
+ends at that refusal, also one line. The suite runs 25 examples of each; MEMSTEP_FULL_SCANS=1
+(benchmarks/bench_tests.py --scans) 150."""
 
 from __future__ import annotations
 
@@ -13,13 +14,17 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+from conftest import scan_size
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from transformers import AutoTokenizer
 
 from memstep.cli import main
 from memstep.errors import MemstepError
 
-RUNS = settings(max_examples=150, deadline=5000, suppress_health_check=[HealthCheck.too_slow,
+pytestmark = pytest.mark.scan  # sampled here; whole with MEMSTEP_FULL_SCANS=1
+
+RUNS = settings(max_examples=scan_size(150, 25), deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                          HealthCheck.function_scoped_fixture])
 NUMBERS = st.one_of(st.integers(-3, 3), st.integers(-10**6, 10**6), st.sampled_from([2**31, 10**30, -10**30]),
                     st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(["", "x", "1e9", "0x10", "nan",
@@ -70,9 +75,22 @@ def snapshot(folder: Path) -> dict:
             for p in sorted(folder.rglob("*"))}
 
 
+_TOKENIZERS: dict[str, object] = {}
+_load_tokenizer = AutoTokenizer.from_pretrained
+
+
+def tokenizer_once(*args, **kwargs):
+    """The real tokenizer, read from disk once per test session instead of once per example."""
+    key = repr((args, sorted(kwargs.items())))
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = _load_tokenizer(*args, **kwargs)
+    return _TOKENIZERS[key]
+
+
 def call(argv) -> tuple[int, str]:
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err), mock.patch("memstep.models.load_model", refuse_to_load), \
+            mock.patch.object(AutoTokenizer, "from_pretrained", tokenizer_once), \
             mock.patch("sys.stdin", io.TextIOWrapper(io.BytesIO(b"stdin text"))):
         code = main([str(a) for a in argv])
     return code, err.getvalue()

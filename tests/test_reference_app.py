@@ -62,14 +62,10 @@ def test_settings_take_the_switches_and_refuse_bad_values():
 
 
 @pytest.fixture(scope="module")
-def client():
+def client(served_app):
     from gradio_client import Client
 
-    from ui.browser import serve
-    from ui.layout import build_app
-
-    with serve(build_app()) as url:
-        yield Client(url, verbose=False)
+    return Client(served_app, verbose=False)  # the session's app (tests/conftest.py)
 
 
 @pytest.mark.slow
