@@ -186,15 +186,28 @@ def _whole(value) -> int | None:
 
 
 # ---- a run ---------------------------------------------------------------------------
-def _run_outputs(view: RunView, step: int | None = None):
-    shown = render(view, step)
+def _run_outputs(view: RunView, step: int | None = None, query: str = ""):
+    shown = render(view, step, query)
     steps = max(1, view.steps)
     slider = gr.update(maximum=steps, value=len(view.records) if step is None else step + 1,
                        interactive=view.finished or view.stopped)
     return (stats_html(view, step), shown.sizes, shown.retained, shown.memory, shown.seconds, shown.text,
             answer_markdown(view), slider, view, gr.Column(visible=True), gr.Markdown(visible=False),
             _layers_plot(shown), gr.Button(visible=view.finished and view.suggests_question_aware),
-            *_downloads(view))
+            *_downloads(view), gr.Column(visible=True))
+
+
+def reset_views():
+    """The document changed: the previous run's views go (its answer, map and numbers belong to
+    another text); the preview of the new document stays."""
+    return (stat_cards([("state", "run", "not run yet")]), answer_markdown(None), None, gr.Column(visible=False),
+            gr.Column(visible=False), gr.Markdown(visible=True), gr.Button(visible=False),
+            gr.DownloadButton(visible=False), gr.DownloadButton(visible=False), "")
+
+
+def run_failed():
+    """The run raised (its message is the toast): the status says so instead of the last update's."""
+    return stat_cards([("state", "run", "failed: see the message; change what it names and press Run")])
 
 
 def _downloads(view: RunView) -> tuple:
@@ -211,7 +224,7 @@ def _layers_plot(shown):
     return gr.Plot(shown.layers, visible=True) if shown.layers is not None else gr.Plot(visible=False)
 
 
-RUN_OUTPUTS = 15  # the Run tab's outputs of a run update (see _run_outputs)
+RUN_OUTPUTS = 16  # the Run tab's outputs of a run update (see _run_outputs)
 
 
 def _loading_update(model) -> tuple:
@@ -235,7 +248,7 @@ def reference_ways(ways) -> tuple[str, dict]:
 
 
 def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens,
-                 question, full_reference, rope="compact", question_aware=False, ways=None,
+                 question, full_reference, rope="compact", question_aware=False, ways=None, query="",
                  progress=gr.Progress(), request: gr.Request = None):
     """Stream a run: one update as soon as the schedule is known, then one per step, then
     the answer (and the full-cache reference answer when asked)."""
@@ -267,7 +280,7 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
         with closing(prefill_stream(model, document.ids, settings, question, reference, document.notices,
                                     cache_reference=doc.bundled, session=session)) as stream:
             yield from _stream_run(stream, document, settings, question, reference, began, progress, session,
-                                   lm=lm, model_spec=normalize_spec(model, session))
+                                   lm=lm, model_spec=normalize_spec(model, session), query=str(query or ""))
     except MemstepError as err:
         _fail(err)
     finally:
@@ -302,7 +315,7 @@ UPDATE_SECONDS = 0.5
 
 
 def _stream_run(stream, document, settings, question, full_reference, began, progress, session="", lm=None,
-                model_spec=""):
+                model_spec="", query=""):
     """The page updates for one run's stream of plain data; after Stop, one last update
     (the steps so far, stopped) and no more. Every update says what happens next, with an
     estimate from the run's own speed."""
@@ -319,12 +332,12 @@ def _stream_run(stream, document, settings, question, full_reference, began, pro
                 + (f" · planned {about(view.planned_seconds)} in all" if view.planned_seconds else ""))
     progress((0, plan.steps), desc="Prefilling", unit="steps")
     view.stopped = _take_stop(session)  # Stop pressed while the model loaded
-    yield _run_outputs(view)
+    yield _run_outputs(view, query=query)
     shown, drawing = time.perf_counter(), 0.0
     for kind, item, cpu in ([] if view.stopped else events):
         if _take_stop(session):
             view.stopped = True
-            yield _run_outputs(view)
+            yield _run_outputs(view, query=query)
             return
         view.seconds = time.perf_counter() - began
         if kind == "step":
@@ -355,7 +368,7 @@ def _stream_run(stream, document, settings, question, full_reference, began, pro
                 UPDATE_SECONDS, 2 * drawing):  # (UPDATE_SECONDS 0: every step)
             continue  # steps faster than the page can draw them: the next update shows them all
         drawn = time.perf_counter()
-        outputs = _run_outputs(view)
+        outputs = _run_outputs(view, query=query)
         drawing = time.perf_counter() - drawn  # building the figures: a whole book's take ~0.5 s
         yield outputs
         shown = time.perf_counter()

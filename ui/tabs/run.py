@@ -78,6 +78,15 @@ CHARTS_PNG_JS = """() => {
 }"""
 
 
+# After Run on a narrow screen (the columns stacked), scroll to the live status.
+SHOW_STATUS_JS = """() => {
+  if (window.innerWidth < 1000) document.querySelector("#stats")?.scrollIntoView({behavior: "smooth", block: "start"});
+}"""
+
+MAP_POINTER = ('<span id="memstep-map-token">Point at the map to read the tokens under the pointer; click to '
+               "move the text below and the replay there.</span>")
+
+
 def _model_choices() -> list[str]:
     return offered_models()  # 'embedded' only where it can load; on a Space also all it accepts
 
@@ -95,86 +104,93 @@ def build_tab() -> RunTab:
             with gr.Row(elem_id="run-row"):
                 run = gr.Button("Run", variant="primary", elem_id="run", min_width=120)
                 stop = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
+            # what a newcomer needs: the document, the question, the schedule, c and M
             with gr.Group():
                 example = gr.Dropdown(list(EXAMPLES), value=DEFAULT_EXAMPLE, label="Example document",
                                       elem_id="example")
                 upload = gr.File(label=f"…or upload a document ({' '.join(SUPPORTED_EXTENSIONS)}, up to "
                                        f"{MAX_UPLOAD_BYTES // 2**20} MB)",
-                                 file_types=list(SUPPORTED_EXTENSIONS), type="filepath", height=150,
+                                 file_types=list(SUPPORTED_EXTENSIONS), type="filepath", height=110,
                                  elem_id="upload")
             doc_info = gr.Markdown(handlers.describe_document(document, default_model()),
                                    elem_id="doc-info", elem_classes="memstep-note")
             question = gr.Textbox(document.question, label="Question (optional)", lines=1,
                                   elem_id="question")
             schedule = gr.Radio(SCHEDULE_CHOICES, value="imdc", label="Schedule", elem_id="schedule")
-            growth = gr.Dropdown(list(GROWTHS), value="linear", label="Growth curve (IM and IMDC)",
-                                 elem_id="growth")
             chunk = gr.Slider(16, _chunk_limit(document), value=512, step=16, label="Chunk size c (tokens)", elem_id="chunk",
                               info=CHUNK_INFO)
             memory = gr.Slider(0, 8192, value=512, step=4, label="Memory size M (tokens)",
                                elem_id="memory", info="Tokens kept after each step, besides the sinks "
                                "(at least the sinks).")
-            with gr.Row():
-                sinks = gr.Number(4, label="Sinks", minimum=0, maximum=256, precision=0,
-                                  elem_id="sinks", min_width=90)
-                max_tokens = gr.Number(DEFAULT_MAX_TOKENS, label="Max tokens", minimum=1, precision=0,
-                                       elem_id="max-tokens", min_width=90)
-            with gr.Row():
-                preset = gr.Dropdown(["none", *PRESETS], value="none", label="Preset", elem_id="preset",
-                                     info="reference: the paper's code exactly (conv score, compact "
-                                          "positions, 4 sinks, every box below)", min_width=140)
-                scorer = gr.Dropdown(list(SCORERS), value="chunk-attention", label="Scorer",
-                                     elem_id="scorer", min_width=140)
-            rope = gr.Radio(ROPE_CHOICES, value="compact", label="RoPE positions", info=ROPE_INFO,
-                            elem_id="rope")
-            with gr.Accordion("As the reference code", open=False, elem_id="reference-ways"):
-                ways = gr.CheckboxGroup(handlers.WAY_CHOICES, value=handlers.WAY_DEFAULTS, show_label=False,
+            # the paper's finer settings, folded: each keeps a default that runs
+            with gr.Accordion("Advanced: question-aware, growth, sinks, scorer, RoPE, model", open=False,
+                              elem_id="advanced"):
+                question_aware = gr.Checkbox(False, label="Question-aware", elem_id="question-aware",
+                                             info="Also score every step by the question's attention: its "
+                                                  "tokens are read after each chunk, then dropped.")
+                full_reference = gr.Checkbox(False, label="Also answer from the full cache (reference)",
+                                             info="Bundled examples always show it (computed once, then "
+                                             "cached); for uploads it is one more prefill.",
+                                             elem_id="full-reference")
+                growth = gr.Dropdown(list(GROWTHS), value="linear", label="Growth curve (IM and IMDC)",
+                                     elem_id="growth")
+                with gr.Row():
+                    sinks = gr.Number(4, label="Sinks", minimum=0, maximum=256, precision=0,
+                                      elem_id="sinks", min_width=90)
+                    max_tokens = gr.Number(DEFAULT_MAX_TOKENS, label="Max tokens", minimum=1, precision=0,
+                                           elem_id="max-tokens", min_width=90)
+                with gr.Row():
+                    preset = gr.Dropdown(["none", *PRESETS], value="none", label="Preset", elem_id="preset",
+                                         info="reference: the paper's code exactly (conv score, compact "
+                                              "positions, 4 sinks, every box below)", min_width=140)
+                    scorer = gr.Dropdown(list(SCORERS), value="chunk-attention", label="Scorer",
+                                         elem_id="scorer", min_width=140)
+                rope = gr.Radio(ROPE_CHOICES, value="compact", label="RoPE positions", info=ROPE_INFO,
+                                elem_id="rope")
+                ways = gr.CheckboxGroup(handlers.WAY_CHOICES, value=handlers.WAY_DEFAULTS,
+                                        label="As the reference code",
                                         info="Ticked: the reference code's way; unticked: memstep's. The "
                                              "reference preset ticks them all.", elem_id="ways")
-            model = gr.Dropdown(_model_choices(), value=default_model(),
-                                allow_custom_value=allowed_models() is None,
-                                label="Model", info="'embedded': SmolLM2-135M-Instruct shipped with "
-                                "memstep. 'gemma3-270m': Gemma 3 270M, a base model with sliding-window and "
-                                "global layers, under Google's Gemma terms of use (ai.google.dev/gemma/terms). "
-                                "Or a hub id, a local folder or a .gguf file.",
-                                elem_id="model")
-            question_aware = gr.Checkbox(False, label="Question-aware", elem_id="question-aware",
-                                         info="Also score every step by the question's attention: its "
-                                              "tokens are read after each chunk, then dropped.")
-            full_reference = gr.Checkbox(False, label="Also answer from the full cache (reference)",
-                                         info="Bundled examples always show it (computed once, then "
-                                         "cached); for uploads it is one more prefill.",
-                                         elem_id="full-reference")
-        with gr.Column(scale=9):
+                model = gr.Dropdown(_model_choices(), value=default_model(),
+                                    allow_custom_value=allowed_models() is None,
+                                    label="Model", info="'embedded': SmolLM2-135M-Instruct shipped with "
+                                    "memstep. 'gemma3-270m': Gemma 3 270M, a base model with sliding-window and "
+                                    "global layers, under Google's Gemma terms of use (ai.google.dev/gemma/terms). "
+                                    "Or a hub id, a local folder or a .gguf file.",
+                                    elem_id="model")
+        # the story's order: status and answer first (beside Run), the map and its words, then the how
+        with gr.Column(scale=9, elem_id="memstep-results"):
             stats = gr.HTML(stat_cards([("state", "run", "not run yet")]), elem_id="stats")
+            answer = gr.Markdown(answer_markdown(None), elem_id="answer", container=True)
+            with gr.Row(elem_id="keep-row"):
+                try_aware = gr.Button("Try question-aware", variant="primary", visible=False,
+                                      elem_id="try-question-aware", min_width=160)
+                run_json = gr.DownloadButton("Run JSON", visible=False, elem_id="download-json",
+                                             min_width=110, variant="secondary")
+                steps_csv = gr.DownloadButton("Steps CSV", visible=False, elem_id="download-csv",
+                                              min_width=110, variant="secondary")
             preview_note = gr.Markdown(first_note, elem_id="preview-note", elem_classes="memstep-note")
             share = gr.HTML(elem_id="share-link", elem_classes="memstep-note")
-            sizes_plot = gr.Plot(first_preview, label="Chunk and memory per step", show_label=False,
-                                 elem_id="sizes-plot")
             run_hint = gr.Markdown(RUN_HINT, elem_id="run-hint", elem_classes="memstep-hint")
             # Hidden until the first streamed update: the page loads without drawing empty plots.
             with gr.Column(visible=False, elem_id="run-views") as run_views:
+                retained_plot = gr.Plot(show_label=False, elem_id="retained-plot")
+                gr.HTML(MAP_POINTER, elem_id="map-token", elem_classes="memstep-note")
                 replay_step = gr.Slider(0, 1, value=0, step=1, interactive=False, elem_id="replay",
                                         label="Replay: the run after step (0 = before the first)")
-                retained_plot = gr.Plot(show_label=False, elem_id="retained-plot")
+                with gr.Column(elem_id="answer-text"):
+                    search = gr.Textbox(label="Search the document", placeholder="a word, a name, a number…",
+                                        elem_id="search", lines=1, max_lines=1)
+                    text = gr.HTML(elem_id="retained-text")
+            sizes_plot = gr.Plot(first_preview, label="Chunk and memory per step", show_label=False,
+                                 elem_id="sizes-plot")
+            with gr.Column(visible=False, elem_id="run-charts") as run_charts:
                 with gr.Row():
                     memory_plot = gr.Plot(show_label=False, elem_id="memory-plot", scale=3)
                     seconds_plot = gr.Plot(show_label=False, elem_id="seconds-plot", scale=2)
                 layers_plot = gr.Plot(show_label=False, elem_id="layers-plot", visible=False)
-                with gr.Column(elem_id="answer-text"):
-                    answer = gr.Markdown(answer_markdown(None), elem_id="answer", container=True)
-                    with gr.Row(elem_id="keep-row"):
-                        try_aware = gr.Button("Try question-aware", variant="primary", visible=False,
-                                              elem_id="try-question-aware", min_width=160)
-                        run_json = gr.DownloadButton("Run JSON", visible=False, elem_id="download-json",
-                                                     min_width=110, variant="secondary")
-                        steps_csv = gr.DownloadButton("Steps CSV", visible=False, elem_id="download-csv",
-                                                      min_width=110, variant="secondary")
-                        charts_png = gr.Button("Charts as PNG", elem_id="download-png", min_width=120,
-                                               variant="secondary")
-                    search = gr.Textbox(label="Search the document", placeholder="a word, a name, a number…",
-                                        elem_id="search", lines=1, max_lines=1)
-                    text = gr.HTML(elem_id="retained-text")
+                charts_png = gr.Button("Charts as PNG", elem_id="download-png", min_width=120,
+                                       variant="secondary")
             with gr.Accordion("How to read these views", open=False):
                 gr.Markdown(GUIDE)
 
@@ -194,17 +210,24 @@ def build_tab() -> RunTab:
     preset.input(handlers.choose_preset, [preset], [scorer, rope, sinks, ways], concurrency_limit=None,
                  api_visibility="private")
     run_outputs = [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, answer, replay_step,
-                   view_state, run_views, run_hint, layers_plot, try_aware, run_json, steps_csv]
+                   view_state, run_views, run_hint, layers_plot, try_aware, run_json, steps_csv, run_charts]
     run_inputs = [doc_state, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens, question,
-                  full_reference, rope, question_aware, ways]
+                  full_reference, rope, question_aware, ways, search]
+    # a new document: the last run's answer, map and numbers are of another text
+    doc_state.change(handlers.reset_views, None, [stats, answer, view_state, run_views, run_charts, run_hint,
+                                                  try_aware, run_json, steps_csv, text],
+                     concurrency_limit=None, show_progress="hidden", api_visibility="private")
     searching = dict(trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
                      api_visibility="private")
     running = dict(concurrency_id="prefill", concurrency_limit=1, show_progress="minimal", show_progress_on=[stats],
                    api_visibility="private")
-    run.click(handlers.run_document, run_inputs, run_outputs, **running).then(
-        handlers.search_text, [search, replay_step, view_state], [text], **searching)
+    failed = dict(fn=handlers.run_failed, inputs=None, outputs=[stats], api_visibility="private",
+                  show_progress="hidden")
+    run.click(handlers.run_document, run_inputs, run_outputs, **running).failure(**failed)
     try_aware.click(handlers.try_question_aware, None, [question_aware], api_visibility="private").then(
-        handlers.run_document, run_inputs, run_outputs, **running)
+        handlers.run_document, run_inputs, run_outputs, **running).failure(**failed)
+    for button in (run, try_aware):  # on a phone the status sits below the controls: bring it into view
+        button.click(None, None, None, js=SHOW_STATUS_JS)
     search.change(handlers.search_text, [search, replay_step, view_state], [text], **searching)
     charts_png.click(None, None, None, js=CHARTS_PNG_JS)
     link_inputs = [example, doc_state, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope,
