@@ -252,7 +252,9 @@ def search_summary(view: RunView, query: str, matches: list[tuple[int, int]], re
     parts = []
     if kept:
         slots = "global layer-head" if records and records[-1].layer_types else "layer-head"
-        parts.append(f"{len(kept)} still in memory (kept by {min(kept):.0%}-{max(kept):.0%} of the {slots} slots)")
+        low, high = f"{min(kept):.0%}", f"{max(kept):.0%}"
+        share = low if low == high else f"{low}-{high}"  # one number when the matches round alike
+        parts.append(f"{len(kept)} still in memory (kept by {share} of the {slots} slots)")
     if gone:
         parts.append(f"{len(gone)} evicted from every slot (the first in step {min(gone)})")
     if unread:
@@ -356,6 +358,8 @@ def answer_markdown(view: RunView | None) -> str:
     story = passkey_story(view) or answer_story(view)
     if story:
         lines += ["", story]
+    elif view.full is None and not view.wants_reference and not view.stopped:
+        lines += ["", NO_REFERENCE_HINT]
     if view.suggests_question_aware and not view.reference_pending:
         lines += ["", QUESTION_AWARE_HINT]
     notices = (view.result.notices or [])
@@ -363,6 +367,10 @@ def answer_markdown(view: RunView | None) -> str:
         lines += ["", "*" + " ".join(html.escape(n) for n in notices) + "*"]
     return "\n".join(lines)
 
+
+NO_REFERENCE_HINT = ("*No full-cache answer to compare with: tick **Also answer from the full cache** (under "
+                     "Advanced) and run again to see what the whole document answers and, where they differ, "
+                     "which step evicted it.*")
 
 QUESTION_AWARE_HINT = ("**Why it can miss.** The scorer keeps what the document's own chunks attend to, and the "
                        "question is not read until the end: under a small memory a small model loses what only the "

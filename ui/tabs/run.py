@@ -69,10 +69,15 @@ class RunTab:
 # Every chart of the tab saved as PNG in the browser (Plotly's own export, drawn again from its
 # layout, so light even in dark mode): nothing to install on the server, works on a Space.
 CHARTS_PNG_JS = """() => {
+  // the files are named by the run's settings (the state card: "done · FM c256 M256"), like the downloads
+  const state = document.querySelector('#stats [data-stat="state"] .memstep-stat-value')?.innerText || "";
+  const label = (state.split("·").slice(1).join("·") || "run").trim().toLowerCase().replace(/[^a-z0-9]+/g, "-")
+    .replace(/^-|-$/g, "");
   for (const id of ["sizes-plot", "retained-plot", "memory-plot", "seconds-plot", "layers-plot"]) {
     const chart = document.querySelector(`#${id} .js-plotly-plot`);
     if (chart && chart.offsetParent !== null && window.Plotly) {
-      window.Plotly.downloadImage(chart, {format: "png", filename: `memstep-${id.replace("-plot", "")}`, scale: 2});
+      window.Plotly.downloadImage(chart, {format: "png", filename: `memstep-${label}-${id.replace("-plot", "")}`,
+                                          scale: 2});
     }
   }
 }"""
