@@ -111,3 +111,29 @@ def test_the_step_csv_counts_steps_from_one_like_the_page(fm):
     rows = list(csv.DictReader(io.StringIO(steps_csv(result))))
     assert [int(r["step"]) for r in rows] == [1, 2, 3, 4, 5]
     assert RunResult  # the JSON keeps the records' own index (it equals `memstep run --json`)
+
+
+def test_a_size_beyond_its_slider_is_named_and_put_back_in_use():
+    """Chunk 100,000 on a 1,524-token document and memory 1,000,000: one note per field, in its
+    own words, and the boxes get the values the preview uses (not Gradio's 'Value 100000 is
+    greater than maximum value 1524', once per event, with the box keeping 100,000)."""
+    import warnings
+
+    from memstep.models import default_model
+    from ui import handlers
+
+    doc = handlers.default_document()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        figure, note, run, chunk, memory = handlers.preview_page(doc, default_model(), "fm", "linear", 100_000,
+                                                                 1_000_000, 4, None)
+    tokens = chunk["maximum"]
+    assert [str(w.message) for w in caught] == [
+        f"Chunk size c: 100,000 is more than this document's tokens ({tokens:,}); using {tokens:,}.",
+        "Memory size M: 1,000,000 is more than the largest memory this page runs (8,192); using 8,192."]
+    assert chunk["value"] == tokens and memory["value"] == handlers.MEMORY_MAX
+    assert note.startswith("**Preview** · 1 steps") and f"over {tokens:,} tokens" in note
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        *_, chunk, memory = handlers.preview_page(doc, default_model(), "fm", "linear", 256, 256, 4, None)
+    assert not caught and "value" not in chunk and "value" not in memory  # in range: the boxes are the user's

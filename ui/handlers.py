@@ -19,10 +19,11 @@ from memstep.documents import tokenize_prefix
 from memstep.generate import prompt_parts
 from memstep.models import default_model, offered_models
 from memstep.presets import SWITCHES, other_value, preset_settings
-from memstep.schedules import make_schedule
+from memstep.schedules import MAX_SIZE_TOKENS, make_schedule
 
 from ui.documents import (DEFAULT_EXAMPLE, EXAMPLE_SETTINGS, TOKENIZER_FREE_EXAMPLE, DocumentSource, describe, example,
                           read_upload, uploaded_path)
+from ui.fields import settle
 from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure, schedule_figure
 from ui.inputs import flag
 from ui.models import cached_model, context_tokens, get_model, layer_count, normalize_spec, preview_tokenizer
@@ -159,18 +160,33 @@ def _estimate_note(model, plan, sinks: int) -> str:
     return f" · **{about(seconds)}** on this machine (planned)" if seconds else ""
 
 
+MEMORY_MAX = 8192  # the memory slider's end (the embedded model's context)
+
+
 def preview_page(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens, rope="compact",
                  ways=None):
     """The preview, and the controls that follow it: Run only for a valid setting, the chunk
-    slider no longer than the document (the same rule as the run)."""
-    figure, note = preview(doc, model, schedule, growth, chunk, memory, sinks, max_tokens, rope, ways)
-    valid = not note.startswith("⚠")
+    slider no longer than the document (the same rule as the run). A size typed beyond its
+    slider's ends goes to the nearest end, with a note naming the field, and the box shows it."""
+    memory, memory_note = settle(memory, "Memory size M", 0, MEMORY_MAX, "the largest memory this page runs")
+    chunk, chunk_note = settle(chunk, "Chunk size c", 16, MAX_SIZE_TOKENS, "the least chunk this page runs")
     try:
-        tokens = preview_tokens(doc, model, max_tokens, settings_from(schedule, chunk, memory, growth, None, sinks,
-                                                                      rope))
+        tokens = max(16, preview_tokens(doc, model, max_tokens,
+                                        settings_from(schedule, chunk, memory, growth, None, sinks, rope)))
+        chunk, note = settle(chunk, "Chunk size c", 16, tokens, "this document's tokens")
+        chunk_note = note or chunk_note
     except MemstepError:
-        return figure, note, gr.update(interactive=valid), gr.skip()
-    return figure, note, gr.update(interactive=valid), gr.update(maximum=max(16, tokens))
+        tokens = None
+    for note in (chunk_note, memory_note):
+        if note:
+            gr.Warning(note, title=ERROR_TITLE)
+    figure, text = preview(doc, model, schedule, growth, chunk, memory, sinks, max_tokens, rope, ways)
+    valid = not text.startswith("⚠")
+    chunk_update = {} if tokens is None else {"maximum": tokens}
+    if chunk_note:
+        chunk_update["value"] = chunk
+    return (figure, text, gr.update(interactive=valid), gr.update(**chunk_update) if chunk_update else gr.skip(),
+            gr.update(value=memory) if memory_note else gr.skip())
 
 
 def preview_tokens(doc: DocumentSource, model, max_tokens, settings=None) -> int:

@@ -15,6 +15,7 @@ from memstep.schedules import GROWTHS
 from memstep.scorers import SCORERS
 
 from ui import handlers, legend
+from ui.fields import OpenSlider
 from ui.documents import DEFAULT_EXAMPLE, EXAMPLES, MAX_UPLOAD_BYTES
 from ui.runs import DEFAULT_MAX_TOKENS
 from ui.summary import stat_cards
@@ -122,9 +123,9 @@ def build_tab() -> RunTab:
             question = gr.Textbox(document.question, label="Question (optional)", lines=1,
                                   elem_id="question")
             schedule = gr.Radio(SCHEDULE_CHOICES, value="imdc", label="Schedule", elem_id="schedule")
-            chunk = gr.Slider(16, _chunk_limit(document), value=512, step=16, label="Chunk size c (tokens)", elem_id="chunk",
+            chunk = OpenSlider(16, _chunk_limit(document), value=512, step=16, label="Chunk size c (tokens)", elem_id="chunk",
                               info=CHUNK_INFO)
-            memory = gr.Slider(0, 8192, value=512, step=4, label="Memory size M (tokens)",
+            memory = OpenSlider(0, handlers.MEMORY_MAX, value=512, step=4, label="Memory size M (tokens)",
                                elem_id="memory", info="Tokens kept after each step, besides the sinks "
                                "(at least the sinks).")
             # the paper's finer settings, folded: each keeps a default that runs
@@ -203,7 +204,7 @@ def build_tab() -> RunTab:
     preview_inputs = [doc_state, model, schedule, growth, chunk, memory, sinks, max_tokens, rope, ways]
     gr.on([doc_state.change, model.change, schedule.change, growth.change, chunk.change, memory.change,
            sinks.change, max_tokens.change, rope.change, ways.change],
-          handlers.preview_page, preview_inputs, [sizes_plot, preview_note, run, chunk],
+          handlers.preview_page, preview_inputs, [sizes_plot, preview_note, run, chunk, memory],
           trigger_mode="always_last", concurrency_limit=None, show_progress="hidden", api_visibility="private")
     example.input(handlers.choose_example, [example, model],
                   [doc_state, question, doc_info, upload, chunk, memory, max_tokens, rope],
