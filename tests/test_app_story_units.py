@@ -137,3 +137,21 @@ def test_a_size_beyond_its_slider_is_named_and_put_back_in_use():
         warnings.simplefilter("always")
         *_, chunk, memory = handlers.preview_page(doc, default_model(), "fm", "linear", 256, 256, 4, None)
     assert not caught and "value" not in chunk and "value" not in memory  # in range: the boxes are the user's
+
+
+def test_step_axes_thin_their_labels_at_many_steps():
+    from ui.figures import seconds_figure, step_dtick
+
+    assert [step_dtick(n) for n in (3, 16, 17, 40, 99, 153, 1000)] == [1, 1, 2, 5, 10, 20, 200]
+    schedule = make_schedule("fm", 153 * 64, 64, 64)
+    fig = seconds_figure(fake_records(schedule), schedule.steps)
+    labelled = (fig.layout.xaxis.range[1] - fig.layout.xaxis.range[0]) / fig.layout.xaxis.dtick
+    assert fig.layout.xaxis.dtick == 20 and labelled <= 8  # 153 steps: 20, 40, ... 140
+
+
+def test_dark_mode_repaints_legend_markers_the_toolbar_and_the_text_view():
+    from ui.theme import dark_css
+
+    css = dark_css()
+    assert ".legendpoints path[style*='fill: rgb(30, 58, 138)']" in css  # the navy kept-memory marker
+    assert ".dark .memstep-paper {" in css and ".modebar-btn path" in css

@@ -105,10 +105,23 @@ def _style(fig: go.Figure, title: str, height: int, xtitle: str, ytitle: str) ->
     return fig
 
 
+def step_dtick(steps: int) -> int:
+    """The step between labelled ticks: a round number (1, 2, 5, 10, 20, 25, 50, ...) giving at
+    most 16 labels, and at most 8 once they take three digits (a whole book's 153 steps on a
+    third of a laptop, or a phone)."""
+    most = 16 if steps < 100 else 8
+    for scale in (1, 10, 100, 1000, 10_000):
+        for base in (1, 2, 2.5, 5):
+            tick = int(base * scale)
+            if tick == base * scale and math.ceil(steps / tick) <= most:
+                return tick
+    return math.ceil(steps / most)
+
+
 def _step_axis(fig: go.Figure, steps: int) -> None:
     """Integer step ticks 1..steps with the full range fixed, so streaming never rescales."""
-    fig.update_xaxes(range=[0.5, steps + 0.5], tickmode="linear", tick0=1,
-                     dtick=max(1, math.ceil(steps / 16)))
+    tick = step_dtick(steps)
+    fig.update_xaxes(range=[0.5, steps + 0.5], tickmode="linear", tick0=1 if tick == 1 else 0, dtick=tick)
 
 
 def _highlight_step(fig: go.Figure, current: int | None) -> None:
