@@ -134,7 +134,12 @@ document.addEventListener("keydown", (event) => {
       if (!shown) say("That part of the document is outside the text view's window (it holds the tokens last read).");
     });
   };
-  new MutationObserver(bind).observe(document.documentElement, {childList: true, subtree: true});
+  // The address bar carries the settings (the page's own link to them): a copied address reopens them.
+  const address = () => {
+    const query = document.querySelector("#memstep-link")?.getAttribute("href");
+    if (query && query.startsWith("?") && query !== location.search) history.replaceState(null, "", query);
+  };
+  new MutationObserver(() => { bind(); address(); }).observe(document.documentElement, {childList: true, subtree: true});
 })();
 </script>
 """
