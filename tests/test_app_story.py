@@ -45,7 +45,7 @@ def _settle(page, label: str) -> None:
 
 def _in_viewport(page, selector: str) -> bool:
     return page.evaluate("""(sel) => { const r = document.querySelector(sel).getBoundingClientRect();
-                                       return r.top >= 0 && r.top < window.innerHeight; }""", selector)
+                                       return r.top > -2 && r.top < window.innerHeight - 40; }""", selector)
 
 
 def test_on_a_phone_run_brings_the_status_into_view_and_stop_leaves_no_time(phone):
@@ -59,7 +59,7 @@ def test_on_a_phone_run_brings_the_status_into_view_and_stop_leaves_no_time(phon
     assert not _in_viewport(phone, "#stats")  # the controls fill a phone's first screen
     phone.locator("#run").click()
     phone.wait_for_function("""() => { const r = document.querySelector('#stats').getBoundingClientRect();
-                                       return r.top >= 0 && r.top < window.innerHeight; }""", timeout=10_000)
+                                       return r.top > -2 && r.top < window.innerHeight - 40; }""", timeout=10_000)
     wait_for_state(phone, "running", timeout_s=120)
     phone.wait_for_function("() => /step [2-9]/.test(document.querySelector('#memstep-now')?.innerText || '')",
                             timeout=120_000)

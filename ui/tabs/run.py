@@ -85,8 +85,14 @@ CHARTS_PNG_JS = """() => {
 
 
 # After Run on a narrow screen (the columns stacked), scroll to the live status.
-SHOW_STATUS_JS = """() => {
-  if (window.innerWidth < 1000) document.querySelector("#stats")?.scrollIntoView({behavior: "smooth", block: "start"});
+SHOW_STATUS_JS = """(...inputs) => {
+  if (window.innerWidth < 1000) {
+    // at once, and again once the run's first update has redrawn the status (a redraw cancels a scroll)
+    const show = () => document.querySelector("#stats")?.scrollIntoView({block: "start"});
+    show();
+    setTimeout(show, 400);
+  }
+  return inputs;  // the run's inputs, unchanged
 }"""
 
 MAP_POINTER = ('<span id="memstep-map-token">Point at the map to read the tokens under the pointer; click to '
@@ -175,8 +181,6 @@ def build_tab() -> RunTab:
                                              min_width=110, variant="secondary")
                 steps_csv = gr.DownloadButton("Steps CSV", visible=False, elem_id="download-csv",
                                               min_width=110, variant="secondary")
-            preview_note = gr.Markdown(first_note, elem_id="preview-note", elem_classes="memstep-note")
-            share = gr.HTML(elem_id="share-link", elem_classes="memstep-note")
             run_hint = gr.Markdown(RUN_HINT, elem_id="run-hint", elem_classes="memstep-hint")
             # Hidden until the first streamed update: the page loads without drawing empty plots.
             with gr.Column(visible=False, elem_id="run-views") as run_views:
@@ -188,6 +192,9 @@ def build_tab() -> RunTab:
                     search = gr.Textbox(label="Search the document", placeholder="a word, a name, a number…",
                                         elem_id="search", lines=1, max_lines=1)
                     text = gr.HTML(elem_id="retained-text")
+            # the preview (before a run) and the how (after): the schedule, its numbers, its link
+            preview_note = gr.Markdown(first_note, elem_id="preview-note", elem_classes="memstep-note")
+            share = gr.HTML(elem_id="share-link", elem_classes="memstep-note")
             sizes_plot = gr.Plot(first_preview, label="Chunk and memory per step", show_label=False,
                                  elem_id="sizes-plot")
             with gr.Column(visible=False, elem_id="run-charts") as run_charts:
@@ -229,11 +236,10 @@ def build_tab() -> RunTab:
                    api_visibility="private")
     failed = dict(fn=handlers.run_failed, inputs=None, outputs=[stats], api_visibility="private",
                   show_progress="hidden")
-    run.click(handlers.run_document, run_inputs, run_outputs, **running).failure(**failed)
+    # on a phone the status sits below the controls: Run brings it into view
+    run.click(handlers.run_document, run_inputs, run_outputs, js=SHOW_STATUS_JS, **running).failure(**failed)
     try_aware.click(handlers.try_question_aware, None, [question_aware], api_visibility="private").then(
-        handlers.run_document, run_inputs, run_outputs, **running).failure(**failed)
-    for button in (run, try_aware):  # on a phone the status sits below the controls: bring it into view
-        button.click(None, None, None, js=SHOW_STATUS_JS)
+        handlers.run_document, run_inputs, run_outputs, js=SHOW_STATUS_JS, **running).failure(**failed)
     search.change(handlers.search_text, [search, replay_step, view_state], [text], **searching)
     charts_png.click(None, None, None, js=CHARTS_PNG_JS)
     link_inputs = [example, doc_state, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope,
