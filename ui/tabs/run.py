@@ -28,9 +28,10 @@ ROPE_INFO = "compact: " + ROPE_HELP["compact"] + ". document: " + ROPE_HELP["doc
 CHUNK_INFO = ("FM, IM: every chunk is c. IMDC: c sets the steps (⌈tokens/c⌉); chunks then shrink as memory "
               "grows, keeping memory + chunk level.")
 
-RUN_HINT = ("Press **Run** (or Ctrl+Enter): each step streams the retained-token map (which positions memory keeps), "
-            "memory and seconds per step, then the answer to the question and the text shaded by what the "
-            "memory kept. While a run streams, the chart above follows it step by step.")
+RUN_HINT = ("Press **Run** (or Ctrl+Enter): the status above follows each step with the time left; the answer "
+            "comes here, beside Run. Then the retained-token map (point at it to read its tokens, click to move "
+            "the text and the replay there), the text shaded by what the memory kept, and how it ran: chunk and "
+            "memory, bytes and seconds per step.")
 
 GUIDE = """
 **Chunk and memory per step.** Each bar is one step: blue is the memory the step starts with (cache
@@ -122,7 +123,7 @@ def build_tab() -> RunTab:
                                       elem_id="example")
                 upload = gr.File(label=f"…or upload a document ({' '.join(SUPPORTED_EXTENSIONS)}, up to "
                                        f"{MAX_UPLOAD_BYTES // 2**20} MB)",
-                                 file_types=list(SUPPORTED_EXTENSIONS), type="filepath", height=110,
+                                 file_types=list(SUPPORTED_EXTENSIONS), type="filepath", height=150,
                                  elem_id="upload")
             doc_info = gr.Markdown(handlers.describe_document(document, default_model()),
                                    elem_id="doc-info", elem_classes="memstep-note")
