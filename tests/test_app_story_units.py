@@ -155,3 +155,18 @@ def test_dark_mode_repaints_legend_markers_the_toolbar_and_the_text_view():
     css = dark_css()
     assert ".legendpoints path[style*='fill: rgb(30, 58, 138)']" in css  # the navy kept-memory marker
     assert ".dark .memstep-paper {" in css and ".modebar-btn path" in css
+
+
+def test_the_last_runs_views_say_when_the_controls_moved_on(fm):
+    from ui import handlers
+    from ui.runs import RunSettings
+    from ui.views import RunView
+
+    view = RunView(word_document(fm), RunSettings("fm", 256, 256), fm, records=fake_records(fm))
+    same = ("fm", "linear", 256, 256, "chunk-attention", 4, "compact", False, "q?")
+    assert handlers.stale_note(None, *same) == "" and handlers.stale_note(view, *same) == ""
+    moved = handlers.stale_note(view, "fm", "linear", 512, 256, "chunk-attention", 4, "compact", False, "q?")
+    assert "last run (FM c256 M256)" in moved and "Press **Run**" in moved
+    view.result = SimpleNamespace(question="Who?")
+    assert "asked “Who?”" in handlers.stale_note(view, *same[:-1], "Who is it?")
+    assert handlers.stale_note(view, *same[:-1], " Who? ") == ""

@@ -7,6 +7,7 @@ gr.Warning where the page can carry on); the app keeps serving the next request.
 from __future__ import annotations
 
 import hashlib
+import html
 import threading
 import time
 from collections import OrderedDict
@@ -219,6 +220,26 @@ def reset_views():
     return (stat_cards([("state", "run", "not run yet")]), answer_markdown(None), None, gr.Column(visible=False),
             gr.Column(visible=False), gr.Markdown(visible=True), gr.Button(visible=False),
             gr.DownloadButton(visible=False), gr.DownloadButton(visible=False), "")
+
+
+def stale_note(view: RunView | None, schedule, growth, chunk, memory, scorer, sinks, rope, question_aware, question,
+               ways=None) -> str:
+    """A line over the last run's views when the controls no longer match it (they stay, for
+    reading, but say whose they are); '' while they match or before a run."""
+    if view is None:
+        return ""
+    try:
+        now = settings_from(schedule, chunk, memory, growth, scorer, sinks, rope, question_aware,
+                            *reference_ways(WAY_DEFAULTS if ways is None else ways))
+    except MemstepError:
+        now = None
+    asked = (view.result.question if view.result else None) or ""
+    same_question = view.result is None or (question or "").strip() == asked.strip()  # asked: known at the answer
+    if now == view.settings and same_question:
+        return ""
+    return (f"⟳ The views below are of the last run ({view.settings.label()}"
+            + (f", asked “{html.escape(asked.strip())}”" if asked.strip() else "") + "): the settings or the "
+            "question have changed since. Press **Run** to see them.")
 
 
 def run_failed():

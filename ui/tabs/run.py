@@ -174,6 +174,7 @@ def build_tab() -> RunTab:
         # the story's order: status and answer first (beside Run), the map and its words, then the how
         with gr.Column(scale=9, elem_id="memstep-results"):
             stats = gr.HTML(stat_cards([("state", "run", "not run yet")]), elem_id="stats")
+            stale = gr.Markdown(elem_id="stale-note", elem_classes="memstep-note")
             answer = gr.Markdown(answer_markdown(None), elem_id="answer", container=True)
             with gr.Row(elem_id="keep-row"):
                 try_aware = gr.Button("Try question-aware", variant="primary", visible=False,
@@ -237,6 +238,10 @@ def build_tab() -> RunTab:
                    api_visibility="private")
     failed = dict(fn=handlers.run_failed, inputs=None, outputs=[stats], api_visibility="private",
                   show_progress="hidden")
+    # the last run's views say so when the controls no longer match them
+    stale_inputs = [view_state, schedule, growth, chunk, memory, scorer, sinks, rope, question_aware, question, ways]
+    gr.on([c.change for c in stale_inputs], handlers.stale_note, stale_inputs, [stale], trigger_mode="always_last",
+          concurrency_limit=None, show_progress="hidden", api_visibility="private")
     # on a phone the status sits below the controls: Run brings it into view
     run.click(handlers.run_document, run_inputs, run_outputs, js=SHOW_STATUS_JS, **running).failure(**failed)
     try_aware.click(handlers.try_question_aware, None, [question_aware], api_visibility="private").then(
