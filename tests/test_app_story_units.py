@@ -170,3 +170,18 @@ def test_the_last_runs_views_say_when_the_controls_moved_on(fm):
     view.result = SimpleNamespace(question="Who?")
     assert "asked “Who?”" in handlers.stale_note(view, *same[:-1], "Who is it?")
     assert handlers.stale_note(view, *same[:-1], " Who? ") == ""
+
+
+def test_the_size_sliders_leave_the_bounds_to_memstep():
+    import gradio as gr
+
+    from ui.fields import OpenSlider, settle
+
+    with gr.Blocks():
+        slider = OpenSlider(16, 1524, value=512, step=16)
+    assert slider.get_block_name() == "slider"  # the page draws Gradio's own slider
+    assert slider.preprocess(100_000) == 100_000 and slider.preprocess("x") == "x"  # no generic error
+    assert settle(100_000, "Chunk size c", 16, 1524, "this document's tokens") == (
+        1524, "Chunk size c: 100,000 is more than this document's tokens (1,524); using 1,524.")
+    assert settle(8, "Chunk size c", 16, 1524)[0] == 16 and settle(512, "Chunk size c", 16, 1524) == (512, None)
+    assert settle(float("nan"), "M", 0, 10) == (settle(float("nan"), "M", 0, 10)[0], None)  # left for the check

@@ -10,20 +10,25 @@ the box.
 from __future__ import annotations
 
 import math
+from abc import ABCMeta
 
 import gradio as gr
 
 
-class OpenSlider(gr.Slider):
-    """gr.Slider (the same widget: a template of it) without Gradio's bounds check."""
+def _open_preprocess(self, payload):
+    """gr.Slider's preprocess without its bounds check."""
+    try:
+        return gr.Number.round_to_precision(payload, self.precision)
+    except (TypeError, ValueError, OverflowError):
+        return payload  # memstep's own check (ui/inputs.whole_number) says what is wrong
 
-    is_template = True
 
-    def preprocess(self, payload):
-        try:
-            return gr.Number.round_to_precision(payload, self.precision)
-        except (TypeError, ValueError, OverflowError):
-            return payload  # memstep's own check (ui/inputs.whole_number) says what is wrong
+# gr.Slider (the same widget: a template of it) without Gradio's bounds check. Made with ABCMeta
+# itself: Gradio's ComponentMeta would add nothing here (no events, no __init__) but a .pyi stub
+# written beside this module at import.
+OpenSlider = ABCMeta.__new__(type(gr.Slider), "OpenSlider", (gr.Slider,),
+                             {"__module__": __name__, "is_template": True, "preprocess": _open_preprocess,
+                              "__doc__": "gr.Slider without Gradio's bounds check (memstep's own check names the field)."})
 
 
 def settle(value, name: str, least: int, most: int, why: str = "") -> tuple[object, str | None]:
