@@ -184,4 +184,4 @@ def test_the_size_sliders_leave_the_bounds_to_memstep():
     assert settle(100_000, "Chunk size c", 16, 1524, "this document's tokens") == (
         1524, "Chunk size c: 100,000 is more than this document's tokens (1,524); using 1,524.")
     assert settle(8, "Chunk size c", 16, 1524)[0] == 16 and settle(512, "Chunk size c", 16, 1524) == (512, None)
-    assert settle(float("nan"), "M", 0, 10) == (settle(float("nan"), "M", 0, 10)[0], None)  # left for the check
+    assert settle(float("nan"), "M", 0, 10)[1] is None and settle("ten", "M", 0, 10) == ("ten", None)  # for the check
