@@ -1,6 +1,8 @@
-"""The Run tab: controls on the left (document, question, schedule, sizes, scorer, model),
-the run's views on the right (schedule preview, retained-token map, memory, seconds, answer,
-text), streamed step by step. The event functions are in ui/handlers.py."""
+"""The Run tab, in the order of the story it tells: on the left Run, the document, the question,
+the schedule, c and M (the rest under "Advanced"); on the right the live status and the answer
+beside Run, then the retained-token map tied to the text (point at it, click it), then how the run
+went (chunk and memory, bytes, seconds per step), streamed step by step. The event functions
+are in ui/handlers.py."""
 
 from __future__ import annotations
 
