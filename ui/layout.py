@@ -102,11 +102,13 @@ document.addEventListener("keydown", (event) => {
   };
   const bind = () => {
     const gd = document.querySelector("#retained-plot .js-plotly-plot");
+    // after every redraw (Plotly.newPlot drops listeners, Plotly.react keeps them): ours, once
     if (!gd || !gd.on || gd.__memstepLayout === gd._fullLayout) return;
     gd.__memstepLayout = gd._fullLayout;
-    if (gd.__memstepBound) return;  // Plotly.react keeps the listeners; newPlot gives a new element
-    gd.__memstepBound = true;
-    gd.on("plotly_hover", (event) => {
+    for (const [name, handler] of Object.entries(gd.__memstepHandlers || {})) gd.removeListener(name, handler);
+    gd.__memstepHandlers = {};
+    const on = (name, handler) => { gd.__memstepHandlers[name] = handler; gd.on(name, handler); };
+    on("plotly_hover", (event) => {
       const point = cell(event);
       if (!point) return;
       const {column, meta, first, last} = columnOf(gd, point);
@@ -118,7 +120,7 @@ document.addEventListener("keydown", (event) => {
         `kept by ${Math.round(100 * point.z)}% of the slots`;
       say(`${where}, after step ${point.y}: <b>${esc(words)}</b> · ${kept}`);
     });
-    gd.on("plotly_click", (event) => {
+    on("plotly_click", (event) => {
       const point = cell(event);
       if (!point) return;
       const {meta, first} = columnOf(gd, point);
