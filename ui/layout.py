@@ -52,6 +52,10 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
 .memstep-search-result { margin-top: 4px; }
 /* touch screens: Plotly's toolbar would cover every chart's title (the PNGs: "Charts as PNG") */
 @media (hover: none) { .js-plotly-plot .modebar-container { display: none !important; } }
+/* a dropdown's value ends in "…" before its arrow instead of running under it (Gradio gives the
+   value's box min-width: min-content) */
+.secondary-wrap { min-width: 0 !important; }
+.secondary-wrap input { min-width: 0; text-overflow: ellipsis; }
 #map-token { min-height: 2.6em; margin: -4px 0 4px; }
 #memstep-map-token b { color: var(--body-text-color); }
 .memstep-paper [data-t].memstep-pointed { outline: 3px solid #f59e0b; outline-offset: 1px; }
