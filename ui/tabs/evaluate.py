@@ -215,12 +215,10 @@ EMPTY = {"rows": [], "heatmaps": {}, "dominated": []}
 
 
 def app_style(fig):
-    """The evaluation's figures in the page's ink and type (readable labels; dark mode repaints
-    this ink, ui/theme.py)."""
-    fig.update_layout(font=FONT, template="plotly_white")
-    fig.update_annotations(font=dict(size=12, color=FONT["color"]))
-    fig.update_xaxes(tickfont_size=11, title_font_size=12)
-    fig.update_yaxes(tickfont_size=11, title_font_size=12)
+    """The evaluation's figures in the page's ink and type (dark mode repaints this ink,
+    ui/theme.py); the sizes stay those memstep.evaluation.plots laid the figures out for."""
+    fig.update_layout(font=dict(family=FONT["family"], color=FONT["color"]), template="plotly_white")
+    fig.update_annotations(font=dict(color=FONT["color"]))
     return fig
 
 
