@@ -201,11 +201,12 @@ def _ratio(value: float | None) -> str:
 def summary_table(plans: dict[str, planner.Plan], longest: dict[str, planner.Longest] | None = None) -> list[list]:
     """Rows for TABLE_HEADERS: peaks, totals, fit, ratios against FM and full, longest context."""
     rows = []
-    for row in planner.summary_rows(plans, longest):
+    for name, row in zip(plans, planner.summary_rows(plans, longest)):
+        reach = _longest(longest[name]) if longest and name in longest else row.get("longest_context", "")
         rows.append([row["schedule"], f"{row['steps']:,}", f"{row['peak_gib']:,.2f} GiB",
                      f"{row['kv_peak_gib']:,.3f} GiB", "yes" if row["fits"] else "NO", f"{row['seconds']:,.2f} s",
                      f"{row['tflops']:,.1f}", _ratio(row["peak_vs_fm"]), _ratio(row["seconds_vs_fm"]),
-                     _ratio(row["peak_vs_full"]), _ratio(row["seconds_vs_full"]), row.get("longest_context", "")])
+                     _ratio(row["peak_vs_full"]), _ratio(row["seconds_vs_full"]), reach])
     return rows
 
 
