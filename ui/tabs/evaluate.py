@@ -215,9 +215,10 @@ EMPTY = {"rows": [], "heatmaps": {}, "dominated": []}
 
 
 def app_style(fig):
-    """The evaluation's figures in the page's ink and type (dark mode repaints this ink,
-    ui/theme.py); the sizes stay those memstep.evaluation.plots laid the figures out for."""
-    fig.update_layout(font=dict(family=FONT["family"], color=FONT["color"]), template="plotly_white")
+    """The evaluation's figures in the page's ink (dark mode repaints this ink, ui/theme.py); the
+    type and sizes stay those memstep.evaluation.plots laid the figures out for (the page's wider
+    type pushed an axis title out of a phone's chart)."""
+    fig.update_layout(font=dict(color=FONT["color"]), template="plotly_white")
     fig.update_annotations(font=dict(color=FONT["color"]))
     return fig
 
