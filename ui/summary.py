@@ -76,8 +76,7 @@ class ComparedRun:
 COMPARE_HEADERS = ["run", "steps", "wall s", "CPU s", "× FM time", "× FM FLOPs (modeled)", "peak measured",
                    "peak modeled", "above weights", "× FM memory", "kept tokens", "passkey kept", "answer",
                    "passkey answered"]
-# the answer gets the room it needs to read in a few lines (numbers are short)
-COMPARE_WIDTHS = ["9%", "4%", "4%", "4%", "5%", "6%", "6%", "6%", "6%", "5%", "6%", "5%", "26%", "8%"]
+COMPARE_WIDTHS = ["11%", "5%", "5%", "5%", "6%", "8%", "7%", "7%", "7%", "6%", "7%", "7%", "11%", "8%"]
 ANSWER_CHARS = 160  # an answer in the table (the Run tab shows whole answers)
 
 
