@@ -436,7 +436,7 @@ def docs(summary: dict, cells: list[dict], earlier: dict | None, gemma3: Path | 
         notes = (Path(__file__).parent / "eval_docs_earlier.md").read_text(encoding="utf-8").split("-->", 1)[1]
         setup, reading = notes.split("<!-- table -->")
         parts += ["", "## The earlier grid: RoPE positions and scorers (question-agnostic, passkey template)", "",
-                  "From `results/summary.json` (`memstep eval` with `--ropes compact,document --scorers "
+                  "From `results/legacy-grid/summary.json` (`memstep eval` with `--ropes compact,document --scorers "
                   "chunk-attention,conv,snapkv`, kvpress SnapKV with its default window of 64 tokens and "
                   "StreamingLLM, and with the question ending the context but the window still 64): accuracy "
                   "over all cases, before needle kinds, KL and counted accuracy existed. Its kvpress rows are "
@@ -485,7 +485,7 @@ def replace_block(path: Path, block: str) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", default="results/eval")
-    parser.add_argument("--earlier", default="results", help="the earlier grid's folder (its summary.json)")
+    parser.add_argument("--earlier", default="results/legacy-grid", help="the earlier grid's folder (its summary.json)")
     parser.add_argument("--gemma3", default="results/eval-gemma3", help="the Gemma 3 results folder ('' = none)")
     parser.add_argument("--docs", default="docs/evaluation.md")
     parser.add_argument("--readme", default=None)

@@ -1,10 +1,11 @@
 """Screenshots of every tab after real runs, at a laptop's width (1440 px) and a phone's (390 px),
 for the README and docs/ (docs/screenshots/).
 
-Launches the app on a free port and, at each width: runs the default example (a 1.5k-token
-passkey document, IMDC, with the full-cache answer) on the Run tab and captures it and each of
-its views; runs the Compare tab (FM, IM, IMDC on the same document); captures the Plan,
-Evaluate and Compress tabs. PNGs are palette-quantized to stay small. Prints each file and the
+Launches the app on a free port and, at each width, in light and in dark mode: runs the default
+example (a 1.5k-token passkey document, IMDC, with the full-cache answer) on the Run tab, points
+at the retained-token map (its words show under it) and captures the tab and each of its views;
+runs the Compare tab (FM, IM, IMDC on the same document; light mode: the dark pass shows the tab
+as it opens); captures the Plan, Evaluate and Compress tabs. Dark files end in ``_dark``. PNGs are palette-quantized to stay small. Prints each file and the
 page's width, so a horizontal overflow shows here too.
 
     flock /tmp/memstep-heavy.lock .venv/bin/python scripts/screenshots.py     # 10-15 minutes on 2 cores
@@ -29,8 +30,9 @@ from ui.browser import (chromium, chromium_page, new_page, open_app, serve, wait
 from ui.layout import build_app  # noqa: E402
 
 WIDTHS = {"wide": {"width": 1440, "height": 1000}, "phone": {"width": 390, "height": 844}}
-RUN_VIEWS = {"chunk_memory": "#sizes-plot", "retained_tokens": "#retained-plot", "memory": "#memory-plot",
-             "seconds": "#seconds-plot", "text_answer": "#answer-text"}
+RUN_VIEWS = {"answer": "#answer", "chunk_memory": "#sizes-plot", "retained_tokens": "#retained-plot",
+             "memory": "#memory-plot", "seconds": "#seconds-plot", "text": "#answer-text"}
+THEMES = {"light": "", "dark": "?__theme=dark"}  # Gradio's own switch
 LIMIT_BYTES = 400_000
 SEARCH = "Elliot"  # a name the default example's text holds: the view outlines its matches
 
@@ -73,12 +75,24 @@ def open_tab(page, title: str) -> None:
     time.sleep(2.5)
 
 
-def capture_width(browser, url: str, name: str, out: Path, compare: bool) -> list[Path]:
-    shots: list[Path] = []
+def point_at_map(page) -> None:
+    """Hover the middle of the retained-token map: the tokens under the pointer show beneath it."""
+    drag = page.locator("#retained-plot .nsewdrag").first
+    drag.scroll_into_view_if_needed()
+    box = drag.bounding_box()
+    for dx in (0, 2):
+        page.mouse.move(box["x"] + box["width"] * 0.45 + dx, box["y"] + box["height"] * 0.8)
+    time.sleep(0.5)
 
-    def save(filename: str, selector: str | None = None) -> None:
-        path = out / f"{filename}_{name}.png"
-        page.mouse.move(0, 0)
+
+def capture_width(browser, url: str, name: str, out: Path, compare: bool, theme: str = "light") -> list[Path]:
+    shots: list[Path] = []
+    tag = name if theme == "light" else f"{name}_{theme}"
+
+    def save(filename: str, selector: str | None = None, keep_pointer: bool = False) -> None:
+        path = out / f"{filename}_{tag}.png"
+        if not keep_pointer:
+            page.mouse.move(0, 0)
         if selector:
             element(page, selector, path)
         else:
@@ -87,10 +101,10 @@ def capture_width(browser, url: str, name: str, out: Path, compare: bool) -> lis
         print(f"{path.name}: page overflow {overflow(page)} px", flush=True)
 
     page = new_page(browser, WIDTHS[name])
-    open_app(page, url)
+    open_app(page, url + THEMES[theme])
     time.sleep(1)
-    page.screenshot(path=str(out / f"run_before_{name}.png"))
-    shots.append(out / f"run_before_{name}.png")
+    page.screenshot(path=str(out / f"run_before_{tag}.png"))
+    shots.append(out / f"run_before_{tag}.png")
     began = time.perf_counter()
     page.locator("#run").click()
     wait_for_state(page, "done", timeout_s=1200)
@@ -100,10 +114,16 @@ def capture_width(browser, url: str, name: str, out: Path, compare: bool) -> lis
     page.locator("#search textarea, #search input").first.fill(SEARCH)
     page.wait_for_function("() => document.querySelector('#retained-text .memstep-search-result')", timeout=30_000)
     time.sleep(1)
-    save("run")
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=str(out / f"run_first_screen_{tag}.png"))  # what a reader sees beside Run
+    shots.append(out / f"run_first_screen_{tag}.png")
+    point_at_map(page)
+    save("run", keep_pointer=True)
     if name == "wide":
         for view, selector in RUN_VIEWS.items():
             save(f"view_{view}", selector)
+        point_at_map(page)
+        save("view_map_pointer", "#run-views", keep_pointer=True)
     open_tab(page, "Compare")
     if compare:
         began = time.perf_counter()
@@ -120,6 +140,20 @@ def capture_width(browser, url: str, name: str, out: Path, compare: bool) -> lis
     return shots
 
 
+def index(shots: list[Path], out: Path) -> str:
+    """docs/screenshots/README.md: what the pictures are, and a link to each, by tab and mode."""
+    lines = [f"Screenshots of every tab at 1440 px (`*_wide`) and 390 px (`*_phone`), in light and dark mode "
+             f"(`*_dark`), made by `scripts/screenshots.py` on {datetime.date.today().isoformat()} after real runs "
+             "of the default example (the Compare run in light mode only). Do not edit by hand: rerun the script.",
+             "", "| picture | light | dark |", "|---|---|---|"]
+    names = sorted({p.stem.removesuffix("_dark") for p in shots if p.parent == out})
+    for stem in names:
+        light, dark = out / f"{stem}.png", out / f"{stem}_dark.png"
+        cell = lambda path: f"[{path.name}]({path.name})" if path in shots else "-"  # noqa: E731
+        lines.append(f"| {stem.replace('_', ' ')} | {cell(light)} | {cell(dark)} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
@@ -128,8 +162,10 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     shots: list[Path] = []
     with serve(build_app()) as url, chromium() as browser:
-        for name in (["wide"] if args.quick else list(WIDTHS)):
-            shots += capture_width(browser, url, name, args.out, compare=not args.quick)
+        for theme in (["light"] if args.quick else list(THEMES)):
+            for name in (["wide"] if args.quick else list(WIDTHS)):
+                shots += capture_width(browser, url, name, args.out, compare=not args.quick and theme == "light",
+                                       theme=theme)
     for path in shots:
         print(f"{path}: {shrink(path) / 1000:.0f} KB")
     if args.out == ROOT / "docs" / "screenshots" and not args.quick:  # date the README's pictures
@@ -138,10 +174,7 @@ def main(argv=None) -> int:
         write_block("screenshots", "Pictures of this README: every tab at 1440 and 390 px, after real runs of the "
                     "default example, in [docs/screenshots](docs/screenshots/).", "scripts/screenshots.py",
                     doc=ROOT / "README.md")
-    (args.out / "README.md").write_text(
-        f"Screenshots of every tab at 1440 px (`*_wide.png`) and 390 px (`*_phone.png`), made by "
-        f"`scripts/screenshots.py` on {datetime.date.today().isoformat()} after real runs of the default "
-        "example. Do not edit by hand: rerun the script.\n", encoding="utf-8")
+    (args.out / "README.md").write_text(index(shots, args.out), encoding="utf-8")
     return 0
 
 

@@ -138,13 +138,14 @@ def test_bad_uploads_show_a_message_and_keep_the_document(page, tmp_path, name, 
 
 
 def test_bad_settings_and_models_show_an_error_and_the_app_keeps_serving(page, tmp_path, artifacts_dir):
-    from ui.browser import set_number, wait_for_toast
+    from ui.browser import open_advanced, set_number, wait_for_toast
 
     set_number(page, "memory", 0)  # fewer than the 4 sinks: the preview says so and Run waits for a fix
     page.wait_for_function("() => /smaller than the 4 sink/.test(document.querySelector('#preview-note').innerText)"
                            " && document.querySelector('#run').disabled", timeout=15_000)
     set_number(page, "memory", 512)
     page.wait_for_function("() => !document.querySelector('#run').disabled", timeout=15_000)
+    open_advanced(page)  # the model is one of the folded controls
     model = page.locator("#model input")
     model.fill(str(tmp_path))  # a folder without a model in it
     model.press("Enter")

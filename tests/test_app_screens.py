@@ -87,7 +87,7 @@ def test_the_json_download_equals_memstep_run_json(ran, document, tmp_path):
     assert _strip_timing(downloaded) == _strip_timing(expected)
     assert downloaded["answer"] and downloaded["schedule"]["schedule"] == "fm" and len(downloaded["steps"]) >= 2
     rows = list(csv.DictReader(io.StringIO(files["csv"].read_text())))
-    assert [int(r["step"]) for r in rows] == [s["step"] for s in downloaded["steps"]]
+    assert [int(r["step"]) for r in rows] == [s["step"] + 1 for s in downloaded["steps"]]  # from 1, as the page
     assert [int(r["memory_after"]) for r in rows] == [s["memory_after"] for s in downloaded["steps"]]
     assert all(float(r["cpu_seconds"]) > 0 for r in rows)  # the process's CPU time, beside wall seconds
 
@@ -155,7 +155,7 @@ def test_every_tab_fits_the_screen_with_no_overlapping_chart_text(ran, browser, 
 
 
 def test_a_link_reopens_its_settings(browser, app_url):
-    from ui.browser import new_page, open_app
+    from ui.browser import new_page, open_advanced, open_app
 
     page = new_page(browser, VIEWPORTS["laptop"])
     open_app(page, app_url + "?schedule=fm&chunk=256&memory=256&example=passkey-in-pride-and-prejudice&sinks=8"
@@ -165,6 +165,7 @@ def test_a_link_reopens_its_settings(browser, app_url):
     assert page.locator("#example input").input_value() == "Passkey in Pride and Prejudice (4k tokens)"
     assert page.locator("#chunk input[type=number]").input_value() == "256"
     assert page.locator("#memory input[type=number]").input_value() == "256"
+    open_advanced(page)  # sinks is one of the folded controls
     assert page.locator("#sinks input").input_value() == "8"
     assert page.locator("#schedule input[value=fm]").is_checked()
     assert "passkey" in page.locator("#doc-info").inner_text()

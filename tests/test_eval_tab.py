@@ -78,18 +78,28 @@ def test_figures_of_empty_results():
     assert plots.intervals_figure(empty).layout.annotations[0].text.startswith("no results")
 
 
-def test_latest_results_and_table(tmp_path, summary):
+def test_results_are_chosen_by_content_never_by_file_time(tmp_path, summary):
     from ui.tabs import evaluate as eval_tab
 
-    assert eval_tab.latest_results([tmp_path / "none"]) is None
+    assert eval_tab.chosen_results([tmp_path / "none"]) is None
     assert "No evaluation results" in eval_tab.headline(None)
-    old, new = tmp_path / "old", tmp_path / "new"
-    for folder, rows in ((old, []), (new, summary["rows"])):
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder, rows in ((first, summary["rows"]), (second, [])):
         folder.mkdir()
         (folder / "summary.json").write_text(json.dumps({**summary, "rows": rows}))
-    os.utime(old / "summary.json", (time.time() - 60, time.time() - 60))
-    folder, found = eval_tab.latest_results([old, new])
-    assert folder == new and eval_tab.lengths(found) == [1024, 8192]
+    # the second folder's summary is newer (a fresh clone writes files in any order): the order decides
+    os.utime(first / "summary.json", (time.time() - 600, time.time() - 600))
+    folder, found = eval_tab.chosen_results([first, second])
+    assert folder == first and eval_tab.lengths(found) == [1024, 8192]
+    # a summary in today's form (KL against the full cache) wins over an older form earlier in the order
+    fair = tmp_path / "fair"
+    fair.mkdir()
+    (fair / "summary.json").write_text(json.dumps({**summary, "rows": [{**summary["rows"][0], "kl": 0.1}]}))
+    assert eval_tab.chosen_results([first, fair])[0] == fair
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "summary.json").write_text("{cut")
+    assert eval_tab.chosen_results([broken, first])[0] == first  # a cut file is passed over
     rows = eval_tab.table_rows(found)
     assert len(rows[0]) == len(eval_tab.TABLE_HEADERS)
     imdc = next(r for r in rows if r[1] == "imdc ca M=512" and r[0] == 8192)
@@ -123,7 +133,7 @@ def test_build_tab_inside_blocks(tmp_path, monkeypatch, summary):
     monkeypatch.delenv("MEMSTEP_RESULTS", raising=False)
     with gr.Blocks() as demo, gr.Tab("Evaluate"):
         parts = eval_tab.build_tab()
-    assert set(parts) == {"takeaway", "status", "heatmaps", "tradeoff", "table", "contrasts", "intervals"}
+    assert set(parts) == {"headline", "takeaway", "status", "heatmaps", "tradeoff", "table", "contrasts", "intervals"}
     assert "Paired differences" in parts["contrasts"].value
     assert "Goal" not in parts["takeaway"].value + parts["status"].value + parts["contrasts"].value
     # the takeaway leads: per length, the full cache and the compressed memories with their intervals
@@ -157,3 +167,40 @@ def test_evaluate_figures_fit_a_phone(summary):
             "rows": []}
     assert plots.heatmap_figure(long, labels=["kvpress streaming-llm M=512"]).layout.annotations[0].text == \
         "kvpress<br>streaming-llm<br>M=512"
+
+
+def test_the_shipped_results_lead_with_the_readme_takeaway_comparison():
+    """On a fresh clone (no results/local), the tab shows results/eval and its headline names the
+    evaluation the README's takeaway names: memstep's question-aware FM against kvpress ChunkKV,
+    with the counts the README states."""
+    import re
+    from pathlib import Path
+
+    from ui.tabs import evaluate as eval_tab
+
+    folder, found = eval_tab.chosen_results([eval_tab.ROOT / "results" / "eval"])
+    sentence = eval_tab.evaluation_headline(found)
+    readme = (Path(eval_tab.ROOT) / "README.md").read_text(encoding="utf-8")
+    takeaway = readme[readme.index("**Takeaway"):]
+    aware = re.search(r"question-aware FM .*?answers (\d+/\d+)", takeaway).group(1)
+    press = re.search(r"best kvpress press here, kvpress (\w+) .*?answers (\d+/\d+)", takeaway)
+    assert press.group(1) == "chunkkv"
+    assert f"question-aware FM answers {aware}" in sentence and f"kvpress ChunkKV" in sentence
+    assert f"{press.group(2)}; the paired 95% interval" in sentence and "streaming" not in sentence.lower()
+    assert not (eval_tab.ROOT / "results" / "summary.json").exists()  # the legacy grid left the root
+
+
+def test_headline_says_which_side_an_interval_favours(summary):
+    from ui.tabs import evaluate as eval_tab
+
+    assert eval_tab.evaluation_headline(summary) == ""  # no question-aware row, no counted press: no sentence
+    aware = {"length": 2048, "label": "fm qa", "counted": 10, "counted_correct": 9, "counted_accuracy": 0.9,
+             "config": {"kind": "memstep", "schedule": "fm", "question_aware": True, "budget": 512}}
+    press = {"length": 2048, "label": "kvpress snapkv", "counted": 10, "counted_correct": 2, "counted_accuracy": 0.2,
+             "kl": 0.1, "config": {"kind": "kvpress", "scorer": "snapkv"}}
+    paired = [{"length": 2048, "label": "kvpress snapkv", "accuracy_difference_low": -0.9,
+               "accuracy_difference_high": -0.3}]
+    sentence = eval_tab.evaluation_headline({"rows": [aware, press], "paired": paired})
+    assert sentence.startswith("At 2,048 tokens with a memory of 512 tokens, memstep's question-aware FM answers "
+                               "9/10") and "kvpress SnapKV, the press that answers most, 2/10" in sentence
+    assert sentence.endswith("(-90 to -30 points) favours memstep.")

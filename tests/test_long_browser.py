@@ -37,14 +37,15 @@ def long_document(tmp_path_factory):
 @pytest.mark.parametrize("width", [1440, 390])
 def test_a_32k_token_document_runs_and_its_views_stay_within_the_page(app_url, browser, tiny_folder, long_document,
                                                                       artifacts_dir, width):
-    from ui.browser import (horizontal_overflow, new_page, open_app, rendered_plots, set_number, stat, trace_points,
-                            upload, wait_for_plot, wait_for_state)
+    from ui.browser import (horizontal_overflow, new_page, open_advanced, open_app, rendered_plots, set_number, stat,
+                            trace_points, upload, wait_for_plot, wait_for_state)
     from ui.figures import MAP_ROWS, MAX_BARS, MAX_CELLS
     from ui.views import TEXT_VIEW_TOKENS
 
     page = new_page(browser, {"width": width, "height": 900})
     try:
         open_app(page, app_url)
+        open_advanced(page)  # the model is one of the folded controls
         model = page.locator("#model input")
         model.fill(str(tiny_folder))
         model.press("Enter")

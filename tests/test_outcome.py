@@ -33,6 +33,10 @@ def test_the_answers_number_is_found_in_the_document():
     spans = outcome.answer_spans("Mr. Bingley has taken it.", "Who has taken Netherfield Park?", text)
     assert [text[s:e] for s, e in spans] == ["Mr. Bingley"]
     assert outcome.answer_spans("I do not know.", "Who?", text) == []  # nothing of substance
+    # of runs as long, the rarest: the answer's name, not a word on every page
+    text = "The Committee met. The Committee ruled. Ms. Okafor chairs the Committee. The Committee adjourned."
+    spans = outcome.answer_spans("The Committee is chaired by Okafor.", "Who chairs it?", text)
+    assert [text[s:e] for s, e in spans] == ["Okafor"]
     assert outcome.answer_spans("", "Who?", text) == []
     assert outcome.answers_differ("57", "57071") and not outcome.answers_differ("It is 5.", "it is 5")
 

@@ -54,9 +54,13 @@ def test_the_plan_tab_answers_what_it_takes():
                                   ["fm", "imdc", "full"], 4)
     text = tab.what_it_takes(needs, plans["fm"].gpu, "bf16", 32768)
     assert text.startswith("**What it takes** on A100 80GB")
-    imdc = next(line for line in text.splitlines() if line.startswith("- **IMDC**"))
-    assert imdc.startswith("- **IMDC**: 2 / 1 / 1 GPUs; longest context on one: nothing fits / no limit")
-    assert "on 2 of them with bf16 weights: no limit" in imdc
+    # a small table: one row per schedule and weight format, one column per question
+    assert "| schedule | weights | GPUs needed | longest context on one GPU |" in text
+    rows = [line for line in text.splitlines() if line.startswith("| IMDC")]
+    cap = needs[0].longest.cap if needs[0].longest.unlimited else 16_777_216
+    assert rows[0] == f"| IMDC | bf16 | 2 | nothing fits; on 2: any length (checked up to {cap:,} tokens) |"
+    assert rows[1:] == [f"| IMDC | {w} | 1 | any length (checked up to {cap:,} tokens) |" for w in ("int8", "int4")]
+    assert "no limit (" not in text and " / " not in text  # no self-contradiction, no slash-packed triples
     quantized, _, _ = tab.compute("llama-3.1-70b", None, "a100-80gb", "bf16", 32768, 1024, 1024, "linear", "sdpa",
                                   ["imdc"], 4, weights="int4")
     assert quantized["imdc"].fits and not plans["imdc"].fits

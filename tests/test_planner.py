@@ -383,6 +383,7 @@ def test_summary_table_and_headline():
     rows = tab.summary_table(plans, longest)
     assert [r[0] for r in rows] == ["FM", "IMDC (linear)", "FULL"] and len(rows[0]) == len(tab.TABLE_HEADERS)
     assert rows[0][7] == "1.000x" and rows[2][4] == "NO" and rows[2][-1].endswith("tokens")
+    assert rows[0][-1].startswith("any length (checked up to") and not any("no limit" in r[-1] for r in rows)
     text = tab.headline(plans)
     assert "**IMDC** vs FM: 0.825x peak memory (17.5% saved)" in text and "4096 trained positions" in text
 

@@ -90,9 +90,18 @@ def choose_example(page, name: str) -> None:
     page.get_by_role("option", name=name).click()
 
 
+def open_advanced(page) -> None:
+    """Unfold the Run tab's Advanced controls (sinks, scorer, model, ...) if folded."""
+    if not page.locator("#question-aware").is_visible():
+        page.locator("#advanced button").first.click()
+        page.locator("#question-aware").wait_for(state="visible")
+
+
 def set_number(page, elem_id: str, value) -> None:
-    """Type into a Number, or into the number box of a Slider."""
+    """Type into a Number, or into the number box of a Slider (unfolding Advanced for its fields)."""
     box = page.locator(f"#{elem_id} input[type=number]").first
+    if page.locator("#advanced").count() and page.locator(f"#advanced #{elem_id}").count():
+        open_advanced(page)
     box.fill(str(value))
     box.press("Enter")
 

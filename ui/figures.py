@@ -10,7 +10,7 @@ import html
 import math
 import textwrap
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -105,10 +105,23 @@ def _style(fig: go.Figure, title: str, height: int, xtitle: str, ytitle: str) ->
     return fig
 
 
+def step_dtick(steps: int) -> int:
+    """The step between labelled ticks: a round number (1, 2, 5, 10, 20, 25, 50, ...) giving at
+    most 16 labels, and at most 8 once they take three digits (a whole book's 153 steps on a
+    third of a laptop, or a phone)."""
+    most = 16 if steps < 100 else 8
+    for scale in (1, 10, 100, 1000, 10_000):
+        for base in (1, 2, 2.5, 5):
+            tick = int(base * scale)
+            if tick == base * scale and math.ceil(steps / tick) <= most:
+                return tick
+    return math.ceil(steps / most)
+
+
 def _step_axis(fig: go.Figure, steps: int) -> None:
     """Integer step ticks 1..steps with the full range fixed, so streaming never rescales."""
-    fig.update_xaxes(range=[0.5, steps + 0.5], tickmode="linear", tick0=1,
-                     dtick=max(1, math.ceil(steps / 16)))
+    tick = step_dtick(steps)
+    fig.update_xaxes(range=[0.5, steps + 0.5], tickmode="linear", tick0=1 if tick == 1 else 0, dtick=tick)
 
 
 def _highlight_step(fig: go.Figure, current: int | None) -> None:
@@ -301,11 +314,14 @@ def _mark_rows(mids: list[float], span: float, gap: float = 0.2) -> list[int]:
 def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, *, prefix_tokens: int = 0,
                         sinks: int = 0, needle: tuple[int, int] | None = None, current: int | None = None,
                         max_columns: int = MAX_COLUMNS, height: int = 340 + LEGEND_ROOM,
-                        answers: Sequence[tuple[int, int]] = ()) -> go.Figure:
+                        answers: Sequence[tuple[int, int]] = (),
+                        words: Callable[[int, int], list[str]] | None = None) -> go.Figure:
     """Which positions are in memory after each step: rows are steps (top to bottom), columns
     token positions (prompt head + document), colour the fraction of (layer, KV head) slots
     that keep the position. ``needle`` is the passkey's [start, end) in the same positions,
-    ``answers`` where the full cache's answer appears. Colours and words: ui/legend.py."""
+    ``answers`` where the full cache's answer appears. ``words(width, columns)`` gives each column's
+    text (the page shows it under the pointer: layout.meta, read by the page's script).
+    Colours and words: ui/legend.py."""
     rows = map_rows(steps, records[-1].step if records else None, current)
     z, width = retained_matrix(records, tokens, steps, max_columns, rows)
     hybrid = bool(records and records[-1].layer_types)
@@ -361,6 +377,8 @@ def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, 
             fig.add_vline(x=centre, line=dict(color=color, width=1, dash="dot"))
     rows_used = max(rows, default=-1) + 1
     fig.update_layout(plot_bgcolor=UNREAD, margin=dict(r=12, t=100 + MARK_ROW_PX * max(0, rows_used - 1)))
+    if words is not None:
+        fig.update_layout(meta=dict(words=words(width, z.shape[1]), width=width, prefix=prefix_tokens))
     return fig
 
 

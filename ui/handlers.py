@@ -7,6 +7,7 @@ gr.Warning where the page can carry on); the app keeps serving the next request.
 from __future__ import annotations
 
 import hashlib
+import html
 import threading
 import time
 from collections import OrderedDict
@@ -19,10 +20,11 @@ from memstep.documents import tokenize_prefix
 from memstep.generate import prompt_parts
 from memstep.models import default_model, offered_models
 from memstep.presets import SWITCHES, other_value, preset_settings
-from memstep.schedules import make_schedule
+from memstep.schedules import MAX_SIZE_TOKENS, make_schedule
 
 from ui.documents import (DEFAULT_EXAMPLE, EXAMPLE_SETTINGS, TOKENIZER_FREE_EXAMPLE, DocumentSource, describe, example,
                           read_upload, uploaded_path)
+from ui.fields import settle
 from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure, schedule_figure
 from ui.inputs import flag
 from ui.models import cached_model, context_tokens, get_model, layer_count, normalize_spec, preview_tokenizer
@@ -159,18 +161,33 @@ def _estimate_note(model, plan, sinks: int) -> str:
     return f" · **{about(seconds)}** on this machine (planned)" if seconds else ""
 
 
+MEMORY_MAX = 8192  # the memory slider's end (the embedded model's context)
+
+
 def preview_page(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens, rope="compact",
                  ways=None):
     """The preview, and the controls that follow it: Run only for a valid setting, the chunk
-    slider no longer than the document (the same rule as the run)."""
-    figure, note = preview(doc, model, schedule, growth, chunk, memory, sinks, max_tokens, rope, ways)
-    valid = not note.startswith("⚠")
+    slider no longer than the document (the same rule as the run). A size typed beyond its
+    slider's ends goes to the nearest end, with a note naming the field, and the box shows it."""
+    memory, memory_note = settle(memory, "Memory size M", 0, MEMORY_MAX, "the largest memory this page runs")
+    chunk, chunk_note = settle(chunk, "Chunk size c", 16, MAX_SIZE_TOKENS, "the least chunk this page runs")
     try:
-        tokens = preview_tokens(doc, model, max_tokens, settings_from(schedule, chunk, memory, growth, None, sinks,
-                                                                      rope))
+        tokens = max(16, preview_tokens(doc, model, max_tokens,
+                                        settings_from(schedule, chunk, memory, growth, None, sinks, rope)))
+        chunk, note = settle(chunk, "Chunk size c", 16, tokens, "this document's tokens")
+        chunk_note = note or chunk_note
     except MemstepError:
-        return figure, note, gr.update(interactive=valid), gr.skip()
-    return figure, note, gr.update(interactive=valid), gr.update(maximum=max(16, tokens))
+        tokens = None
+    for note in (chunk_note, memory_note):
+        if note:
+            gr.Warning(note, title=ERROR_TITLE)
+    figure, text = preview(doc, model, schedule, growth, chunk, memory, sinks, max_tokens, rope, ways)
+    valid = not text.startswith("⚠")
+    chunk_update = {} if tokens is None else {"maximum": tokens}
+    if chunk_note:
+        chunk_update["value"] = chunk
+    return (figure, text, gr.update(interactive=valid), gr.update(**chunk_update) if chunk_update else gr.skip(),
+            gr.update(value=memory) if memory_note else gr.skip())
 
 
 def preview_tokens(doc: DocumentSource, model, max_tokens, settings=None) -> int:
@@ -186,15 +203,48 @@ def _whole(value) -> int | None:
 
 
 # ---- a run ---------------------------------------------------------------------------
-def _run_outputs(view: RunView, step: int | None = None):
-    shown = render(view, step)
+def _run_outputs(view: RunView, step: int | None = None, query: str = ""):
+    shown = render(view, step, query)
     steps = max(1, view.steps)
     slider = gr.update(maximum=steps, value=len(view.records) if step is None else step + 1,
                        interactive=view.finished or view.stopped)
     return (stats_html(view, step), shown.sizes, shown.retained, shown.memory, shown.seconds, shown.text,
             answer_markdown(view), slider, view, gr.Column(visible=True), gr.Markdown(visible=False),
             _layers_plot(shown), gr.Button(visible=view.finished and view.suggests_question_aware),
-            *_downloads(view))
+            *_downloads(view), gr.Column(visible=True))
+
+
+def reset_views():
+    """The document changed: the previous run's views go (its answer, map and numbers belong to
+    another text); the preview of the new document stays."""
+    return (stat_cards([("state", "run", "not run yet")]), answer_markdown(None), None, gr.Column(visible=False),
+            gr.Column(visible=False), gr.Markdown(visible=True), gr.Button(visible=False),
+            gr.DownloadButton(visible=False), gr.DownloadButton(visible=False), "")
+
+
+def stale_note(view: RunView | None, schedule, growth, chunk, memory, scorer, sinks, rope, question_aware, question,
+               ways=None) -> str:
+    """A line over the last run's views when the controls no longer match it (they stay, for
+    reading, but say whose they are); '' while they match or before a run."""
+    if view is None:
+        return ""
+    try:
+        now = settings_from(schedule, chunk, memory, growth, scorer, sinks, rope, question_aware,
+                            *reference_ways(WAY_DEFAULTS if ways is None else ways))
+    except MemstepError:
+        now = None
+    asked = (view.result.question if view.result else None) or ""
+    same_question = view.result is None or (question or "").strip() == asked.strip()  # asked: known at the answer
+    if now == view.settings and same_question:
+        return ""
+    return (f"⟳ The views below are of the last run ({view.settings.label()}"
+            + (f", asked “{html.escape(asked.strip())}”" if asked.strip() else "") + "): the settings or the "
+            "question have changed since. Press **Run** to see them.")
+
+
+def run_failed():
+    """The run raised (its message is the toast): the status says so instead of the last update's."""
+    return stat_cards([("state", "run", "failed: see the message; change what it names and press Run")])
 
 
 def _downloads(view: RunView) -> tuple:
@@ -211,7 +261,7 @@ def _layers_plot(shown):
     return gr.Plot(shown.layers, visible=True) if shown.layers is not None else gr.Plot(visible=False)
 
 
-RUN_OUTPUTS = 15  # the Run tab's outputs of a run update (see _run_outputs)
+RUN_OUTPUTS = 16  # the Run tab's outputs of a run update (see _run_outputs)
 
 
 def _loading_update(model) -> tuple:
@@ -235,7 +285,7 @@ def reference_ways(ways) -> tuple[str, dict]:
 
 
 def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens,
-                 question, full_reference, rope="compact", question_aware=False, ways=None,
+                 question, full_reference, rope="compact", question_aware=False, ways=None, query="",
                  progress=gr.Progress(), request: gr.Request = None):
     """Stream a run: one update as soon as the schedule is known, then one per step, then
     the answer (and the full-cache reference answer when asked)."""
@@ -267,7 +317,7 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
         with closing(prefill_stream(model, document.ids, settings, question, reference, document.notices,
                                     cache_reference=doc.bundled, session=session)) as stream:
             yield from _stream_run(stream, document, settings, question, reference, began, progress, session,
-                                   lm=lm, model_spec=normalize_spec(model, session))
+                                   lm=lm, model_spec=normalize_spec(model, session), query=str(query or ""))
     except MemstepError as err:
         _fail(err)
     finally:
@@ -302,7 +352,7 @@ UPDATE_SECONDS = 0.5
 
 
 def _stream_run(stream, document, settings, question, full_reference, began, progress, session="", lm=None,
-                model_spec=""):
+                model_spec="", query=""):
     """The page updates for one run's stream of plain data; after Stop, one last update
     (the steps so far, stopped) and no more. Every update says what happens next, with an
     estimate from the run's own speed."""
@@ -319,12 +369,12 @@ def _stream_run(stream, document, settings, question, full_reference, began, pro
                 + (f" · planned {about(view.planned_seconds)} in all" if view.planned_seconds else ""))
     progress((0, plan.steps), desc="Prefilling", unit="steps")
     view.stopped = _take_stop(session)  # Stop pressed while the model loaded
-    yield _run_outputs(view)
+    yield _run_outputs(view, query=query)
     shown, drawing = time.perf_counter(), 0.0
     for kind, item, cpu in ([] if view.stopped else events):
         if _take_stop(session):
             view.stopped = True
-            yield _run_outputs(view)
+            yield _run_outputs(view, query=query)
             return
         view.seconds = time.perf_counter() - began
         if kind == "step":
@@ -355,7 +405,7 @@ def _stream_run(stream, document, settings, question, full_reference, began, pro
                 UPDATE_SECONDS, 2 * drawing):  # (UPDATE_SECONDS 0: every step)
             continue  # steps faster than the page can draw them: the next update shows them all
         drawn = time.perf_counter()
-        outputs = _run_outputs(view)
+        outputs = _run_outputs(view, query=query)
         drawing = time.perf_counter() - drawn  # building the figures: a whole book's take ~0.5 s
         yield outputs
         shown = time.perf_counter()

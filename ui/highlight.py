@@ -114,33 +114,35 @@ def _token_marks(start: int, end: int, marks: Sequence[Mark]) -> tuple[int, ...]
 
 def highlight_html(text: str, spans: Sequence[tuple[int, int]], fractions: Sequence[float],
                    needle_chars: tuple[int, int] | None = None, caption: str = "",
-                   max_height: int = 380, marks: Sequence[Mark] = (), links: str = "") -> str:
+                   max_height: int = 380, marks: Sequence[Mark] = (), links: str = "", first_token: int = 0) -> str:
     """``text`` with token i (characters ``spans[i]``) shaded by ``fractions[i]``.
 
     A NaN fraction marks a token not read yet (grey text). Tokens overlapping a mark (or
     ``needle_chars``, the passkey) sit inside an outlined wrapper whose first piece carries
     the mark's anchor id. Consecutive tokens of the same shade and marks share one <span>,
     so a long document stays a compact fragment. Text after the last span (cut by
-    truncation) is left out. ``links`` (HTML) follows the caption."""
+    truncation) is left out. ``links`` (HTML) follows the caption. Each piece carries the
+    document index of its first token (data-t, counted from ``first_token``) so the map can
+    point into the text."""
     if len(spans) != len(fractions):
         raise ValueError(f"{len(spans)} token spans but {len(fractions)} fractions")
     marks = list(marks)
     if needle_chars is not None:
         marks.insert(0, Mark(needle_chars[0], needle_chars[1], "needle", "memstep-needle"))
-    runs: list[list] = []  # [start, end, level, marks]
+    runs: list[list] = []  # [start, end, level, marks, first token]
     cursor = 0
-    for (start, end), fraction in zip(spans, fractions):
+    for index, ((start, end), fraction) in enumerate(zip(spans, fractions), start=first_token):
         start, end = max(start, cursor), max(end, cursor)  # overlapping offsets: never repeat text
         inside = _token_marks(start, end, marks) if marks else ()
         level = _level(float(fraction))
-        if runs and runs[-1][1] == start and runs[-1][2:] == [level, inside]:
+        if runs and runs[-1][1] == start and runs[-1][2:4] == [level, inside]:
             runs[-1][1] = end
         else:
-            runs.append([start, end, level, inside])
+            runs.append([start, end, level, inside, index])
         cursor = end
     out: list[str] = []
     cursor, open_marks, anchored = 0, [], set()
-    for start, end, level, inside in runs:
+    for start, end, level, inside, index in runs:
         # close the wrappers the run leaves (and any opened after them), then open the new ones
         keep = 0
         while keep < len(open_marks) and open_marks[keep] in inside:
@@ -157,7 +159,7 @@ def highlight_html(text: str, spans: Sequence[tuple[int, int]], fractions: Seque
                 out.append(f'<span{anchor} data-mark="{mark.kind}" style="{MARK_STYLES[mark.kind]}">')
                 open_marks.append(i)
         piece, style = html.escape(text[start:end]), _style(level)
-        out.append(f'<span style="{style}">{piece}</span>' if style else piece)
+        out.append(f'<span data-t="{index}" style="{style}">{piece}</span>')
         cursor = end
     out.append("</span>" * len(open_marks))
     jump = ' <a href="#memstep-needle">Show the passkey.</a>' if "memstep-needle" in anchored else ""

@@ -50,8 +50,15 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
 #keep-row { gap: 8px; flex-wrap: wrap; }
 .memstep-caption, .memstep-legend { color: var(--body-text-color-subdued); }
 .memstep-search-result { margin-top: 4px; }
-/* touch screens have no hover: keep each chart's toolbar (its PNG camera) in view */
-@media (hover: none) { .js-plotly-plot .modebar { opacity: 1 !important; } }
+/* touch screens: Plotly's toolbar would cover every chart's title (the PNGs: "Charts as PNG") */
+@media (hover: none) { .js-plotly-plot .modebar-container { display: none !important; } }
+/* a dropdown's value ends in "…" before its arrow instead of running under it (Gradio gives the
+   value's box min-width: min-content) */
+.secondary-wrap { min-width: 0 !important; }
+.secondary-wrap input { min-width: 0; text-overflow: ellipsis; }
+#map-token { min-height: 2.6em; margin: -4px 0 4px; }
+#memstep-map-token b { color: var(--body-text-color); }
+.memstep-paper [data-t].memstep-pointed { outline: 3px solid #f59e0b; outline-offset: 1px; }
 /* tables scroll sideways instead of stacking their headers one letter per line (the header is
    a separate table from the body: both get the same minimum widths, and words never break) */
 .table-wrap, .table-container { overflow-x: auto !important; }
@@ -71,6 +78,75 @@ document.addEventListener("keydown", (event) => {
   const run = document.querySelector("#run");
   if (run && run.offsetParent !== null && !run.disabled) { event.preventDefault(); run.click(); }
 });
+// The retained-token map tied to the words: pointing at a column shows its tokens (layout.meta,
+// ui/figures.py) under the map; a click moves the replay to that row's step and the text view
+// (data-t: the document index of each piece, ui/highlight.py) to that column's tokens.
+(() => {
+  const say = (html) => { const el = document.querySelector("#memstep-map-token"); if (el) el.innerHTML = html; };
+  const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[c]));
+  const cell = (event) => (event.points || []).find((p) => p.data && p.data.type === "heatmap") || null;
+  const columnOf = (gd, point) => {
+    const meta = gd.layout.meta || {};
+    const column = Array.isArray(point.pointNumber) ? point.pointNumber[1] : Math.floor(point.x / (meta.width || 1));
+    return {column, meta, first: column * (meta.width || 1), last: (column + 1) * (meta.width || 1) - 1};
+  };
+  const showText = (index) => {
+    const paper = document.querySelector("#retained-text .memstep-paper");
+    if (!paper) return false;
+    let found = null;
+    for (const piece of paper.querySelectorAll("[data-t]")) {
+      if (+piece.dataset.t > index) break;
+      found = piece;
+    }
+    if (!found) return false;
+    paper.querySelectorAll(".memstep-pointed").forEach((el) => el.classList.remove("memstep-pointed"));
+    found.classList.add("memstep-pointed");
+    paper.scrollTop = found.offsetTop - paper.offsetTop - paper.clientHeight / 3;
+    return true;
+  };
+  const bind = () => {
+    const gd = document.querySelector("#retained-plot .js-plotly-plot");
+    // after every redraw (Plotly.newPlot drops listeners, Plotly.react keeps them): ours, once
+    if (!gd || !gd.on || gd.__memstepLayout === gd._fullLayout) return;
+    gd.__memstepLayout = gd._fullLayout;
+    for (const [name, handler] of Object.entries(gd.__memstepHandlers || {})) gd.removeListener(name, handler);
+    gd.__memstepHandlers = {};
+    const on = (name, handler) => { gd.__memstepHandlers[name] = handler; gd.on(name, handler); };
+    on("plotly_hover", (event) => {
+      const point = cell(event);
+      if (!point) return;
+      const {column, meta, first, last} = columnOf(gd, point);
+      const words = (meta.words || [])[column];
+      if (words === undefined) return;
+      const where = first === last ? `position ${first.toLocaleString()}` :
+        `positions ${first.toLocaleString()}-${last.toLocaleString()}`;
+      const kept = point.z === null || point.z === undefined || Number.isNaN(point.z) ? "not read yet" :
+        `kept by ${Math.round(100 * point.z)}% of the slots`;
+      say(`${where}, after step ${point.y}: <b>${esc(words)}</b> · ${kept}`);
+    });
+    on("plotly_click", (event) => {
+      const point = cell(event);
+      if (!point) return;
+      const {meta, first} = columnOf(gd, point);
+      const index = Math.max(0, first - (meta.prefix || 0));
+      const slider = document.querySelector("#replay input[type=range]");
+      if (slider && !slider.disabled && String(slider.value) !== String(point.y)) {
+        slider.value = point.y;
+        slider.dispatchEvent(new Event("input", {bubbles: true}));
+        slider.dispatchEvent(new Event("change", {bubbles: true}));
+      }
+      const shown = showText(index);
+      for (const wait of [700, 1600]) setTimeout(() => showText(index), wait);  // after the replay redraws it
+      if (!shown) say("That part of the document is outside the text view's window (it holds the tokens last read).");
+    });
+  };
+  // The address bar carries the settings (the page's own link to them): a copied address reopens them.
+  const address = () => {
+    const query = document.querySelector("#memstep-link")?.getAttribute("href");
+    if (query && query.startsWith("?") && query !== location.search) history.replaceState(null, "", query);
+  };
+  new MutationObserver(() => { bind(); address(); }).observe(document.documentElement, {childList: true, subtree: true});
+})();
 </script>
 """
 

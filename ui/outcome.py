@@ -70,7 +70,8 @@ def _find(pattern: str, text: str, limit: int) -> list[tuple[int, int]]:
 def answer_spans(answer: str | None, question: str | None, text: str, limit: int = MAX_MATCHES) -> list[tuple[int, int]]:
     """Character spans of ``text`` where the answer's substance appears: its numbers first (the
     passkey story, generalized), else the longest run of its words that holds a word the
-    question does not (names, places), found in the text. [] when nothing of it is there."""
+    question does not (names, places), found in the text, the rarest of runs as long (so the
+    answer's own name, not a common word of the text). [] when nothing of it is there."""
     answer = (answer or "").strip()
     if not answer:
         return []
@@ -84,13 +85,16 @@ def answer_spans(answer: str | None, question: str | None, text: str, limit: int
     words = re.findall(r"[\w][\w'’-]*", answer)
     content = [w.lower() not in STOP_WORDS and w.lower() not in asked for w in words]
     for size in range(min(len(words), 8), 0, -1):
+        found = []
         for i in range(len(words) - size + 1):
             if not (content[i] and content[i + size - 1]):  # a run starts and ends on words of substance
                 continue
             pattern = r"\b" + r"\W+".join(re.escape(w) for w in words[i:i + size]) + r"\b"
             spans = _find(pattern, text, limit)
             if spans:
-                return spans
+                found.append(spans)
+        if found:  # the longest run found; of runs as long, the rarest (a name, not a word on every page)
+            return min(found, key=len)
     return []
 
 

@@ -134,13 +134,15 @@ def run_json(result: RunResult) -> str:
 
 
 def steps_csv(result: RunResult, cpu_seconds: list[float] | None = None) -> str:
-    """One row per step: sizes, wall and CPU seconds, bytes modeled (and by part) and measured."""
+    """One row per step: sizes, wall and CPU seconds, bytes modeled (and by part) and measured.
+    Steps are counted from 1, as the page counts them."""
     parts = sorted({p for s in result.steps for p in s.bytes_modeled_parts})
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(list(STEP_COLUMNS) + [f"bytes_modeled_{p}" for p in parts])
     for i, step in enumerate(result.steps):
         row = step.to_dict()
+        row["step"] = step.step + 1
         row["cpu_seconds"] = round(cpu_seconds[i], 6) if cpu_seconds and i < len(cpu_seconds) else ""
         writer.writerow([("" if row.get(c) is None else row.get(c)) for c in STEP_COLUMNS]
                         + [step.bytes_modeled_parts.get(p, 0) for p in parts])

@@ -51,7 +51,14 @@ def dark_css() -> str:
              f"{plot} rect[style*='fill: {_rgb(PAPER)}'] {{ fill: transparent !important; }}",
              f"{plot} .bg[style*='fill: rgba(255, 255, 255'] {{ fill: transparent !important; }}",
              f"{plot} .hovertext rect {{ fill: #1f2937 !important; }}",
-             f"{plot} .hovertext text {{ fill: #f3f4f6 !important; }}"]
+             f"{plot} .hovertext text {{ fill: #f3f4f6 !important; }}",
+             # Plotly's toolbar: no white bar over the chart, light icons
+             f"{plot} .modebar, {plot} .modebar-group {{ background: transparent !important; }}",
+             f"{plot} .modebar-btn path {{ fill: #cbd5e1 !important; }}",
+             # the document's text view: a dark page; its shades carry their own text colours
+             ".dark .memstep-paper { background: #111827 !important; color: #e5e7eb !important; "
+             "border-color: #374151 !important; }",
+             ".dark .memstep-paper [style*='color:#6b7280'] { color: #a3aab5 !important; }"]
     for light, dark in DARK.items():
         rules.append(f"{plot} text[style*='fill: {_rgb(light)}'], {plot} tspan[style*='fill: {_rgb(light)}'] "
                      f"{{ fill: {dark} !important; }}")
@@ -59,5 +66,6 @@ def dark_css() -> str:
         rules.append(f"{plot} path[style*='stroke: {_rgb(light)}'] {{ stroke: {dark} !important; }}")
     for light, dark in DARK_MARKS.items():
         rules.append(f"{plot} path[style*='stroke: {_rgb(light)}'] {{ stroke: {dark} !important; }}")
-        rules.append(f"{plot} path.point[style*='fill: {_rgb(light)}'] {{ fill: {dark} !important; }}")
+        rules.append(f"{plot} path.point[style*='fill: {_rgb(light)}'], {plot} .legendpoints path[style*='fill: "
+                     f"{_rgb(light)}'] {{ fill: {dark} !important; }}")
     return "\n".join(rules) + "\n"

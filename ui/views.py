@@ -124,7 +124,8 @@ def render(view: RunView, step: int | None = None, query: str = "") -> Rendered:
         retained = retained_map_figure(records, view.schedule.tokens, view.steps,
                                        prefix_tokens=view.document.prefix_tokens, sinks=view.settings.sinks,
                                        needle=view.needle, current=current,
-                                       answers=[r for r in map(view.input_range, view.answer_chars[:5]) if r])
+                                       answers=[r for r in map(view.input_range, view.answer_chars[:5]) if r],
+                                       words=lambda width, columns: column_words(view.document, width, columns))
     else:
         retained = placeholder_figure("The retained-token map fills in as the steps run",
                                       "Retained tokens: what memory holds after each step", 340)
@@ -135,6 +136,38 @@ def render(view: RunView, step: int | None = None, query: str = "") -> Rendered:
     return Rendered(sizes, retained, memory_figure(records, view.steps),
                     seconds_figure(records, view.steps, cpu=cpu, note=view.load_note),
                     text_view(view, records[-1] if records else None, query, records), layers)
+
+
+WORDS_CHARS = 90  # text shown per map column under the pointer
+NEIGHBOURS = 4  # tokens either side of a one-token column's token
+
+
+def column_words(doc: PreparedDocument, width: int, columns: int) -> list[str]:
+    """The text under each column of the retained-token map: a one-token column's token in
+    ⟦brackets⟧ with its neighbours, a wider column's tokens (cut to WORDS_CHARS); the prompt's
+    head, which is no part of the document, by name."""
+    spans = np.asarray(doc.spans).reshape(-1, 2)
+    text, prefix, count = doc.source.text, doc.prefix_tokens, len(spans)
+    out = []
+    for column in range(columns):
+        first, last = column * width - prefix, (column + 1) * width - prefix  # document tokens [first, last)
+        if last <= 0:
+            out.append("the prompt's head (chat template, before the document)")
+            continue
+        first, last = max(first, 0), min(last, count)
+        if first >= count:
+            out.append("")
+            continue
+        if width == 1:
+            lo, hi = max(0, first - NEIGHBOURS), min(count, first + NEIGHBOURS + 1)
+            start, end = int(spans[first][0]), int(spans[first][1])
+            words = (text[int(spans[lo][0]):start] + "⟦" + text[start:end] + "⟧"
+                     + text[end:int(spans[hi - 1][1])])
+        else:
+            words = text[int(spans[first][0]):int(spans[last - 1][1])]
+        words = " ".join(words.split())
+        out.append(words if len(words) <= WORDS_CHARS else words[:WORDS_CHARS - 1] + "…")
+    return out
 
 
 def text_view(view: RunView, record: StepRecord | None, query: str = "",
@@ -166,6 +199,7 @@ def text_view(view: RunView, record: StepRecord | None, query: str = "",
         marks += [Mark(s, e, "match", f"memstep-match-{i}") for i, (s, e) in enumerate(matches)]
         links += search_summary(view, query, matches, view.records if records is None else records)
     text, spans, needle = doc.source.text, np.asarray(doc.spans).reshape(-1, 2), doc.source.needle_chars
+    first = 0
     if count > TEXT_VIEW_TOKENS:  # a whole book: the tokens around the latest step, never the whole text
         read = record.tokens_seen - doc.prefix_tokens if record is not None else 0
         first, last = text_window(count, read)
@@ -178,7 +212,8 @@ def text_view(view: RunView, record: StepRecord | None, query: str = "",
         marks = [Mark(m.start - base, m.end - base, m.kind, m.anchor) for m in marks if inside(m.start, m.end)]
         caption += (f" Showing document tokens {first + 1:,}-{last:,} of {count:,}: the text view holds at most "
                     f"{TEXT_VIEW_TOKENS:,} tokens, the last read; the map above covers the whole document.")
-    return highlight_html(text, np.asarray(spans).tolist(), fractions, needle, caption, marks=marks, links=links)
+    return highlight_html(text, np.asarray(spans).tolist(), fractions, needle, caption, marks=marks, links=links,
+                          first_token=first)
 
 
 TEXT_VIEW_TOKENS = 6000  # tokens the text view shows at once (a 156k-token novel would be megabytes of HTML)
@@ -217,7 +252,9 @@ def search_summary(view: RunView, query: str, matches: list[tuple[int, int]], re
     parts = []
     if kept:
         slots = "global layer-head" if records and records[-1].layer_types else "layer-head"
-        parts.append(f"{len(kept)} still in memory (kept by {min(kept):.0%}-{max(kept):.0%} of the {slots} slots)")
+        low, high = f"{min(kept):.0%}", f"{max(kept):.0%}"
+        share = low if low == high else f"{low}-{high}"  # one number when the matches round alike
+        parts.append(f"{len(kept)} still in memory (kept by {share} of the {slots} slots)")
     if gone:
         parts.append(f"{len(gone)} evicted from every slot (the first in step {min(gone)})")
     if unread:
@@ -260,6 +297,8 @@ def stats_html(view: RunView, step: int | None = None) -> str:
         slots = "global-layer slots" if last is not None and last.layer_types else "slots"
         items.append(("passkey", "passkey in memory", f"{kept:.0%} of {slots}" if kept is not None else "not read yet"))
     now = "" if state in ("replay", "done") else view.now
+    if state == "stopped":  # what the run was doing, and its estimate of time left, no longer hold
+        now = f"stopped after step {len(view.records)} of {view.steps}: the steps so far stay for replay"
     return stat_cards(items, None if state == "replay" else len(records) / max(view.steps, 1),
                       summary=charts_text(view, records), now=now)
 
@@ -319,6 +358,8 @@ def answer_markdown(view: RunView | None) -> str:
     story = passkey_story(view) or answer_story(view)
     if story:
         lines += ["", story]
+    elif view.full is None and not view.wants_reference and not view.stopped:
+        lines += ["", NO_REFERENCE_HINT]
     if view.suggests_question_aware and not view.reference_pending:
         lines += ["", QUESTION_AWARE_HINT]
     notices = (view.result.notices or [])
@@ -326,6 +367,10 @@ def answer_markdown(view: RunView | None) -> str:
         lines += ["", "*" + " ".join(html.escape(n) for n in notices) + "*"]
     return "\n".join(lines)
 
+
+NO_REFERENCE_HINT = ("*No full-cache answer to compare with: tick **Also answer from the full cache** (under "
+                     "Advanced) and run again to see what the whole document answers and, where they differ, "
+                     "which step evicted it.*")
 
 QUESTION_AWARE_HINT = ("**Why it can miss.** The scorer keeps what the document's own chunks attend to, and the "
                        "question is not read until the end: under a small memory a small model loses what only the "

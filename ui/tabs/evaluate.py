@@ -1,8 +1,9 @@
-"""The Evaluate tab: the latest `memstep eval` results, the takeaway first (what each kind of
-memory answers, with its 95% interval), then the intervals, the quality vs peak memory vs
+"""The Evaluate tab: the `memstep eval` results that ship (or the user's own), a one-sentence
+headline first (memstep's question-aware memory beside the press that answers most), then the
+takeaway per length with 95% intervals, the intervals, the quality vs peak memory vs
 seconds trade-off with peers marked, the table, the heatmaps and the paired differences.
 
-Pure functions (which results are latest, table rows, headline, figures from
+Pure functions (which results to show, table rows, headline, figures from
 ``memstep.evaluation.plots``) are tested without a browser; ``build_tab`` wires them into
 Gradio inside an open ``gr.Tab("Evaluate")``. Nothing runs here: evaluations take
 minutes to hours and run from the command line (`memstep eval`, `make bench`).
@@ -16,15 +17,21 @@ from pathlib import Path
 import gradio as gr
 
 from memstep.evaluation.plots import heatmap_figure, intervals_figure, tradeoff_figure
+from memstep.evaluation.report import _aware, _best_answering  # the rows the README's takeaway names
 from memstep.evaluation.report import (accuracy_text, contrasts_text, counted_text, entries_text, fair_takeaway,
                                        interval_text, paired_table, plus_minus, recommendation, retention_text,
                                        settings_text,
                                        unsupported)
 from memstep.evaluation.store import SUMMARY, load_summary
+from memstep.errors import MemstepError
+
+from ui.theme import FONT
 
 ROOT = Path(__file__).resolve().parents[2]  # ui/tabs/evaluate.py -> the repository
-# `memstep eval`'s default output, then the committed `make bench-eval` results, then the earlier grid.
-RESULT_FOLDERS = (ROOT / "results" / "local", ROOT / "results" / "eval", ROOT / "results")
+# Which results the tab shows, in this fixed order, never by when files were written (a fresh
+# clone writes them all at once): `memstep eval`'s default output (the user's own run), then the
+# committed `make bench-eval` results. The earlier grid lives in results/legacy-grid/, not shown.
+RESULT_FOLDERS = (ROOT / "results" / "local", ROOT / "results" / "eval")
 TABLE_HEADERS = ["length", "configuration", "kind", "passkey accuracy (95% CI)", "passkey kept", "NLL gap (95% CI)",
                  "seconds", "peak MiB", "peak - baseline MiB"]
 # results with a KL against the full cache: the settings beside the numbers, counted accuracy, KL, top-1
@@ -44,13 +51,55 @@ def result_folders() -> list[Path]:
     return ([Path(extra)] if extra else []) + list(RESULT_FOLDERS)
 
 
-def latest_results(folders) -> tuple[Path, dict] | None:
-    """The folder whose summary was written last, with its summary; None when none has one."""
-    found = [Path(f) for f in folders if (Path(f) / SUMMARY).is_file()]
-    if not found:
-        return None
-    folder = max(found, key=lambda f: (f / SUMMARY).stat().st_mtime)
-    return folder, load_summary(folder)
+def chosen_results(folders) -> tuple[Path, dict] | None:
+    """The results to show, chosen by what the folders hold: the first folder, in ``folders``'
+    order, whose summary is in today's form (answers counted against the full cache, KL); else
+    the first with any summary; None when none has one (or none can be read)."""
+    found = []
+    for folder in map(Path, folders):
+        if (folder / SUMMARY).is_file():
+            try:
+                summary = load_summary(folder)
+            except (MemstepError, OSError, ValueError):
+                continue  # a cut or foreign file: the next folder
+            if isinstance(summary, dict) and isinstance(summary.get("rows"), list):
+                found.append((folder, summary))
+    return next(((f, s) for f, s in found if is_fair(s)), found[0] if found else None)
+
+
+# kvpress's presses by their papers' names (the evaluation's scorer keys)
+PRESS_NAMES = {"chunkkv": "ChunkKV", "snapkv": "SnapKV", "finch": "Finch", "finch-unrotated": "Finch (unrotated)",
+               "keydiff": "KeyDiff", "streaming-llm": "StreamingLLM", "knorm": "Knorm", "tova": "TOVA",
+               "expected-attention": "ExpectedAttention", "observed-attention": "ObservedAttention"}
+
+
+def evaluation_headline(summary: dict) -> str:
+    """One sentence: at the shortest length with both, memstep's question-aware FM beside the
+    kvpress press that answers most, on the cases the full cache answers, and whether the paired
+    95% interval tells them apart. '' for results without those rows."""
+    for length in lengths(summary):
+        aware, best = _aware(summary, length), _best_answering(
+            [r for r in summary["rows"] if r["length"] == length and r["config"]["kind"] == "kvpress"])
+        if aware and aware.get("counted") and best:
+            break
+    else:
+        return ""
+    press = PRESS_NAMES.get(best["config"].get("scorer"), best["label"])
+    paired = next((p for p in summary.get("paired") or [] if p["length"] == length and p["label"] == best["label"]),
+                  {})
+    low, high = paired.get("accuracy_difference_low"), paired.get("accuracy_difference_high")
+    if low is None:
+        verdict = ""
+    elif low <= 0 <= high:
+        verdict = (f"; the paired 95% interval of the difference ({100 * low:+.0f} to {100 * high:+.0f} points) "
+                   "does not tell them apart")
+    else:
+        verdict = f"; the paired 95% interval ({100 * low:+.0f} to {100 * high:+.0f} points) favours " + (
+            f"kvpress {press}" if low > 0 else "memstep")
+    budget = aware["config"].get("budget")
+    return (f"At {length:,} tokens with a memory of {budget} tokens, memstep's question-aware FM answers "
+            f"{aware['counted_correct']}/{aware['counted']} of the questions the full cache answers and kvpress "
+            f"{press}, the press that answers most, {best['counted_correct']}/{best['counted']}{verdict}.")
 
 
 def lengths(summary: dict) -> list[int]:
@@ -165,16 +214,31 @@ def _summary(rows: list[dict]) -> str:
 EMPTY = {"rows": [], "heatmaps": {}, "dominated": []}
 
 
+def app_style(fig):
+    """The evaluation's figures in the page's ink (dark mode repaints this ink, ui/theme.py); the
+    type and sizes stay those memstep.evaluation.plots laid the figures out for (the page's wider
+    type pushed an axis title out of a phone's chart)."""
+    fig.update_layout(font=dict(color=FONT["color"]), template="plotly_white")
+    fig.update_annotations(font=dict(color=FONT["color"]))
+    return fig
+
+
+def headline_markdown(summary: dict) -> str:
+    sentence = evaluation_headline(summary)
+    return f"### {sentence}" if sentence else ""
+
+
 def show(length=None):
-    """Everything the tab shows, for the latest results (and the trade-off at ``length``)."""
-    found = latest_results(result_folders())
+    """Everything the tab shows, for the chosen results (and the trade-off at ``length``)."""
+    found = chosen_results(result_folders())
     summary = found[1] if found else EMPTY
     choices = lengths(summary)
     length = int(length) if length in choices else (choices[-1] if choices else None)
-    return (takeaway(summary), headline(found), intervals_figure(summary), tradeoff_figure(summary, length),
+    return (takeaway(summary), headline(found), app_style(intervals_figure(summary)),
+            app_style(tradeoff_figure(summary, length)),
             gr.update(value=table_rows(summary), headers=FAIR_HEADERS if is_fair(summary) else TABLE_HEADERS),
-            heatmap_figure(summary), differences_text(summary) if found else "",
-            gr.update(choices=choices, value=length))
+            app_style(heatmap_figure(summary)), differences_text(summary) if found else "",
+            gr.update(choices=choices, value=length), headline_markdown(summary))
 
 
 def differences_text(summary: dict) -> str:
@@ -188,7 +252,9 @@ def differences_text(summary: dict) -> str:
 def build_tab() -> dict:
     """The Evaluate tab's outputs, built inside an open ``with gr.Tab("Evaluate"):``."""
     first = show()
-    lead = gr.Markdown(first[0], elem_id="eval-takeaway")
+    sentence = gr.Markdown(first[8], elem_id="eval-headline")
+    with gr.Accordion("What the results say, per length (95% intervals)", open=False, elem_id="eval-more"):
+        lead = gr.Markdown(first[0], elem_id="eval-takeaway")
     status = gr.Markdown(first[1], elem_id="eval-status", elem_classes="memstep-note")
     intervals = gr.Plot(first[2], show_label=False, elem_id="eval-intervals")
     with gr.Row():
@@ -202,8 +268,8 @@ def build_tab() -> dict:
         heatmaps = gr.Plot(first[5], show_label=False, elem_id="eval-heatmaps")
     with gr.Accordion("Paired differences on the same cases", open=False):
         contrasts = gr.Markdown(first[6], elem_id="eval-contrasts")
-    outputs = [lead, status, intervals, tradeoff, table, heatmaps, contrasts, length]
+    outputs = [lead, status, intervals, tradeoff, table, heatmaps, contrasts, length, sentence]
     reload.click(show, [length], outputs, api_visibility="private")
     length.input(show, [length], outputs, api_visibility="private", show_progress="hidden")
-    return {"takeaway": lead, "status": status, "heatmaps": heatmaps, "tradeoff": tradeoff, "table": table,
+    return {"headline": sentence, "takeaway": lead, "status": status, "heatmaps": heatmaps, "tradeoff": tradeoff, "table": table,
             "contrasts": contrasts, "intervals": intervals}

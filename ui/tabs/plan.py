@@ -201,11 +201,12 @@ def _ratio(value: float | None) -> str:
 def summary_table(plans: dict[str, planner.Plan], longest: dict[str, planner.Longest] | None = None) -> list[list]:
     """Rows for TABLE_HEADERS: peaks, totals, fit, ratios against FM and full, longest context."""
     rows = []
-    for row in planner.summary_rows(plans, longest):
+    for name, row in zip(plans, planner.summary_rows(plans, longest)):
+        reach = _longest(longest[name]) if longest and name in longest else row.get("longest_context", "")
         rows.append([row["schedule"], f"{row['steps']:,}", f"{row['peak_gib']:,.2f} GiB",
                      f"{row['kv_peak_gib']:,.3f} GiB", "yes" if row["fits"] else "NO", f"{row['seconds']:,.2f} s",
                      f"{row['tflops']:,.1f}", _ratio(row["peak_vs_fm"]), _ratio(row["seconds_vs_fm"]),
-                     _ratio(row["peak_vs_full"]), _ratio(row["seconds_vs_full"]), row.get("longest_context", "")])
+                     _ratio(row["peak_vs_full"]), _ratio(row["seconds_vs_full"]), reach])
     return rows
 
 
@@ -226,28 +227,30 @@ def headline(plans: dict[str, planner.Plan]) -> str:
     return "\n\n".join(lines)
 
 
+def _longest(longest: planner.Longest) -> str:
+    """A longest context in words: a schedule whose peak stops growing has no limit (the search
+    checked it up to its cap), else the tokens, else nothing."""
+    if longest.unlimited:
+        return f"any length (checked up to {longest.cap:,} tokens)"
+    return f"{longest.tokens:,} tokens" if longest.tokens else "nothing fits"
+
+
 def what_it_takes(needs: list[planner.Need], gpu: planner.Gpu, dtype: str, tokens: int) -> str:
-    """The answer panel: per schedule, the fewest GPUs of the chosen kind that hold the plan and
-    the longest context one of them holds, with the weights as the dtype, int8 and int4."""
+    """The answer panel, a small table: per schedule and weight format, the fewest GPUs of the
+    chosen kind that hold the plan and the longest context one of them holds (and, where one
+    is not enough, what the GPUs needed hold together)."""
     if not needs:
         return ""
     labels = {"dtype": dtype, "int8": "int8", "int4": "int4"}
-    lines = [f"**What it takes** on {gpu.name} ({gpu.usable_bytes / GIB:,.1f} GiB usable) for {tokens:,} tokens, "
-             f"weights as {dtype} / int8 / int4 (bytes only):"]
-    for name in dict.fromkeys(n.schedule for n in needs):
-        rows = [n for n in needs if n.schedule == name]
-        counts = [f"{n.gpus}" for n in rows]
-        unit = "GPU" + "s" * (max(n.gpus for n in rows) > 1)
-        gpus = f"{counts[0]} {unit} with any weights" if len(set(counts)) == 1 else f"{' / '.join(counts)} {unit}"
-        labels_ = [n.longest.label() for n in rows]
-        longest = (f"{labels_[0]} with any weights" if len(set(labels_)) == 1 else
-                   " / ".join(label.replace("no limit (fits ", "no limit (").replace(" tokens)", ")")
-                              for label in labels_))
-        split = next((n for n in rows if n.weights == "dtype" and n.longest_split is not None), None)
-        more = (f"; on {split.gpus} of them with {labels['dtype']} weights: {split.longest_split.label()}"
-                if split else "")
-        lines.append(f"- **{SCHEDULE_LABELS.get(name, name)}**: {gpus}; "
-                     f"longest context on one: {longest}{more}")
+    lines = [f"**What it takes** on {gpu.name} ({gpu.usable_bytes / GIB:,.1f} GiB usable) for {tokens:,} tokens "
+             "(int8, int4: the weights' bytes only):", "",
+             "| schedule | weights | GPUs needed | longest context on one GPU |", "|---|---|---:|---|"]
+    for need in needs:
+        longest = _longest(need.longest)
+        if need.longest_split is not None and need.gpus > 1:
+            longest += f"; on {need.gpus}: {_longest(need.longest_split)}"
+        lines.append(f"| {SCHEDULE_LABELS.get(need.schedule, need.schedule)} | {labels.get(need.weights, need.weights)}"
+                     f" | {need.gpus} | {longest} |")
     return "\n".join(lines)
 
 

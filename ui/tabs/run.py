@@ -1,6 +1,8 @@
-"""The Run tab: controls on the left (document, question, schedule, sizes, scorer, model),
-the run's views on the right (schedule preview, retained-token map, memory, seconds, answer,
-text), streamed step by step. The event functions are in ui/handlers.py."""
+"""The Run tab, in the order of the story it tells: on the left Run, the document, the question,
+the schedule, c and M (the rest under "Advanced"); on the right the live status and the answer
+beside Run, then the retained-token map tied to the text (point at it, click it), then how the run
+went (chunk and memory, bytes, seconds per step), streamed step by step. The event functions
+are in ui/handlers.py."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from memstep.schedules import GROWTHS
 from memstep.scorers import SCORERS
 
 from ui import handlers, legend
+from ui.fields import OpenSlider
 from ui.documents import DEFAULT_EXAMPLE, EXAMPLES, MAX_UPLOAD_BYTES
 from ui.runs import DEFAULT_MAX_TOKENS
 from ui.summary import stat_cards
@@ -27,9 +30,10 @@ ROPE_INFO = "compact: " + ROPE_HELP["compact"] + ". document: " + ROPE_HELP["doc
 CHUNK_INFO = ("FM, IM: every chunk is c. IMDC: c sets the steps (⌈tokens/c⌉); chunks then shrink as memory "
               "grows, keeping memory + chunk level.")
 
-RUN_HINT = ("Press **Run** (or Ctrl+Enter): each step streams the retained-token map (which positions memory keeps), "
-            "memory and seconds per step, then the answer to the question and the text shaded by what the "
-            "memory kept. While a run streams, the chart above follows it step by step.")
+RUN_HINT = ("Press **Run** (or Ctrl+Enter): the status above follows each step with the time left; the answer "
+            "comes here, beside Run. Then the retained-token map (point at it to read its tokens, click to move "
+            "the text and the replay there), the text shaded by what the memory kept, and how it ran: chunk and "
+            "memory, bytes and seconds per step.")
 
 GUIDE = """
 **Chunk and memory per step.** Each bar is one step: blue is the memory the step starts with (cache
@@ -69,13 +73,33 @@ class RunTab:
 # Every chart of the tab saved as PNG in the browser (Plotly's own export, drawn again from its
 # layout, so light even in dark mode): nothing to install on the server, works on a Space.
 CHARTS_PNG_JS = """() => {
+  // the files are named by the run's settings (the state card: "done · FM c256 M256"), like the downloads
+  const state = document.querySelector('#stats [data-stat="state"] .memstep-stat-value')?.innerText || "";
+  const label = (state.split("·").slice(1).join("·") || "run").trim().toLowerCase().replace(/[^a-z0-9]+/g, "-")
+    .replace(/^-|-$/g, "");
   for (const id of ["sizes-plot", "retained-plot", "memory-plot", "seconds-plot", "layers-plot"]) {
     const chart = document.querySelector(`#${id} .js-plotly-plot`);
     if (chart && chart.offsetParent !== null && window.Plotly) {
-      window.Plotly.downloadImage(chart, {format: "png", filename: `memstep-${id.replace("-plot", "")}`, scale: 2});
+      window.Plotly.downloadImage(chart, {format: "png", filename: `memstep-${label}-${id.replace("-plot", "")}`,
+                                          scale: 2});
     }
   }
 }"""
+
+
+# After Run on a narrow screen (the columns stacked), scroll to the live status.
+SHOW_STATUS_JS = """(...inputs) => {
+  if (window.innerWidth < 1000) {
+    // at once, and again once the run's first update has redrawn the status (a redraw cancels a scroll)
+    const show = () => document.querySelector("#stats")?.scrollIntoView({block: "start"});
+    show();
+    setTimeout(show, 400);
+  }
+  return inputs;  // the run's inputs, unchanged
+}"""
+
+MAP_POINTER = ('<span id="memstep-map-token">Point at the map to read the tokens under the pointer; click to '
+               "move the text below and the replay there.</span>")
 
 
 def _model_choices() -> list[str]:
@@ -95,6 +119,7 @@ def build_tab() -> RunTab:
             with gr.Row(elem_id="run-row"):
                 run = gr.Button("Run", variant="primary", elem_id="run", min_width=120)
                 stop = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
+            # what a newcomer needs: the document, the question, the schedule, c and M
             with gr.Group():
                 example = gr.Dropdown(list(EXAMPLES), value=DEFAULT_EXAMPLE, label="Example document",
                                       elem_id="example")
@@ -107,74 +132,82 @@ def build_tab() -> RunTab:
             question = gr.Textbox(document.question, label="Question (optional)", lines=1,
                                   elem_id="question")
             schedule = gr.Radio(SCHEDULE_CHOICES, value="imdc", label="Schedule", elem_id="schedule")
-            growth = gr.Dropdown(list(GROWTHS), value="linear", label="Growth curve (IM and IMDC)",
-                                 elem_id="growth")
-            chunk = gr.Slider(16, _chunk_limit(document), value=512, step=16, label="Chunk size c (tokens)", elem_id="chunk",
+            chunk = OpenSlider(16, _chunk_limit(document), value=512, step=16, label="Chunk size c (tokens)", elem_id="chunk",
                               info=CHUNK_INFO)
-            memory = gr.Slider(0, 8192, value=512, step=4, label="Memory size M (tokens)",
+            memory = OpenSlider(0, handlers.MEMORY_MAX, value=512, step=4, label="Memory size M (tokens)",
                                elem_id="memory", info="Tokens kept after each step, besides the sinks "
                                "(at least the sinks).")
-            with gr.Row():
-                sinks = gr.Number(4, label="Sinks", minimum=0, maximum=256, precision=0,
-                                  elem_id="sinks", min_width=90)
-                max_tokens = gr.Number(DEFAULT_MAX_TOKENS, label="Max tokens", minimum=1, precision=0,
-                                       elem_id="max-tokens", min_width=90)
-            with gr.Row():
-                preset = gr.Dropdown(["none", *PRESETS], value="none", label="Preset", elem_id="preset",
-                                     info="reference: the paper's code exactly (conv score, compact "
-                                          "positions, 4 sinks, every box below)", min_width=140)
-                scorer = gr.Dropdown(list(SCORERS), value="chunk-attention", label="Scorer",
-                                     elem_id="scorer", min_width=140)
-            rope = gr.Radio(ROPE_CHOICES, value="compact", label="RoPE positions", info=ROPE_INFO,
-                            elem_id="rope")
-            with gr.Accordion("As the reference code", open=False, elem_id="reference-ways"):
-                ways = gr.CheckboxGroup(handlers.WAY_CHOICES, value=handlers.WAY_DEFAULTS, show_label=False,
+            # the paper's finer settings, folded: each keeps a default that runs
+            with gr.Accordion("Advanced: question-aware, growth, sinks, scorer, RoPE, model", open=False,
+                              elem_id="advanced"):
+                question_aware = gr.Checkbox(False, label="Question-aware", elem_id="question-aware",
+                                             info="Also score every step by the question's attention: its "
+                                                  "tokens are read after each chunk, then dropped.")
+                full_reference = gr.Checkbox(False, label="Also answer from the full cache (reference)",
+                                             info="Bundled examples always show it (computed once, then "
+                                             "cached); for uploads it is one more prefill.",
+                                             elem_id="full-reference")
+                growth = gr.Dropdown(list(GROWTHS), value="linear", label="Growth curve (IM and IMDC)",
+                                     elem_id="growth")
+                with gr.Row():
+                    sinks = gr.Number(4, label="Sinks", minimum=0, maximum=256, precision=0,
+                                      elem_id="sinks", min_width=90)
+                    max_tokens = gr.Number(DEFAULT_MAX_TOKENS, label="Max tokens", minimum=1, precision=0,
+                                           elem_id="max-tokens", min_width=90)
+                with gr.Row():
+                    preset = gr.Dropdown(["none", *PRESETS], value="none", label="Preset", elem_id="preset",
+                                         info="reference: the paper's code exactly (conv score, compact "
+                                              "positions, 4 sinks, every box below)", min_width=140)
+                    scorer = gr.Dropdown(list(SCORERS), value="chunk-attention", label="Scorer",
+                                         elem_id="scorer", min_width=140)
+                rope = gr.Radio(ROPE_CHOICES, value="compact", label="RoPE positions", info=ROPE_INFO,
+                                elem_id="rope")
+                ways = gr.CheckboxGroup(handlers.WAY_CHOICES, value=handlers.WAY_DEFAULTS,
+                                        label="As the reference code",
                                         info="Ticked: the reference code's way; unticked: memstep's. The "
                                              "reference preset ticks them all.", elem_id="ways")
-            model = gr.Dropdown(_model_choices(), value=default_model(),
-                                allow_custom_value=allowed_models() is None,
-                                label="Model", info="'embedded': SmolLM2-135M-Instruct shipped with "
-                                "memstep. 'gemma3-270m': Gemma 3 270M, a base model with sliding-window and "
-                                "global layers, under Google's Gemma terms of use (ai.google.dev/gemma/terms). "
-                                "Or a hub id, a local folder or a .gguf file.",
-                                elem_id="model")
-            question_aware = gr.Checkbox(False, label="Question-aware", elem_id="question-aware",
-                                         info="Also score every step by the question's attention: its "
-                                              "tokens are read after each chunk, then dropped.")
-            full_reference = gr.Checkbox(False, label="Also answer from the full cache (reference)",
-                                         info="Bundled examples always show it (computed once, then "
-                                         "cached); for uploads it is one more prefill.",
-                                         elem_id="full-reference")
-        with gr.Column(scale=9):
+                model = gr.Dropdown(_model_choices(), value=default_model(),
+                                    allow_custom_value=allowed_models() is None,
+                                    label="Model", info="'embedded': SmolLM2-135M-Instruct shipped with "
+                                    "memstep. 'gemma3-270m': Gemma 3 270M, a base model with sliding-window and "
+                                    "global layers, under Google's Gemma terms of use (ai.google.dev/gemma/terms). "
+                                    "Or a hub id, a local folder or a .gguf file.",
+                                    elem_id="model")
+        # the story's order: status and answer first (beside Run), the map and its words, then the how
+        with gr.Column(scale=9, elem_id="memstep-results"):
             stats = gr.HTML(stat_cards([("state", "run", "not run yet")]), elem_id="stats")
+            stale = gr.Markdown(elem_id="stale-note", elem_classes="memstep-note")
+            answer = gr.Markdown(answer_markdown(None), elem_id="answer", container=True)
+            with gr.Row(elem_id="keep-row"):
+                try_aware = gr.Button("Try question-aware", variant="primary", visible=False,
+                                      elem_id="try-question-aware", min_width=160)
+                run_json = gr.DownloadButton("Run JSON", visible=False, elem_id="download-json",
+                                             min_width=110, variant="secondary")
+                steps_csv = gr.DownloadButton("Steps CSV", visible=False, elem_id="download-csv",
+                                              min_width=110, variant="secondary")
+            run_hint = gr.Markdown(RUN_HINT, elem_id="run-hint", elem_classes="memstep-hint")
+            # Hidden until the first streamed update: the page loads without drawing empty plots.
+            with gr.Column(visible=False, elem_id="run-views") as run_views:
+                retained_plot = gr.Plot(show_label=False, elem_id="retained-plot")
+                gr.HTML(MAP_POINTER, elem_id="map-token", elem_classes="memstep-note")
+                replay_step = gr.Slider(0, 1, value=0, step=1, interactive=False, elem_id="replay",
+                                        label="Replay: the run after step (0 = before the first)")
+                with gr.Column(elem_id="answer-text"):
+                    search = gr.Textbox(label="Search the document", placeholder="a word, a name, a number…",
+                                        elem_id="search", lines=1, max_lines=1)
+                    text = gr.HTML(elem_id="retained-text")
+            # the preview (before a run) and the how (after): the schedule, its numbers, its link
             preview_note = gr.Markdown(first_note, elem_id="preview-note", elem_classes="memstep-note")
             share = gr.HTML(elem_id="share-link", elem_classes="memstep-note")
             sizes_plot = gr.Plot(first_preview, label="Chunk and memory per step", show_label=False,
                                  elem_id="sizes-plot")
-            run_hint = gr.Markdown(RUN_HINT, elem_id="run-hint", elem_classes="memstep-hint")
-            # Hidden until the first streamed update: the page loads without drawing empty plots.
-            with gr.Column(visible=False, elem_id="run-views") as run_views:
-                replay_step = gr.Slider(0, 1, value=0, step=1, interactive=False, elem_id="replay",
-                                        label="Replay: the run after step (0 = before the first)")
-                retained_plot = gr.Plot(show_label=False, elem_id="retained-plot")
+            with gr.Column(visible=False, elem_id="run-charts") as run_charts:
                 with gr.Row():
                     memory_plot = gr.Plot(show_label=False, elem_id="memory-plot", scale=3)
                     seconds_plot = gr.Plot(show_label=False, elem_id="seconds-plot", scale=2)
                 layers_plot = gr.Plot(show_label=False, elem_id="layers-plot", visible=False)
-                with gr.Column(elem_id="answer-text"):
-                    answer = gr.Markdown(answer_markdown(None), elem_id="answer", container=True)
-                    with gr.Row(elem_id="keep-row"):
-                        try_aware = gr.Button("Try question-aware", variant="primary", visible=False,
-                                              elem_id="try-question-aware", min_width=160)
-                        run_json = gr.DownloadButton("Run JSON", visible=False, elem_id="download-json",
-                                                     min_width=110, variant="secondary")
-                        steps_csv = gr.DownloadButton("Steps CSV", visible=False, elem_id="download-csv",
-                                                      min_width=110, variant="secondary")
-                        charts_png = gr.Button("Charts as PNG", elem_id="download-png", min_width=120,
-                                               variant="secondary")
-                    search = gr.Textbox(label="Search the document", placeholder="a word, a name, a number…",
-                                        elem_id="search", lines=1, max_lines=1)
-                    text = gr.HTML(elem_id="retained-text")
+                charts_png = gr.Button("Charts as PNG", elem_id="download-png", min_width=120,
+                                       variant="secondary")
             with gr.Accordion("How to read these views", open=False):
                 gr.Markdown(GUIDE)
 
@@ -182,7 +215,7 @@ def build_tab() -> RunTab:
     preview_inputs = [doc_state, model, schedule, growth, chunk, memory, sinks, max_tokens, rope, ways]
     gr.on([doc_state.change, model.change, schedule.change, growth.change, chunk.change, memory.change,
            sinks.change, max_tokens.change, rope.change, ways.change],
-          handlers.preview_page, preview_inputs, [sizes_plot, preview_note, run, chunk],
+          handlers.preview_page, preview_inputs, [sizes_plot, preview_note, run, chunk, memory],
           trigger_mode="always_last", concurrency_limit=None, show_progress="hidden", api_visibility="private")
     example.input(handlers.choose_example, [example, model],
                   [doc_state, question, doc_info, upload, chunk, memory, max_tokens, rope],
@@ -194,17 +227,27 @@ def build_tab() -> RunTab:
     preset.input(handlers.choose_preset, [preset], [scorer, rope, sinks, ways], concurrency_limit=None,
                  api_visibility="private")
     run_outputs = [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, answer, replay_step,
-                   view_state, run_views, run_hint, layers_plot, try_aware, run_json, steps_csv]
+                   view_state, run_views, run_hint, layers_plot, try_aware, run_json, steps_csv, run_charts]
     run_inputs = [doc_state, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens, question,
-                  full_reference, rope, question_aware, ways]
+                  full_reference, rope, question_aware, ways, search]
+    # a new document: the last run's answer, map and numbers are of another text
+    doc_state.change(handlers.reset_views, None, [stats, answer, view_state, run_views, run_charts, run_hint,
+                                                  try_aware, run_json, steps_csv, text],
+                     concurrency_limit=None, show_progress="hidden", api_visibility="private")
     searching = dict(trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
                      api_visibility="private")
     running = dict(concurrency_id="prefill", concurrency_limit=1, show_progress="minimal", show_progress_on=[stats],
                    api_visibility="private")
-    run.click(handlers.run_document, run_inputs, run_outputs, **running).then(
-        handlers.search_text, [search, replay_step, view_state], [text], **searching)
+    failed = dict(fn=handlers.run_failed, inputs=None, outputs=[stats], api_visibility="private",
+                  show_progress="hidden")
+    # the last run's views say so when the controls no longer match them
+    stale_inputs = [view_state, schedule, growth, chunk, memory, scorer, sinks, rope, question_aware, question, ways]
+    gr.on([c.change for c in stale_inputs], handlers.stale_note, stale_inputs, [stale], trigger_mode="always_last",
+          concurrency_limit=None, show_progress="hidden", api_visibility="private")
+    # on a phone the status sits below the controls: Run brings it into view
+    run.click(handlers.run_document, run_inputs, run_outputs, js=SHOW_STATUS_JS, **running).failure(**failed)
     try_aware.click(handlers.try_question_aware, None, [question_aware], api_visibility="private").then(
-        handlers.run_document, run_inputs, run_outputs, **running)
+        handlers.run_document, run_inputs, run_outputs, js=SHOW_STATUS_JS, **running).failure(**failed)
     search.change(handlers.search_text, [search, replay_step, view_state], [text], **searching)
     charts_png.click(None, None, None, js=CHARTS_PNG_JS)
     link_inputs = [example, doc_state, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope,

@@ -1,0 +1,122 @@
+"""The Run tab read as a story, in headless Chromium (one served app and one browser for the
+module): the status comes into view after Run on a phone, Stop leaves "stopped" with no time
+left, the map says which tokens are under the pointer, a new document clears the last run's
+answer, and the Evaluate tab leads with the evaluation the README's takeaway names."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+PHONE = {"width": 390, "height": 844}
+CHAPTER_CHARS = 3000  # about 700 tokens: a run takes seconds
+
+
+@pytest.fixture(scope="module")
+def document(tmp_path_factory):
+    text = (Path(__file__).resolve().parent.parent / "assets" / "pride_and_prejudice_ch1-12.txt").read_text()
+    path = tmp_path_factory.mktemp("docs") / "netherfield.txt"
+    path.write_text(text[:CHAPTER_CHARS].rsplit("\n", 1)[0])
+    return path
+
+
+@pytest.fixture(scope="module")
+def phone(app_url, browser, document):
+    """A phone-sized page with the chapter uploaded and its question typed."""
+    from ui.browser import new_page, open_app, upload
+
+    page = new_page(browser, PHONE)
+    open_app(page, app_url)
+    upload(page, document)
+    page.wait_for_function("() => /netherfield.txt/.test(document.querySelector('#doc-info').innerText)",
+                           timeout=30_000)
+    page.locator("#question textarea").fill("Who has taken Netherfield Park?")
+    return page
+
+
+def _settle(page, label: str) -> None:
+    page.wait_for_function(f"() => /{label}/.test(document.querySelector('#sizes-plot').innerText)",
+                           timeout=15_000)
+
+
+def _in_viewport(page, selector: str) -> bool:
+    return page.evaluate("""(sel) => { const r = document.querySelector(sel).getBoundingClientRect();
+                                       return r.top > -2 && r.top < window.innerHeight - 40; }""", selector)
+
+
+def test_on_a_phone_run_brings_the_status_into_view_and_stop_leaves_no_time(phone):
+    from ui.browser import choose_schedule, set_number, wait_for_state
+
+    choose_schedule(phone, "FM")
+    set_number(phone, "chunk", 32)
+    set_number(phone, "memory", 64)
+    _settle(phone, "FM c32 M64")
+    phone.evaluate("window.scrollTo(0, 0)")
+    assert not _in_viewport(phone, "#stats")  # the controls fill a phone's first screen
+    phone.locator("#run").click()
+    phone.wait_for_function("""() => { const r = document.querySelector('#stats').getBoundingClientRect();
+                                       return r.top > -2 && r.top < window.innerHeight - 40; }""", timeout=10_000)
+    wait_for_state(phone, "running", timeout_s=120)
+    phone.wait_for_function("() => /step [2-9]/.test(document.querySelector('#memstep-now')?.innerText || '')",
+                            timeout=120_000)
+    phone.locator("#stop").click()
+    wait_for_state(phone, "stopped", timeout_s=60)
+    phone.wait_for_timeout(500)  # any update still on its way
+    status = phone.locator("#stats").inner_text()
+    now = phone.locator("#memstep-now").inner_text()
+    assert now.startswith("stopped after step") and not re.search(r"\d+ (s|min|h) left", status)
+    assert "stopped" in status and "starting" not in status
+    assert "Stopped" in phone.locator("#answer").inner_text()
+
+
+def test_the_map_shows_the_tokens_under_the_pointer(phone):
+    from ui.browser import set_number, wait_for_plot, wait_for_state
+
+    set_number(phone, "chunk", 256)
+    set_number(phone, "memory", 256)
+    _settle(phone, "FM c256 M256")
+    phone.locator("#run").click()
+    wait_for_state(phone, "done", timeout_s=600)
+    wait_for_plot(phone, "retained-plot")
+    drag = phone.locator("#retained-plot .nsewdrag").first
+    drag.scroll_into_view_if_needed()
+    box = drag.bounding_box()
+    phone.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.5)
+    phone.mouse.move(box["x"] + box["width"] * 0.6 + 2, box["y"] + box["height"] * 0.5 + 1)
+    phone.wait_for_function("() => /after step/.test(document.querySelector('#memstep-map-token').innerText)",
+                            timeout=10_000)
+    pointed = phone.locator("#memstep-map-token").inner_text()
+    assert pointed.startswith("position") and "kept by" in pointed
+    words = phone.locator("#memstep-map-token b").inner_text()
+    plain = words.replace("⟦", "").replace("⟧", "").strip("… ")  # the pointed token's brackets off
+    assert "⟦" in words and len(plain) >= 3 and plain in " ".join(
+        phone.locator("#retained-text .memstep-paper").inner_text().split())
+
+
+def test_another_document_clears_the_last_answer(phone):
+    from ui.browser import choose_example
+
+    assert "From the compressed memory" in phone.locator("#answer").inner_text()  # the last test's run
+    choose_example(phone, _another_example(phone))
+    phone.wait_for_function("() => /not run yet/.test(document.querySelector('#stats').innerText)", timeout=30_000)
+    assert "From the compressed memory" not in phone.locator("#answer").inner_text()
+    assert not phone.locator("#retained-plot").is_visible() and not phone.locator("#download-json").is_visible()
+
+
+def _another_example(page) -> str:
+    from ui.documents import DEFAULT_EXAMPLE, EXAMPLES
+
+    return next(name for name in EXAMPLES if name != DEFAULT_EXAMPLE)
+
+
+def test_the_evaluate_tab_leads_with_the_readme_comparison(phone):
+    phone.get_by_role("tab", name="Evaluate").click()
+    headline = phone.locator("#eval-headline")
+    headline.wait_for(state="visible")
+    text = headline.inner_text()
+    assert "memstep's question-aware FM answers" in text and "kvpress ChunkKV" in text
+    assert _in_viewport(phone, "#eval-headline")
