@@ -78,11 +78,40 @@ def register(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--continuation-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2, help="torch threads per worker (default 2)")
-    p.add_argument("--output", default=DEFAULT_OUTPUT, help=f"results folder (default {DEFAULT_OUTPUT})")
+    p.add_argument("--output", default=DEFAULT_OUTPUT,
+                   help=f"results folder (default {DEFAULT_OUTPUT}): new, empty, or one memstep eval wrote (a rerun "
+                        "resumes it)")
+    p.add_argument("--force", action="store_true",
+                   help="write into an --output folder that holds other files: files of the same names are "
+                        "replaced, nothing else in it is touched")
     p.add_argument("--readme", default=None, help="refresh the results block of this README")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
+
+
+# What memstep eval writes into its folder: the store's files and write_plots' figures.
+PLOTS = ("intervals", "heatmaps", "tradeoff")
+
+
+def results_files() -> frozenset[str]:
+    from memstep.evaluation.runner import LOGITS
+    from memstep.evaluation.store import CELLS, FAILURES, SUMMARY
+
+    return frozenset({CELLS, SUMMARY, FAILURES, LOGITS,
+                      *(f"{name}.{ext}" for name in PLOTS for ext in ("html", "png"))})
+
+
+def written_by_eval(folder: Path) -> bool:
+    """A results folder from before memstep marked its folders: its cells file holds memstep's cells."""
+    from memstep.evaluation.store import CELLS
+
+    try:
+        with (folder / CELLS).open(encoding="utf-8") as handle:
+            first = json.loads(handle.readline())
+    except (OSError, ValueError):
+        return False
+    return isinstance(first, dict) and {"key", "label", "length"} <= first.keys()
 
 
 def floats(text: str) -> list[float]:
@@ -105,6 +134,7 @@ def cmd_eval(args) -> int:
     from memstep.evaluation.suite import check_kinds, make_cases, read_haystacks
     from memstep.generate import prompt_form
     from memstep.models import default_model, mark_prompt_form, packaged_model_folder, packaged_spec
+    from memstep.outputs import check_results_folder
 
     if args.max_new_tokens < 1 or args.continuation_tokens < 0 or args.threads < 1:
         raise MemstepError("--max-new-tokens and --threads must be at least 1, --continuation-tokens at least 0")
@@ -121,6 +151,8 @@ def cmd_eval(args) -> int:
     model = args.model or default_model()
     haystacks = names(args.haystacks) if args.haystacks else None
     read_haystacks(haystacks)  # a missing or empty text fails here, before the tokenizer loads
+    # never a file memstep did not write: checked (and the folder marked as memstep's) before any work
+    check_results_folder(args.output, results_files(), args.force, legacy=written_by_eval)
     # The tokenizer alone (no weights) is enough to build the cases in this process; a packaged
     # base model (gemma3-270m) is marked so its cases are framed as completions.
     packaged = packaged_spec(model)
