@@ -14,6 +14,7 @@ import pytest
 from test_models import tiny_lm_folder  # noqa: F401  (fixture)
 
 from memstep.errors import MemstepError
+from memstep import reading
 from ui import api, documents, handlers
 from ui import models as app_models
 from ui.runs import prepare
@@ -77,12 +78,12 @@ def test_a_prefix_ending_inside_the_tokenizer_margin_is_grown(tokenizer):
 def test_uploads_are_read_a_few_at_a_time(tmp_path, monkeypatch):
     gate, inside = threading.Event(), []
 
-    def slow_read(data, name, max_bytes):
+    def slow_read(data, name, **limits):
         inside.append(name)
         gate.wait(10)
         return "Some text."
 
-    monkeypatch.setattr(documents, "read_document_bytes", slow_read)
+    monkeypatch.setattr(reading, "read_isolated", slow_read)
     monkeypatch.setattr(documents, "UPLOAD_WAIT_SECONDS", 0.5)
     paths = []
     for i in range(documents.UPLOAD_CONCURRENCY + 1):

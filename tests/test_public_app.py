@@ -16,7 +16,7 @@ import pytest
 from test_models import deep_lm_folder, tiny_lm_folder  # noqa: F401  (fixtures)
 
 from memstep.errors import MemstepError
-from memstep.outputs import MARKER
+from memstep.outputs import MARKER, PARTIAL_MARKER
 from ui import compressed, estimates
 from ui import models as app_models
 from ui.tabs.compress import laco, sparse
@@ -50,6 +50,13 @@ def made(folder: Path, created: float, size: int = MIB, marker: bool = True) -> 
     (folder / "model.safetensors").write_bytes(b"\0" * size)
     if marker:
         (folder / MARKER).write_text(json.dumps({"made_by": "memstep", "created": created}))
+    return folder
+
+
+def partial(folder: Path, created: float) -> Path:
+    """A temporary folder memstep's save makes (its marker dated ``created``)."""
+    made(folder, 0, marker=False)
+    (folder / PARTIAL_MARKER).write_text(json.dumps({"made_by": "memstep", "partial": True, "created": created}))
     return folder
 
 
@@ -106,12 +113,13 @@ def test_the_quota_removes_the_oldest_models_memstep_made_and_nothing_else(store
     middle = made(store / "middle", now - 200)
     newest = made(store / "sessions" / ("0" * 24) / "newest", now - 100)
     theirs = made(store / "theirs", now - 999, marker=False)  # not memstep's: never touched
-    partial_old = made(store / ".x.abc.memstep-partial", 0, marker=False)
-    os.utime(partial_old, (now - 7 * 3600, now - 7 * 3600))  # left by a crashed run
-    partial_new = made(store / ".y.abc.memstep-partial", 0, marker=False)  # a run writing now
+    partial_old = partial(store / ".x.abc.memstep-partial", now - 7 * 3600)  # left by a killed run
+    partial_new = partial(store / ".y.abc.memstep-partial", now)  # a run writing now
+    unmarked = made(store / ".z.abc.memstep-partial", 0, marker=False)  # named like one, not memstep's
+    os.utime(unmarked, (now - 9 * 3600, now - 9 * 3600))  # its file time is old: it is still kept
     removed = compressed.make_room(2 * MIB, quota_bytes=4 * MIB + 65536)  # the small files count too
     assert removed == [partial_old.name, old.name] and not old.exists() and not partial_old.exists()
-    assert middle.exists() and newest.exists() and theirs.exists() and partial_new.exists()
+    assert middle.exists() and newest.exists() and theirs.exists() and partial_new.exists() and unmarked.exists()
     with pytest.raises(MemstepError, match="over the app's"):
         compressed.make_room(5 * MIB, quota_bytes=4 * MIB)
     assert middle.exists()  # a refusal removes nothing

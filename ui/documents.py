@@ -27,6 +27,10 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 MAX_UPLOAD_BYTES = int(os.environ.get("MEMSTEP_MAX_UPLOAD_BYTES", str(DEFAULT_MAX_BYTES)))
 UPLOAD_CONCURRENCY = max(1, int(os.environ.get("MEMSTEP_UPLOAD_CONCURRENCY", "2")))
 UPLOAD_WAIT_SECONDS = 15
+# A session's document (the Run tab's state, up to what MAX_DOCUMENT_TOKENS can use) is dropped this
+# long after it was last set: Gradio drops a closed page's state, but a raw API client never sends the
+# heartbeat that tells it a page closed.
+DOCUMENT_STATE_SECONDS = int(os.environ.get("MEMSTEP_DOCUMENT_STATE_SECONDS", str(6 * 3600)))
 _reading = threading.BoundedSemaphore(UPLOAD_CONCURRENCY)
 PRIDE = ASSETS / "pride_and_prejudice_ch1-12.txt"
 PERSUASION = ASSETS / "persuasion_excerpt.txt"

@@ -190,7 +190,7 @@ def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq
             gr.Info(estimates.confirm_text(estimate, "Prune"), title="memstep")
             yield (f"**Not started:** {estimates.confirm_text(estimate, 'Prune')}.", gr.skip(), gr.skip(), gr.skip())
             return
-        compressed.make_room(needed * len(techniques))  # all of this run's models fit together
+        compressed.make_room(needed * len(techniques), session=session)  # all of this run's models fit together
         for technique in techniques:
             reservations.append(compressed.Reservation(session, folder_name(technique), needed))
             forget(str(reservations[-1].path))  # an earlier model of that name, loaded, is about to be replaced
