@@ -207,11 +207,11 @@ def sweep_stale_partials(parent: Path, older_than: float = STALE_PARTIAL_SECONDS
 # ---- results folders and single files --------------------------------------------------------------
 
 def check_results_folder(path, writes, force: bool = False, option: str = "--output",
-                         legacy=None) -> Path:
+                         legacy=None, mark: bool = True) -> Path:
     """The results folder ``path``, checked before any work: new, empty, or memstep's own (its
     MARKER, or for a folder from before the marker ``legacy(folder)`` true) holding only the
     names in ``writes``; else refused unless ``force`` (then files of the same names are replaced,
-    nothing else is touched). Marks the folder as memstep's when memstep may write there."""
+    nothing else is touched). With ``mark``, creates the folder and marks it as memstep's."""
     raw = str(path)
     if not raw.strip() or "\0" in raw:
         raise MemstepError(f"{option}: give a folder name (an empty name would write into the current folder)")
@@ -231,6 +231,8 @@ def check_results_folder(path, writes, force: bool = False, option: str = "--out
         raise MemstepError(f"{option} {shown(raw)} holds files memstep did not write there ({listed}): give a new "
                            "or empty folder, or add --force to write beside them (files of the same names are "
                            "replaced)")
+    if not mark:
+        return folder
     try:
         folder.mkdir(parents=True, exist_ok=True)
         if not _marked(folder):

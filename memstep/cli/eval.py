@@ -94,8 +94,10 @@ def register(sub) -> None:
 PLOTS = ("intervals", "heatmaps", "tradeoff")
 
 
+LOGITS = "logits"  # memstep.evaluation.runner.LOGITS (that module imports torch: not needed to refuse)
+
+
 def results_files() -> frozenset[str]:
-    from memstep.evaluation.runner import LOGITS
     from memstep.evaluation.store import CELLS, FAILURES, SUMMARY
 
     return frozenset({CELLS, SUMMARY, FAILURES, LOGITS,
@@ -122,6 +124,10 @@ def floats(text: str) -> list[float]:
 
 
 def cmd_eval(args) -> int:
+    from memstep.outputs import check_results_folder
+
+    # never a file memstep did not write: refused at once, before anything loads
+    check_results_folder(args.output, results_files(), args.force, legacy=written_by_eval, mark=False)
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
@@ -134,7 +140,6 @@ def cmd_eval(args) -> int:
     from memstep.evaluation.suite import check_kinds, make_cases, read_haystacks
     from memstep.generate import prompt_form
     from memstep.models import default_model, mark_prompt_form, packaged_model_folder, packaged_spec
-    from memstep.outputs import check_results_folder
 
     if args.max_new_tokens < 1 or args.continuation_tokens < 0 or args.threads < 1:
         raise MemstepError("--max-new-tokens and --threads must be at least 1, --continuation-tokens at least 0")
@@ -151,8 +156,7 @@ def cmd_eval(args) -> int:
     model = args.model or default_model()
     haystacks = names(args.haystacks) if args.haystacks else None
     read_haystacks(haystacks)  # a missing or empty text fails here, before the tokenizer loads
-    # never a file memstep did not write: checked (and the folder marked as memstep's) before any work
-    check_results_folder(args.output, results_files(), args.force, legacy=written_by_eval)
+    check_results_folder(args.output, results_files(), args.force, legacy=written_by_eval)  # (marked now)
     # The tokenizer alone (no weights) is enough to build the cases in this process; a packaged
     # base model (gemma3-270m) is marked so its cases are framed as completions.
     packaged = packaged_spec(model)

@@ -78,6 +78,7 @@ def register(sub) -> None:
 
 
 def cmd_run(args) -> int:
+    check_output_path(args.output, args.force)  # before the run (and before torch loads), not after it
     from tqdm import tqdm
 
     from memstep.documents import ReadLimits, chars_for_tokens, read_document, tokenize_document
@@ -86,7 +87,6 @@ def cmd_run(args) -> int:
     from memstep.runner import DocumentRun
     from memstep.scorers import SCORERS
 
-    check_output_path(args.output, args.force)  # before the run, not after it
     apply_preset(args)
     at_least("--max-tokens", args.max_tokens)
     # only the text --max-tokens can use is extracted (all of it without the option)
