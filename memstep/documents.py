@@ -367,7 +367,7 @@ def _pdf_text(data: bytes, filename: str, limits: ReadLimits) -> str:
             content += size
             if content > limits.max_content_bytes:
                 raise MemstepError(f"{filename}: its pages' content decompresses to over "
-                                   f"{limits.max_content_bytes / 1e6:.0f} MB (the decompressed-content limit "
+                                   f"{limits.max_content_bytes / 1e6:.1f} MB (the decompressed-content limit "
                                    "per document): upload an excerpt or a .txt version")
             page_text = page.extract_text() or ""
             pages.append(page_text)

@@ -187,3 +187,26 @@ def test_compress_events_started_through_the_queue_have_strict_types_too(section
     fn, kwargs = (laco.run_laco, LACO_OK) if section == "laco" else (sparse.prune, SPARSE_OK)
     with pytest.raises(gr.Error, match=words):
         next(fn(**{**kwargs, name: value}))
+
+
+@pytest.mark.parametrize("name", ["question", "document_text", "model", "example_name", "schedule", "scorer", "rope",
+                                  "preset", "attention", "ntk"])
+def test_every_text_field_refuses_a_lone_surrogate_in_one_line(name):
+    kwargs = {"document_text": "Some text.", name: "why\ud800"}
+    if name in ("document_text", "example_name"):
+        kwargs = {name: "why\ud800"}
+    with pytest.raises(gr.Error) as err:
+        next(api.prefill(**kwargs))
+    message = err.value.message
+    assert message.startswith(f"{name} holds an unpaired surrogate") and "\n" not in message
+    message.encode("utf-8")  # the refusal itself is valid text (the bug's reply was {"error": null})
+    with pytest.raises(gr.Error, match="growth holds an unpaired surrogate"):
+        api.schedule(tokens=4096, growth="\udfff")
+
+
+def test_the_page_run_refuses_a_lone_surrogate_in_its_question():
+    from memstep.errors import MemstepError
+    from ui.runs import prefill_stream, settings_from
+
+    with pytest.raises(MemstepError, match="question holds an unpaired surrogate"):
+        next(prefill_stream("", [1, 2, 3], settings_from("full", 512, 512, "linear", None, 4), "why\ud800"))

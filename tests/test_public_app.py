@@ -220,3 +220,34 @@ def test_load_into_run_in_a_public_app_then_run_with_the_token(tmp_path, monkeyp
 
     with pytest.raises(gr.Error, match="not available"):  # through the API, another session gets nothing either
         next(api.prefill(document_text="Some text. " * 20, model=token, request=request("stranger")))
+
+
+def test_in_a_public_app_one_visitor_never_evicts_anothers_models(store, monkeypatch):
+    public(monkeypatch)
+    monkeypatch.setattr(compressed, "SESSION_QUOTA_BYTES", 2 * MIB + 65536)
+    a, b = compressed.store_folder("session-a"), compressed.store_folder("session-b")
+    now = time.time()
+    a_old, a_new = made(a / "old", now - 300), made(a / "new", now - 200)
+    b_model = made(b / "model", now - 400)  # older than both of a's
+    # a's third model: a's own oldest goes (its quota), never b's older one
+    assert compressed.make_room(MIB, quota_bytes=8 * MIB, session="session-a") == ["old"]
+    assert not a_old.exists() and a_new.exists() and b_model.exists()
+    # the app's whole quota taken by a: b is refused, a's models stay
+    with pytest.raises(MemstepError, match="taken by other visitors' models"):
+        compressed.make_room(MIB, quota_bytes=2 * MIB + 65536, session="session-b")
+    assert a_new.exists() and b_model.exists()
+    # past their time to live, another session's models may go
+    monkeypatch.setattr(compressed, "MODEL_TTL_SECONDS", 150)
+    assert compressed.make_room(MIB, quota_bytes=2 * MIB + 65536, session="session-b") == ["new"]
+    assert b_model.exists()
+    with pytest.raises(MemstepError, match="per visitor"):
+        compressed.make_room(3 * MIB, quota_bytes=8 * MIB, session="session-a")
+
+
+def test_the_run_tabs_document_state_expires(monkeypatch):
+    from ui.documents import DOCUMENT_STATE_SECONDS
+    from ui.tabs import run
+
+    with gr.Blocks():
+        tab = run.build_tab()
+    assert tab.doc_state.time_to_live == DOCUMENT_STATE_SECONDS <= 24 * 3600
