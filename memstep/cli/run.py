@@ -82,16 +82,17 @@ def cmd_run(args) -> int:
     from tqdm import tqdm
 
     from memstep.documents import ReadLimits, chars_for_tokens, read_document, tokenize_document
+
+    apply_preset(args)
+    at_least("--max-tokens", args.max_tokens)
+    # only the text --max-tokens can use is extracted (all of it without the option); before torch loads
+    text = read_document(args.document, stdin=sys.stdin.buffer if args.document == "-" else None,
+                         limits=ReadLimits(max_chars=chars_for_tokens(args.max_tokens)))
     from memstep.memory import format_bytes
     from memstep.models import load_model
     from memstep.runner import DocumentRun
     from memstep.scorers import SCORERS
 
-    apply_preset(args)
-    at_least("--max-tokens", args.max_tokens)
-    # only the text --max-tokens can use is extracted (all of it without the option)
-    text = read_document(args.document, stdin=sys.stdin.buffer if args.document == "-" else None,
-                         limits=ReadLimits(max_chars=chars_for_tokens(args.max_tokens)))
     at_least("--chunk", args.chunk, unit=" token")
     if args.memory < args.sinks and args.schedule != "full":
         raise MemstepError(f"--memory {args.memory} is smaller than --sinks {args.sinks}")
