@@ -36,6 +36,12 @@ def shared_stream_pdf(pages: int = 1, content_bytes: int = 4_600_000) -> bytes:
     return out
 
 
+def slow_pdf() -> bytes:
+    """A PDF under every cap that takes a minute of CPU to read: 30 pages sharing one 0.9 MB stream
+    (each page under the 1 MB a page may hold, 27 MB in all)."""
+    return shared_stream_pdf(30, content_bytes=900_000)
+
+
 def paragraphs_html(size: int = 1 << 20) -> bytes:
     """``size`` bytes of ``<p>x</p>``."""
     return b"<p>x</p>" * (size // 8)

@@ -15,7 +15,7 @@ from memstep import reading
 from memstep.cancel import CancelFlag, cancel_scope
 from memstep.documents import ReadLimits, chars_for_tokens, read_document, read_document_bytes
 from memstep.errors import MemstepError
-from tests.hostile_documents import nested_html, paragraphs_html, shared_stream_pdf
+from tests.hostile_documents import nested_html, paragraphs_html, shared_stream_pdf, slow_pdf
 
 
 def reading_children() -> list[psutil.Process]:
@@ -86,7 +86,7 @@ def test_text_is_decoded_only_as_far_as_the_run_can_use():
 
 
 def test_the_reading_process_ends_at_its_cpu_limit():
-    data = shared_stream_pdf(1, content_bytes=900_000)  # under the page limit: ~9 CPU seconds of parsing
+    data = slow_pdf()  # under every cap: a minute of parsing
     began = time.process_time()
     with pytest.raises(MemstepError) as err:
         reading.read_isolated(data, "slow.pdf", limits=ReadLimits(cpu_seconds=1))
@@ -96,7 +96,7 @@ def test_the_reading_process_ends_at_its_cpu_limit():
 
 @pytest.mark.parametrize("how", ["should_stop", "cancel flag"])
 def test_a_stop_ends_the_reading_process(how):
-    data = shared_stream_pdf(1, content_bytes=900_000)
+    data = slow_pdf()
     flag, asked = CancelFlag(), []
 
     def should_stop():
@@ -132,7 +132,7 @@ def test_an_upload_whose_visitor_left_frees_its_slot(tmp_path, monkeypatch):
     event = SimpleNamespace(_id="event-1", alive=True)
     blocks = SimpleNamespace(_queue=SimpleNamespace(active_jobs=[[event]]))
     path = tmp_path / "slow.pdf"
-    path.write_bytes(shared_stream_pdf(1, content_bytes=900_000))
+    path.write_bytes(slow_pdf())
     monkeypatch.setattr(documents, "READ_CPU_SECONDS", 60)
     outcome = []
 
