@@ -409,11 +409,14 @@ class _VisibleText(HTMLParser):
         self.parts.append(piece)
         self.chars += len(piece)
 
-    def handle_starttag(self, tag, attrs):
+    def _count_tag(self) -> None:
         self._flush()
         self.tags += 1
         if self.tags > self.max_tags:
             raise _TooManyTags
+
+    def handle_starttag(self, tag, attrs):
+        self._count_tag()
         if tag in _HTML_HIDDEN:
             self.hidden += 1  # (script and style: the parser reads their raw text up to the end tag)
         elif tag == "pre":
@@ -422,10 +425,7 @@ class _VisibleText(HTMLParser):
             self._add("\n")
 
     def handle_startendtag(self, tag, attrs):
-        self._flush()
-        self.tags += 1
-        if self.tags > self.max_tags:
-            raise _TooManyTags
+        self._count_tag()
         if tag in _HTML_BLOCKS:
             self._add("\n\n" if tag in _HTML_PARAGRAPHS else "\n")
 
