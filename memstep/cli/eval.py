@@ -156,7 +156,6 @@ def cmd_eval(args) -> int:
     model = args.model or default_model()
     haystacks = names(args.haystacks) if args.haystacks else None
     read_haystacks(haystacks)  # a missing or empty text fails here, before the tokenizer loads
-    check_results_folder(args.output, results_files(), args.force, legacy=written_by_eval)  # (marked now)
     # The tokenizer alone (no weights) is enough to build the cases in this process; a packaged
     # base model (gemma3-270m) is marked so its cases are framed as completions.
     packaged = packaged_spec(model)
@@ -170,6 +169,7 @@ def cmd_eval(args) -> int:
                             threads=args.threads, prompt_form=prompt_form(tokenizer))
     cases = make_cases(tokenizer, ints(args.lengths), fractions(args.depths), ints(args.seeds), haystacks,
                        args.continuation_tokens, kinds)
+    check_results_folder(args.output, results_files(), args.force, legacy=written_by_eval)  # checked again, marked
     store = ResultStore(args.output)
     total = len(configs) * len(cases)
     with tqdm(total=total, desc="eval", unit="cell", file=sys.stderr, disable=args.quiet) as bar:
