@@ -30,6 +30,7 @@ POLL_SECONDS = 0.1
 WALL_FACTOR = 4  # a loaded machine gives the child a share of a core: its wall-clock bound
 _ROOT = str(Path(__file__).resolve().parent.parent)  # where the child imports memstep from
 _TEXT, _ERROR, _MEMORY = b"T", b"E", b"M"
+SAFE_PATH = ["-P"] if sys.version_info >= (3, 11) else []  # not the current folder first: memstep from _ROOT
 
 
 def read_isolated(data: bytes, filename: str, *, max_bytes: int = DEFAULT_MAX_BYTES,
@@ -44,7 +45,7 @@ def read_isolated(data: bytes, filename: str, *, max_bytes: int = DEFAULT_MAX_BY
     with tempfile.TemporaryFile() as source:  # (a pipe would need a writer thread: communicate()
         source.write(data)                     # cannot resume sending input after a timeout)
         source.seek(0)
-        child = subprocess.Popen([sys.executable, "-m", "memstep.reading", filename,
+        child = subprocess.Popen([sys.executable, *SAFE_PATH, "-m", "memstep.reading", filename,
                                   json.dumps({**dataclasses.asdict(limits), "max_bytes": max_bytes})],
                                  stdin=source, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     started = time.monotonic()
