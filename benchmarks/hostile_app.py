@@ -11,7 +11,8 @@ whose pages share one 4.6 MB content stream, 1 MB of <p>x</p>, 1 MB of nested <b
 app and given to `memstep run`, a client that leaves while its upload is read, `memstep eval` onto a
 folder with the user's files, and SIGTERM during `memstep compress laco`'s save. Each records its
 CPU seconds (the reading process included) and the server RSS it leaves; the table goes into
-docs/hardening.md (`<!-- hostile-work -->`). `--work-only` runs these cases only."""
+docs/hardening.md (`<!-- hostile-work -->`). `--work-only` runs these cases only; `--table` renders
+that table again from the JSON."""
 
 from __future__ import annotations
 
@@ -78,7 +79,21 @@ def requests(big: str) -> list[tuple[str, str, dict]]:
     ]
 
 
+def table_from_results() -> None:
+    """`--table`: the docs block rendered again from the last run's JSON (no app started)."""
+    from benchmarks.docs_block import committed_on, write_block
+
+    path = ROOT / "benchmarks" / "results" / "hostile_app.json"
+    summary = json.loads(path.read_text())
+    write_block("hostile-work", work_table(summary["work"], summary["still_serving"]),
+                "python benchmarks/hostile_app.py --table", doc=ROOT / "docs" / "hardening.md",
+                measured=committed_on(path) or "the last run")
+
+
 def main() -> None:
+    if "--table" in sys.argv:
+        table_from_results()
+        return
     from gradio_client import Client
 
     public = "--public" in sys.argv
