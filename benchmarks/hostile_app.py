@@ -377,7 +377,8 @@ def work_table(rows: list[dict], serving: bool) -> str:
     for row in rows:
         rss = f"{row['rss_left_mb']:+.1f}" if "rss_left_mb" in row else ("—" if row["case"].startswith("app") else
                                                                          "— (exits)")
-        lines.append(f"| {row['case'].replace('|', '/')} | {row['answer'].replace('|', '/')[:150]} | "
+        case, answer = (text.replace("|", "/").replace("<", "&lt;") for text in (row["case"], row["answer"][:150]))
+        lines.append(f"| {case} | {answer} | "
                      f"{row['cpu_seconds']:.2f} | {rss} | {row['files_left']} |")
     app = [r for r in rows if r["case"].startswith("app: ") and "rss_left_mb" in r and "leaves" not in r["case"]]
     cli = [r for r in rows if r["case"].startswith("memstep run")]
