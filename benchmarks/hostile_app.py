@@ -4,14 +4,25 @@ answered (a result or one readable line, no server path in it), the server's CPU
 stay bounded, and a normal request must work afterwards.
 
 Starts the app in a subprocess on the embedded model (as a public app when --public: a Space's
-SPACE_ID set), writes benchmarks/results/hostile_app[_public].json and prints a table."""
+SPACE_ID set), writes benchmarks/results/hostile_app[_public].json and prints a table.
+
+Work, not bytes (issue 31): documents built to cost work (tests/hostile_documents.py: a 14 KB PDF
+whose pages share one 4.6 MB content stream, 1 MB of <p>x</p>, 1 MB of nested <b>) uploaded to the
+app and given to `memstep run`, a client that leaves while its upload is read, `memstep eval` onto a
+folder with the user's files, and SIGTERM during `memstep compress laco`'s save. Each records its
+CPU seconds (the reading process included) and the server RSS it leaves; the table goes into
+docs/hardening.md (`<!-- hostile-work -->`). `--work-only` runs these cases only; `--table` renders
+that table again from the JSON."""
 
 from __future__ import annotations
 
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -68,7 +79,21 @@ def requests(big: str) -> list[tuple[str, str, dict]]:
     ]
 
 
+def table_from_results() -> None:
+    """`--table`: the docs block rendered again from the last run's JSON (no app started)."""
+    from benchmarks.docs_block import committed_on, write_block
+
+    path = ROOT / "benchmarks" / "results" / "hostile_app.json"
+    summary = json.loads(path.read_text())
+    write_block("hostile-work", work_table(summary["work"], summary["still_serving"]),
+                "python benchmarks/hostile_app.py --table", doc=ROOT / "docs" / "hardening.md",
+                measured=committed_on(path) or "the last run")
+
+
 def main() -> None:
+    if "--table" in sys.argv:
+        table_from_results()
+        return
     from gradio_client import Client
 
     public = "--public" in sys.argv
@@ -92,8 +117,8 @@ def main() -> None:
         rss_start = proc.memory_info().rss
         big = (ROOT / "assets" / "persuasion_excerpt.txt").read_text() * 80
         big = (big * (21_000_000 // len(big) + 1))[:21_000_000]
-        home = str(Path.home())
-        for label, api, kwargs in requests(big):
+        work_only = "--work-only" in sys.argv
+        for label, api, kwargs in ([] if work_only else requests(big)):
             cpu0, began = sum(proc.cpu_times()[:2]), time.perf_counter()
             try:
                 out = client.predict(api_name=api, **kwargs)
@@ -106,20 +131,268 @@ def main() -> None:
                          "leaks_a_path": leaks(answer, [v for v in kwargs.values() if isinstance(v, str)])})
             print(f"{label:<44} {rows[-1]['seconds']:>6.1f} s {rows[-1]['server_cpu_seconds']:>6.2f} CPU-s  "
                   f"{answer[:90]}", flush=True)
-        rows.extend(private_events(url))
+        if not work_only:
+            rows.extend(private_events(url))
+        fn_index = prefill_index()
+        work = (app_work(client, proc) + [client_leaves(url, proc, client, fn_index)]
+                + surrogates(url, proc, fn_index) + ([] if public else cli_work()))
         after = client.predict(tokens=4096, api_name="/schedule")
         small = client.predict(document_text="A short document about the sea. " * 30, schedule="fm", chunk=64,
                                memory=32, api_name="/prefill")
         serving = after["steps"] == 8 and small["event"] == "result"
         summary = {"public": public, "still_serving": serving, "rss_start_mb": rss_start / MB,
-                   "rss_end_mb": proc.memory_info().rss / MB, "requests": rows}
+                   "rss_end_mb": proc.memory_info().rss / MB, "requests": rows, "work": work}
         name = "hostile_app_public.json" if public else "hostile_app.json"
-        (ROOT / "benchmarks" / "results" / name).write_text(json.dumps(summary, indent=1))
+        path = ROOT / "benchmarks" / "results" / name
+        if work_only and path.exists():  # keep the other requests' rows of the last full run
+            summary["requests"] = json.loads(path.read_text()).get("requests", [])
+        path.write_text(json.dumps(summary, indent=1))
         print(f"still serving: {serving}; server RSS {rss_start / MB:.0f} -> {summary['rss_end_mb']:.0f} MB; "
               f"a server path in an answer: {any(r['leaks_a_path'] for r in rows)}")
+        if not public:
+            from benchmarks.docs_block import write_block
+
+            write_block("hostile-work", work_table(work, serving), "python benchmarks/hostile_app.py",
+                        doc=ROOT / "docs" / "hardening.md")
     finally:
         server.terminate()
         server.wait(30)
+
+
+# ---- work, not bytes (issue 31) ------------------------------------------------------------------
+
+TARGET_CPU_SECONDS, TARGET_RSS_MB, TARGET_FREED_SECONDS = 2.0, 20.0, 5.0
+
+
+def cpu_with_children(proc) -> float:
+    """The server's CPU seconds, its finished reading processes' included."""
+    times = proc.cpu_times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def bombs(folder: Path) -> list[tuple[str, Path]]:
+    from tests.hostile_documents import nested_html, paragraphs_html, shared_stream_pdf
+
+    made = []
+    for label, name, data in (("PDF, 1 page on a 4.6 MB shared stream", "shared1.pdf", shared_stream_pdf(1)),
+                              ("PDF, 4 pages on a 4.6 MB shared stream", "shared4.pdf", shared_stream_pdf(4)),
+                              ("HTML, 1 MB of <p>x</p>", "paragraphs.html", paragraphs_html()),
+                              ("HTML, 1 MB of nested <b>", "nested.html", nested_html())):
+        (folder / name).write_bytes(data)
+        made.append((f"{label} ({len(data) / 1e3:,.0f} KB)", folder / name))
+    return made
+
+
+def first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def app_work(client, proc) -> list[dict]:
+    """Each bomb uploaded to /prefill: the answer, the server's CPU seconds and the RSS it left."""
+    from gradio_client import handle_file
+
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for label, path in bombs(Path(folder)):
+            rss0, cpu0, began = proc.memory_info().rss, cpu_with_children(proc), time.perf_counter()
+            try:
+                out = client.predict(document_file=handle_file(str(path)), max_tokens=64, schedule="full",
+                                     api_name="/prefill")
+                answer = f"read: {out.get('tokens')} tokens"
+            except Exception as err:  # noqa: BLE001 - the refusal as the client sees it
+                answer = first_line(err)
+            time.sleep(1.5)  # the server reaps the reading process and Gradio's upload copy settles
+            rows.append({"case": f"app: {label}", "answer": answer[:160], "cpu_seconds": cpu_with_children(proc) - cpu0,
+                         "seconds": time.perf_counter() - began, "rss_left_mb": (proc.memory_info().rss - rss0) / MB,
+                         "files_left": 0})
+            print(f"{rows[-1]['case']:<58} {rows[-1]['cpu_seconds']:>5.2f} CPU-s {rows[-1]['rss_left_mb']:>+6.1f} MB  "
+                  f"{answer[:80]}", flush=True)
+    return rows
+
+
+def prefill_index() -> int:
+    from ui.layout import build_app
+
+    return next(i for i, fn in build_app().fns.items() if fn.api_name == "prefill")
+
+
+def raw_prefill(url: str, fn_index: int, data: list) -> str:
+    """/prefill called past any client, its JSON sent as bytes (a client library cannot even
+    encode a lone surrogate): the error line, or the last event."""
+    import httpx
+
+    session = uuid.uuid4().hex[:11]
+    payload = json.dumps({"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None})
+    with httpx.Client(timeout=120) as http:
+        http.post(f"{url}gradio_api/queue/join", content=payload, headers={"content-type": "application/json"})
+        with http.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session}) as reply:
+            for line in reply.iter_lines():
+                message = json.loads(line[5:]) if line.startswith("data:") else {}
+                if message.get("msg") == "process_completed":
+                    output = message.get("output", {})
+                    return (str(output.get("error")) if not message.get("success")
+                            else f"accepted: {json.dumps(output.get('data'))[:100]}")
+    return "no answer"
+
+
+def surrogates(url: str, proc, fn_index: int) -> list[dict]:
+    """A lone surrogate in text fields: one line each (the bug's answer was {"error": null})."""
+    rows = []
+    for name in ("question", "document_text", "model"):
+        given = {"document_text": "Some text about the sea. " * 10, "schedule": "full", name: "why \ud800"}
+        cpu0 = cpu_with_children(proc)
+        answer = raw_prefill(url, fn_index, prefill_arguments(**given))
+        rows.append({"case": f"app: {name} with a lone surrogate (raw queue call)", "answer": answer[:160],
+                     "cpu_seconds": cpu_with_children(proc) - cpu0, "files_left": 0})
+        print(f"{rows[-1]['case']:<58} {rows[-1]['cpu_seconds']:>5.2f} CPU-s  {answer[:90]}", flush=True)
+    return rows
+
+
+def reading_children(proc) -> list:
+    return [c for c in proc.children(recursive=True) if "memstep.reading" in " ".join(c.cmdline())]
+
+
+LEAVING_CLIENT = """
+import sys, httpx
+with httpx.Client(timeout=None) as http:
+    with http.stream("GET", sys.argv[1] + "gradio_api/queue/data", params={"session_hash": sys.argv[2]}) as reply:
+        for line in reply.iter_lines():
+            print(line, flush=True)
+"""
+
+
+def client_leaves(url: str, proc, client, fn_index: int) -> dict:
+    """A client uploads a PDF that takes a minute of CPU to read (under every cap but the CPU limit),
+    asks /prefill to read it, and dies (its process killed, its connection gone) 1 s into the
+    reading: the seconds until the reading process is gone and the run slot serves the next request."""
+    import httpx
+
+    from tests.hostile_documents import slow_pdf
+
+    session = uuid.uuid4().hex[:11]
+    rss0, cpu0 = proc.memory_info().rss, cpu_with_children(proc)
+    with httpx.Client(timeout=60) as http:
+        uploaded = http.post(f"{url}gradio_api/upload", files={"files": ("slow.pdf", slow_pdf())}).json()[0]
+        data = prefill_arguments(document_file={"path": uploaded, "meta": {"_type": "gradio.FileData"}},
+                                 schedule="full", max_tokens=64)
+        http.post(f"{url}gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session,
+                                                       "event_data": None})
+    listener = subprocess.Popen([sys.executable, "-c", LEAVING_CLIENT, url, session], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    began = time.perf_counter()
+    while not reading_children(proc) and time.perf_counter() - began < 30:
+        time.sleep(0.05)
+    was_reading = bool(reading_children(proc))
+    time.sleep(1.0)  # 1 s into the reading
+    listener.kill()
+    listener.wait()
+    left = time.perf_counter()  # the client is gone
+    while reading_children(proc) and time.perf_counter() - left < 60:
+        time.sleep(0.05)
+    gone = time.perf_counter() - left
+    small = client.predict(document_text="A short document about the sea. " * 30, schedule="fm", chunk=64,
+                           memory=32, api_name="/prefill")
+    freed = time.perf_counter() - left
+    row = {"case": "app: a client leaves 1 s into reading a slow PDF (30 pages x 0.9 MB)",
+           "answer": f"reading process gone {gone:.1f} s after the client left; the next /prefill answered "
+                     f"({small['event']}) after {freed:.1f} s" + ("" if was_reading else " (the reading never began)"),
+           "cpu_seconds": cpu_with_children(proc) - cpu0, "seconds": freed, "freed_seconds": freed,
+           "rss_left_mb": (proc.memory_info().rss - rss0) / MB, "files_left": 0}
+    print(f"{row['case']:<58} {row['cpu_seconds']:>5.2f} CPU-s {row['rss_left_mb']:>+6.1f} MB  {row['answer']}",
+          flush=True)
+    return row
+
+
+def prefill_arguments(**given) -> list:
+    """/prefill's inputs in order, as a raw queue call sends them: its defaults, and ``given``."""
+    import inspect
+
+    from ui import api
+
+    parameters = [p for p in inspect.signature(api.prefill).parameters.values() if p.name != "request"]
+    return [given.get(p.name, p.default) for p in parameters]
+
+
+def run_cli(argv: list[str], cwd: Path, term_when=None) -> tuple[int, str, float, float]:
+    """(exit code, stderr, CPU seconds of the command and its children, wall seconds); with
+    ``term_when`` (a test on the cwd), SIGTERM is sent as soon as it holds."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    began = time.perf_counter()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    child = subprocess.Popen([sys.executable, "-m", "memstep", *argv], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    if term_when is not None:
+        while child.poll() is None and not term_when():
+            time.sleep(0.02)
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    _, err = child.communicate()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return child.returncode, err.strip(), cpu, time.perf_counter() - began
+
+
+def listing(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
+
+
+def cli_work() -> list[dict]:
+    rows = []
+
+    def add(case, code, err, cpu, wall, files_left):
+        lines = err.splitlines()
+        rows.append({"case": case, "answer": f"exit {code}: " + (lines[-1][:150] if lines else ""), "cpu_seconds": cpu,
+                     "seconds": wall, "one_line": len(lines) == 1, "files_left": files_left})
+        print(f"{case:<58} {cpu:>5.2f} CPU-s  {rows[-1]['answer'][:90]}", flush=True)
+
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        for label, path in bombs(folder):
+            before = listing(folder)
+            add(f"memstep run: {label}", *run_cli(["run", str(path), "--quiet"], folder),
+                len(set(listing(folder)) - set(before)))
+        d = folder / "d"
+        d.mkdir()
+        (d / "summary.json").write_text("mine\n")
+        (d / "intervals.html").write_text("<p>my figure</p>\n")
+        before = listing(d)
+        code, err, cpu, wall = run_cli(["eval", "--lengths", "160", "--output", "d", "--quiet"], folder)
+        add("memstep eval --output d (the user's summary.json, intervals.html)", code, err, cpu, wall,
+            int(listing(d) != before))
+        save = folder / "save"
+        save.mkdir()
+
+        def saving() -> bool:
+            return any(p.name.endswith(".memstep-partial") for p in save.iterdir())
+
+        code, err, cpu, wall = run_cli(["compress", "laco", "--no-eval", "--no-baselines", "--sentences", "2",
+                                        "--calibration-tokens", "32", "--quiet", "--output", "X"], save, saving)
+        add("memstep compress laco --output X, SIGTERM during the save", code, err, cpu, wall,
+            len(list(save.iterdir())))
+    return rows
+
+
+def work_table(rows: list[dict], serving: bool) -> str:
+    lines = ["| case | answer | CPU s | RSS left (MB) | files overwritten or left |", "|---|---|---:|---:|---:|"]
+    for row in rows:
+        rss = f"{row['rss_left_mb']:+.1f}" if "rss_left_mb" in row else ("—" if row["case"].startswith("app") else
+                                                                         "— (exits)")
+        case, answer = (text.replace("|", "/").replace("<", "&lt;") for text in (row["case"], row["answer"][:150]))
+        lines.append(f"| {case} | {answer} | "
+                     f"{row['cpu_seconds']:.2f} | {rss} | {row['files_left']} |")
+    app = [r for r in rows if r["case"].startswith("app: ") and "rss_left_mb" in r and "leaves" not in r["case"]]
+    cli = [r for r in rows if r["case"].startswith("memstep run")]
+    leave = [r for r in rows if "leaves" in r["case"]]
+    freed = ", ".join(f"{r['freed_seconds']:.1f} s" for r in leave)
+    lines += ["", f"Targets: each document refused or read in at most {TARGET_CPU_SECONDS:g} CPU seconds "
+              f"(app: max {max((r['cpu_seconds'] for r in app), default=0):.2f}, CLI: max "
+              f"{max((r['cpu_seconds'] for r in cli), default=0):.2f}, the CLI's own start included); at most "
+              f"{TARGET_RSS_MB:g} MB of server RSS left by each (max "
+              f"{max((r['rss_left_mb'] for r in app + leave), default=0):+.1f}); a client that leaves frees the slot "
+              f"within {TARGET_FREED_SECONDS:g} s ({freed}); "
+              f"files overwritten or left behind: {sum(r['files_left'] for r in rows)}. The app still served "
+              f"afterwards: {serving}."]
+    return "\n".join(lines)
 
 
 def leaks(answer: str, given: list[str]) -> bool:

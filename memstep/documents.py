@@ -2,19 +2,27 @@
 
 Every problem a user can cause (missing file, wrong format, binary or empty file, a PDF
 without text, a file over the size limit) raises MemstepError with a one-line fix.
+
+Reading is bounded by work, not only by bytes (``ReadLimits``): extraction stops once the text
+holds what a run can use, and a PDF's pages and decompressed content, an HTML page's tags are
+capped. ``read_document`` reads in a child process with a CPU and memory limit
+(memstep.reading), since pypdf's parsing cannot be interrupted from outside.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import io
 import logging
 import re
 import sys
 import unicodedata
 from pathlib import Path
+from html.parser import HTMLParser
 from typing import BinaryIO
 
+from memstep.cancel import checkpoint
 from memstep.errors import MemstepError
 
 SUPPORTED_EXTENSIONS = (".txt", ".md", ".pdf", ".html", ".htm")
@@ -25,20 +33,46 @@ _HTML_EXTENSIONS = (".html", ".htm")
 _HTML_BLOCKS = ("p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre",
                 "blockquote", "section", "article", "header", "footer", "title", "dt", "dd")
 _HTML_PARAGRAPHS = ("p", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "blockquote", "title")
+_HTML_HIDDEN = ("script", "style", "noscript", "template")
+# A token of real text rarely spans more characters than this (SmolLM2: 4.5 on prose; long runs of
+# spaces or '=' are the exception): the text a run of N tokens can use is at most N times this.
+SAFE_CHARS_PER_TOKEN = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadLimits:
+    """How much work reading one document may take. ``max_chars`` (None: no cap): extraction stops
+    once the text holds this many characters; the others refuse the document, naming the limit."""
+    max_chars: int | None = None
+    max_pages: int = 2000                    # PDF pages read before max_chars is reached
+    max_page_content_bytes: int = 1 << 20     # one page's decompressed content stream(s)
+    max_content_bytes: int = 64 << 20         # all pages' decompressed content together
+    max_tags: int = 100_000                   # HTML start tags read before max_chars is reached
+    cpu_seconds: int = 20                     # the reading process (memstep.reading) ends there
+    memory_bytes: int = 2 << 30               # its address space
+
+
+def chars_for_tokens(tokens: int | None) -> int | None:
+    """The characters a run of ``tokens`` tokens can use at most (None: all of them)."""
+    return None if tokens is None else tokens * SAFE_CHARS_PER_TOKEN + 1024
 
 
 def read_document(path_or_dash: str | Path, *, stdin: BinaryIO | None = None,
-                  max_bytes: int = DEFAULT_MAX_BYTES) -> str:
-    """Text of a .txt/.md/.pdf/.html/.htm file, or of standard input for "-" (read as text).
+                  max_bytes: int = DEFAULT_MAX_BYTES, limits: ReadLimits | None = None) -> str:
+    """Text of a .txt/.md/.pdf/.html/.htm file, or of standard input for "-" (read as text),
+    extracted in a child process under ``limits`` (memstep.reading).
 
     `stdin` replaces sys.stdin (a binary or text stream), for tests and embedding."""
+    from memstep.reading import read_isolated
+
+    limits = limits or ReadLimits()
     if str(path_or_dash) == "-":
         stream = stdin if stdin is not None else sys.stdin
         stream = getattr(stream, "buffer", stream)  # sys.stdin is text; read its bytes
         data = stream.read(max_bytes + 1)  # one byte more is enough to detect "too big"
         if isinstance(data, str):
             data = data.encode("utf-8")
-        return read_document_bytes(data, "stdin.txt", max_bytes=max_bytes)
+        return read_isolated(data, "stdin.txt", max_bytes=max_bytes, limits=limits)
 
     path = Path(path_or_dash)
     if not path.exists():
@@ -53,21 +87,23 @@ def read_document(path_or_dash: str | Path, *, stdin: BinaryIO | None = None,
         data = path.read_bytes()
     except OSError as err:
         raise MemstepError(f"Cannot read {path}: {err.strerror}. Check its permissions.")
-    return read_document_bytes(data, path.name, max_bytes=max_bytes)
+    return read_isolated(data, path.name, max_bytes=max_bytes, limits=limits)
 
 
-def read_document_bytes(data: bytes, filename: str, *,
-                        max_bytes: int = DEFAULT_MAX_BYTES) -> str:
-    """Text of an uploaded file's bytes; the format comes from the file name's extension."""
+def read_document_bytes(data: bytes, filename: str, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                        limits: ReadLimits | None = None) -> str:
+    """Text of an uploaded file's bytes, in this process (memstep.reading.read_isolated runs it in
+    a child with a CPU limit); the format comes from the file name's extension."""
     ext = _check_extension(filename)
+    limits = limits or ReadLimits()
     if len(data) > max_bytes:
         raise MemstepError(_too_big(filename, len(data), max_bytes))
     if ext == ".pdf":
-        text = _pdf_text(data, filename)
+        text = _pdf_text(data, filename, limits)
     elif ext in _HTML_EXTENSIONS:
-        text = _html_text(_decode_text(data, filename))
+        text = _html_text(_decode_text(data, filename), filename, limits)
     else:
-        text = _decode_text(data, filename)
+        text = _decode_text(_text_prefix(data, limits.max_chars), filename)
     text = normalize_text(text)
     if not text.strip():
         raise MemstepError(f"{filename} contains no text. Pick a document with some text in it.")
@@ -179,6 +215,22 @@ def _too_big(filename: str, size: int, max_bytes: int) -> str:
             "Use a shorter excerpt of it.")
 
 
+def _text_prefix(data: bytes, max_chars: int | None) -> bytes:
+    """The bytes that can hold the first ``max_chars`` characters (4 bytes each at most), cut
+    before a UTF-8 sequence the cut would split: decoding and the binary check then cost what
+    the run can use, not what the file holds."""
+    cut = None if max_chars is None else 4 * max_chars
+    if cut is None or len(data) <= cut:
+        return data
+    data = data[:cut]
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.reason == "unexpected end of data":
+            data = data[:err.start]
+    return data
+
+
 def _decode_text(data: bytes, filename: str) -> str:
     """Decode text bytes: UTF-8 first (the common case), then UTF-16 without a byte order
     mark, then the legacy single-byte encodings (see _decode_legacy)."""
@@ -282,7 +334,10 @@ def _is_latin(text: str) -> bool:
     return latin * 2 >= len(letters)
 
 
-def _pdf_text(data: bytes, filename: str) -> str:
+def _pdf_text(data: bytes, filename: str, limits: ReadLimits) -> str:
+    """The text of a PDF's pages, read one page at a time until the text holds ``max_chars``.
+    Each page's content is decompressed and measured before pypdf parses it: parsing costs about
+    10 CPU seconds per MB of content operators, and pages may share one huge stream."""
     import pypdf
 
     if not data.lstrip()[:5] == b"%PDF-":
@@ -291,11 +346,32 @@ def _pdf_text(data: bytes, filename: str) -> str:
     pypdf_log = logging.getLogger("pypdf")
     level = pypdf_log.level
     pypdf_log.setLevel(logging.ERROR)  # we report problems ourselves; keep stderr clean
+    pages, chars, content = [], 0, 0
     try:
         reader = pypdf.PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):
             raise MemstepError(f"{filename} is password-protected. Remove the password first.")
-        pages = [page.extract_text() or "" for page in reader.pages]
+        for number, page in enumerate(reader.pages, start=1):
+            checkpoint()
+            if limits.max_chars is not None and chars >= limits.max_chars:
+                break  # the run cannot use more
+            if number > limits.max_pages:
+                raise MemstepError(f"{filename}: over {limits.max_pages:,} pages before its text ends (the page "
+                                   "limit per document): upload an excerpt or a .txt version")
+            stream = page.get_contents()
+            size = len(stream.get_data()) if stream is not None else 0
+            if size > limits.max_page_content_bytes:
+                raise MemstepError(f"{filename}: page {number}'s content decompresses to {size / 1e6:.1f} MB, over "
+                                   f"the {limits.max_page_content_bytes / 1e6:.1f} MB a page may hold (the "
+                                   "decompressed-content limit): convert it to .txt")
+            content += size
+            if content > limits.max_content_bytes:
+                raise MemstepError(f"{filename}: its pages' content decompresses to over "
+                                   f"{limits.max_content_bytes / 1e6:.1f} MB (the decompressed-content limit "
+                                   "per document): upload an excerpt or a .txt version")
+            page_text = page.extract_text() or ""
+            pages.append(page_text)
+            chars += len(page_text) + 2
     except MemstepError:
         raise
     except Exception as err:  # pypdf raises many types (PdfReadError, KeyError...) on bad files
@@ -310,18 +386,90 @@ def _pdf_text(data: bytes, filename: str) -> str:
     return text
 
 
-def _html_text(html: str) -> str:
-    """Visible text of an HTML page: scripts and styles dropped, paragraphs on their own lines."""
-    from bs4 import BeautifulSoup, NavigableString
+class _VisibleText(HTMLParser):
+    """An HTML page's visible text, as its tags stream past (no tree is built, so neither
+    nesting depth nor tag count costs more than one pass): scripts and styles dropped, the text
+    of each string with its whitespace collapsed (except inside <pre>), a line break after each
+    block element and a blank line after each paragraph."""
 
-    soup = BeautifulSoup(html, "html.parser")
-    for tag in soup(["script", "style", "noscript", "template"]):
-        tag.decompose()
-    # Source newlines inside a paragraph are not line breaks in HTML: collapse them.
-    # (Exact type check: comments and doctypes are NavigableString subclasses to leave alone.)
-    for string in soup.find_all(string=True):
-        if type(string) is NavigableString and string.find_parent("pre") is None:
-            string.replace_with(re.sub(r"\s+", " ", str(string)))
-    for tag in soup.find_all(_HTML_BLOCKS):
-        tag.insert_after("\n\n" if tag.name in _HTML_PARAGRAPHS else "\n")
-    return "\n".join(line.strip() for line in soup.get_text().splitlines())
+    def __init__(self, max_tags: int):
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.chars = self.tags = self.hidden = self.pre = 0
+        self.max_tags = max_tags
+        self._pending: list[str] = []  # one string's pieces (a feed may split it)
+
+    def _flush(self) -> None:
+        if self._pending:
+            piece = "".join(self._pending)
+            self._pending = []
+            self._add(piece if self.pre else re.sub(r"\s+", " ", piece))
+
+    def _add(self, piece: str) -> None:
+        self.parts.append(piece)
+        self.chars += len(piece)
+
+    def _count_tag(self) -> None:
+        self._flush()
+        self.tags += 1
+        if self.tags > self.max_tags:
+            raise _TooManyTags
+
+    def handle_starttag(self, tag, attrs):
+        self._count_tag()
+        if tag in _HTML_HIDDEN:
+            self.hidden += 1  # (script and style: the parser reads their raw text up to the end tag)
+        elif tag == "pre":
+            self.pre += 1
+        elif tag == "br":  # a void element: its line break comes now
+            self._add("\n")
+
+    def handle_startendtag(self, tag, attrs):
+        self._count_tag()
+        if tag in _HTML_BLOCKS:
+            self._add("\n\n" if tag in _HTML_PARAGRAPHS else "\n")
+
+    def handle_endtag(self, tag):
+        if tag in _HTML_HIDDEN:
+            self._pending = []
+            self.hidden = max(0, self.hidden - 1)
+            return
+        self._flush()
+        if tag == "pre":
+            self.pre = max(0, self.pre - 1)
+        if tag in _HTML_BLOCKS and tag != "br":
+            self._add("\n\n" if tag in _HTML_PARAGRAPHS else "\n")
+
+    def handle_data(self, data):
+        if not self.hidden:
+            self._pending.append(data)
+
+    def text(self) -> str:
+        self._flush()
+        return "".join(self.parts)
+
+
+class _TooManyTags(Exception):
+    pass
+
+
+_HTML_FEED_CHARS = 1 << 16
+
+
+def _html_text(html: str, filename: str = "page.html", limits: ReadLimits | None = None) -> str:
+    """Visible text of an HTML page (see _VisibleText), read a piece at a time until the text
+    holds ``max_chars``; refused past ``max_tags`` start tags."""
+    limits = limits or ReadLimits()
+    parser = _VisibleText(limits.max_tags)
+    try:
+        for start in range(0, len(html), _HTML_FEED_CHARS):
+            checkpoint()
+            parser.feed(html[start:start + _HTML_FEED_CHARS])
+            if limits.max_chars is not None and parser.chars >= limits.max_chars:
+                break  # the run cannot use more
+        else:
+            parser.close()
+    except _TooManyTags:
+        raise MemstepError(f"{filename}: over {limits.max_tags:,} HTML tags before its text ends (the tag limit "
+                           "per document): upload an excerpt or a .txt version") from None
+    return "\n".join(line.strip() for line in parser.text().splitlines())

@@ -14,6 +14,7 @@ import pytest
 from test_models import tiny_lm_folder  # noqa: F401  (fixture)
 
 from memstep.errors import MemstepError
+from memstep import reading
 from ui import api, documents, handlers
 from ui import models as app_models
 from ui.runs import prepare
@@ -77,12 +78,12 @@ def test_a_prefix_ending_inside_the_tokenizer_margin_is_grown(tokenizer):
 def test_uploads_are_read_a_few_at_a_time(tmp_path, monkeypatch):
     gate, inside = threading.Event(), []
 
-    def slow_read(data, name, max_bytes):
+    def slow_read(data, name, **limits):
         inside.append(name)
         gate.wait(10)
         return "Some text."
 
-    monkeypatch.setattr(documents, "read_document_bytes", slow_read)
+    monkeypatch.setattr(reading, "read_isolated", slow_read)
     monkeypatch.setattr(documents, "UPLOAD_WAIT_SECONDS", 0.5)
     paths = []
     for i in range(documents.UPLOAD_CONCURRENCY + 1):
@@ -189,3 +190,26 @@ def test_compress_events_started_through_the_queue_have_strict_types_too(section
     fn, kwargs = (laco.run_laco, LACO_OK) if section == "laco" else (sparse.prune, SPARSE_OK)
     with pytest.raises(gr.Error, match=words):
         next(fn(**{**kwargs, name: value}))
+
+
+@pytest.mark.parametrize("name", ["question", "document_text", "model", "example_name", "schedule", "scorer", "rope",
+                                  "preset", "attention", "ntk"])
+def test_every_text_field_refuses_a_lone_surrogate_in_one_line(name):
+    kwargs = {"document_text": "Some text.", name: "why\ud800"}
+    if name in ("document_text", "example_name"):
+        kwargs = {name: "why\ud800"}
+    with pytest.raises(gr.Error) as err:
+        next(api.prefill(**kwargs))
+    message = err.value.message
+    assert message.startswith(f"{name} holds an unpaired surrogate") and "\n" not in message
+    message.encode("utf-8")  # the refusal itself is valid text (the bug's reply was {"error": null})
+    with pytest.raises(gr.Error, match="growth holds an unpaired surrogate"):
+        api.schedule(tokens=4096, growth="\udfff")
+
+
+def test_the_page_run_refuses_a_lone_surrogate_in_its_question():
+    from memstep.errors import MemstepError
+    from ui.runs import prefill_stream, settings_from
+
+    with pytest.raises(MemstepError, match="question holds an unpaired surrogate"):
+        next(prefill_stream("", [1, 2, 3], settings_from("full", 512, 512, "linear", None, 4), "why\ud800"))

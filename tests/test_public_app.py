@@ -16,7 +16,7 @@ import pytest
 from test_models import deep_lm_folder, tiny_lm_folder  # noqa: F401  (fixtures)
 
 from memstep.errors import MemstepError
-from memstep.outputs import MARKER
+from memstep.outputs import MARKER, PARTIAL_MARKER
 from ui import compressed, estimates
 from ui import models as app_models
 from ui.tabs.compress import laco, sparse
@@ -50,6 +50,13 @@ def made(folder: Path, created: float, size: int = MIB, marker: bool = True) -> 
     (folder / "model.safetensors").write_bytes(b"\0" * size)
     if marker:
         (folder / MARKER).write_text(json.dumps({"made_by": "memstep", "created": created}))
+    return folder
+
+
+def partial(folder: Path, created: float) -> Path:
+    """A temporary folder memstep's save makes (its marker dated ``created``)."""
+    made(folder, 0, marker=False)
+    (folder / PARTIAL_MARKER).write_text(json.dumps({"made_by": "memstep", "partial": True, "created": created}))
     return folder
 
 
@@ -106,12 +113,13 @@ def test_the_quota_removes_the_oldest_models_memstep_made_and_nothing_else(store
     middle = made(store / "middle", now - 200)
     newest = made(store / "sessions" / ("0" * 24) / "newest", now - 100)
     theirs = made(store / "theirs", now - 999, marker=False)  # not memstep's: never touched
-    partial_old = made(store / ".x.abc.memstep-partial", 0, marker=False)
-    os.utime(partial_old, (now - 7 * 3600, now - 7 * 3600))  # left by a crashed run
-    partial_new = made(store / ".y.abc.memstep-partial", 0, marker=False)  # a run writing now
+    partial_old = partial(store / ".x.abc.memstep-partial", now - 7 * 3600)  # left by a killed run
+    partial_new = partial(store / ".y.abc.memstep-partial", now)  # a run writing now
+    unmarked = made(store / ".z.abc.memstep-partial", 0, marker=False)  # named like one, not memstep's
+    os.utime(unmarked, (now - 9 * 3600, now - 9 * 3600))  # its file time is old: it is still kept
     removed = compressed.make_room(2 * MIB, quota_bytes=4 * MIB + 65536)  # the small files count too
     assert removed == [partial_old.name, old.name] and not old.exists() and not partial_old.exists()
-    assert middle.exists() and newest.exists() and theirs.exists() and partial_new.exists()
+    assert middle.exists() and newest.exists() and theirs.exists() and partial_new.exists() and unmarked.exists()
     with pytest.raises(MemstepError, match="over the app's"):
         compressed.make_room(5 * MIB, quota_bytes=4 * MIB)
     assert middle.exists()  # a refusal removes nothing
@@ -212,3 +220,34 @@ def test_load_into_run_in_a_public_app_then_run_with_the_token(tmp_path, monkeyp
 
     with pytest.raises(gr.Error, match="not available"):  # through the API, another session gets nothing either
         next(api.prefill(document_text="Some text. " * 20, model=token, request=request("stranger")))
+
+
+def test_in_a_public_app_one_visitor_never_evicts_anothers_models(store, monkeypatch):
+    public(monkeypatch)
+    monkeypatch.setattr(compressed, "SESSION_QUOTA_BYTES", 2 * MIB + 65536)
+    a, b = compressed.store_folder("session-a"), compressed.store_folder("session-b")
+    now = time.time()
+    a_old, a_new = made(a / "old", now - 300), made(a / "new", now - 200)
+    b_model = made(b / "model", now - 400)  # older than both of a's
+    # a's third model: a's own oldest goes (its quota), never b's older one
+    assert compressed.make_room(MIB, quota_bytes=8 * MIB, session="session-a") == ["old"]
+    assert not a_old.exists() and a_new.exists() and b_model.exists()
+    # the app's whole quota taken by a: b is refused, a's models stay
+    with pytest.raises(MemstepError, match="taken by other visitors' models"):
+        compressed.make_room(MIB, quota_bytes=2 * MIB + 65536, session="session-b")
+    assert a_new.exists() and b_model.exists()
+    # past their time to live, another session's models may go
+    monkeypatch.setattr(compressed, "MODEL_TTL_SECONDS", 150)
+    assert compressed.make_room(MIB, quota_bytes=2 * MIB + 65536, session="session-b") == ["new"]
+    assert b_model.exists()
+    with pytest.raises(MemstepError, match="per visitor"):
+        compressed.make_room(3 * MIB, quota_bytes=8 * MIB, session="session-a")
+
+
+def test_the_run_tabs_document_state_expires(monkeypatch):
+    from ui.documents import DOCUMENT_STATE_SECONDS
+    from ui.tabs import run
+
+    with gr.Blocks():
+        tab = run.build_tab()
+    assert tab.doc_state.time_to_live == DOCUMENT_STATE_SECONDS <= 24 * 3600

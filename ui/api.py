@@ -16,7 +16,7 @@ from memstep.schedules import LAYERWISE, MAX_SIZE_TOKENS, make_schedule
 
 from ui.documents import (EXAMPLES, MAX_UPLOAD_BYTES, DocumentSource, example, read_upload, uploaded_path,
                           with_needle)
-from ui.inputs import choice, flag, number, text
+from ui.inputs import choice, flag, number, text, valid_unicode
 from ui.jobs import session_of
 from ui.models import context_tokens, get_model
 from ui.runs import (DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, check_settings, prefill_stream, prepare, reference_fits,
@@ -92,6 +92,12 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
     prompt, ``ntk`` none or dynamic."""
     session = session_of(request)
     try:
+        for name, value in dict(document_text=document_text, example_name=example_name, schedule=schedule,
+                                growth=growth, scorer=scorer, question=question, model=model, rope=rope,
+                                preset=preset, attention=attention, sink_scoring=sink_scoring,
+                                growth_rounding=growth_rounding, gqa_grouping=gqa_grouping, score_rows=score_rows,
+                                question_place=question_place, ntk=ntk).items():
+            valid_unicode(value, name)  # every text field: one line for a lone surrogate
         # strict types first: a number is a number, a yes/no is true or false (bool is bool)
         for value, name in ((chunk, "chunk size"), (memory, "memory size"), (sinks, "sinks")):
             number(value, name, 0, MAX_SIZE_TOKENS)
@@ -147,6 +153,8 @@ def schedule(tokens: int, schedule: str = "imdc", chunk: int = 512, memory: int 
     (pure math, no model), with each step's cache entries before and after (sinks included).
     ``layers`` (30: the embedded model) matters for the layer-wise growths only."""
     try:
+        for name, value in dict(schedule=schedule, growth=growth).items():
+            valid_unicode(value, name)
         for value, name in ((chunk, "chunk size"), (memory, "memory size"), (sinks, "sinks")):
             number(value, name, 0, MAX_SIZE_TOKENS)
         settings = settings_from(schedule, chunk, memory, growth, None, sinks)

@@ -7,9 +7,14 @@
   own, ``compressed_root()/sessions/<id>``, where the id is a keyed hash of the session; the Run
   tab names such a model by a token, ``compressed:<id>/<name>``, which loads only for the session
   whose id it carries. Messages name the model, never a server path.
-- Everywhere, the models memstep made there (marked by memstep.outputs.MARKER) share a disk
-  quota (``MEMSTEP_COMPRESS_QUOTA_MB``, default 4096): before a run, the oldest are removed
-  until the new one fits. Nothing without the marker is ever removed.
+- Locally, the models memstep made there (marked by memstep.outputs.MARKER) share a disk quota
+  (``MEMSTEP_COMPRESS_QUOTA_MB``, default 4096): before a run, the oldest are removed until the
+  new one fits. In a public app each session has a quota of its own
+  (``MEMSTEP_COMPRESS_SESSION_QUOTA_MB``, default 1024) and a run removes only that session's
+  older models: one visitor never evicts another's. Another session's models go only once they
+  are ``MEMSTEP_COMPRESS_TTL_HOURS`` old (default 24, by the date in their marker); when the
+  app's whole quota is still taken, the run is refused. Nothing without the marker is ever
+  removed (temporary folders: their own marker, memstep.outputs.PARTIAL_MARKER).
 """
 
 from __future__ import annotations
@@ -27,12 +32,13 @@ from pathlib import Path
 
 from memstep.errors import MemstepError
 from memstep.models import allowed_models
-from memstep.outputs import MARKER, PARTIAL_SUFFIX
+from memstep.outputs import MARKER, STALE_PARTIAL_SECONDS, partial_info
 from memstep.paths import compressed_root
 
 TOKEN_PREFIX = "compressed:"
 QUOTA_BYTES = int(float(os.environ.get("MEMSTEP_COMPRESS_QUOTA_MB", "4096")) * 2**20)
-STALE_PARTIAL_SECONDS = 6 * 3600  # a temporary folder this old is left from a crashed run
+SESSION_QUOTA_BYTES = int(float(os.environ.get("MEMSTEP_COMPRESS_SESSION_QUOTA_MB", "1024")) * 2**20)
+MODEL_TTL_SECONDS = float(os.environ.get("MEMSTEP_COMPRESS_TTL_HOURS", "24")) * 3600
 _SECRET = secrets.token_bytes(32)  # session ids are keyed: one cannot be derived from a session hash alone
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,159}$")
 _lock = threading.Lock()  # one cleanup or reservation at a time
@@ -101,7 +107,7 @@ def _size(folder: Path) -> int:
 
 def _managed() -> list[tuple[float, Path, int]]:
     """(created, folder, bytes) of every folder memstep made in the store, oldest first, and
-    the temporary folders crashed runs left (as old as their last change)."""
+    the temporary folders killed runs left (STALE_PARTIAL_SECONDS old, by their marker's date)."""
     root = compressed_root()
     found = []
     for folder in [*root.glob("*"), *root.glob("sessions/*/*")]:
@@ -110,30 +116,57 @@ def _managed() -> list[tuple[float, Path, int]]:
         info = made_by_memstep(folder)
         if info is not None:
             found.append((float(info.get("created", 0)), folder, _size(folder)))
-        elif folder.name.endswith(PARTIAL_SUFFIX) and folder.name.startswith("."):
-            age = folder.stat().st_mtime
-            if time.time() - age > STALE_PARTIAL_SECONDS:
-                found.append((age, folder, _size(folder)))
-    return sorted(found, key=lambda row: row[0])
+        elif (partial := partial_info(folder)) is not None and time.time() - partial["created"] > STALE_PARTIAL_SECONDS:
+            found.append((float(partial["created"]), folder, _size(folder)))
+    return sorted(set(found), key=lambda row: row[0])
 
 
-def make_room(needed_bytes: int, quota_bytes: int | None = None) -> list[str]:
-    """Remove the oldest models memstep made in the store until ``needed_bytes`` more fit in the
-    quota; the names removed. Refused when one model alone is over the quota."""
+def make_room(needed_bytes: int, quota_bytes: int | None = None, session: str | None = None) -> list[str]:
+    """Make room for ``needed_bytes`` more; the names of the folders removed. Locally: the oldest
+    models memstep made in the store go until the new one fits the quota. In a public app: only
+    ``session``'s own older models go to fit its SESSION_QUOTA_BYTES; other sessions' models go
+    only once past MODEL_TTL_SECONDS; a run that still does not fit is refused."""
     quota = QUOTA_BYTES if quota_bytes is None else quota_bytes
     if needed_bytes > quota:
         raise MemstepError(f"this model needs about {needed_bytes / 2**20:,.0f} MiB, over the app's "
                            f"{quota / 2**20:,.0f} MiB for compressed models")
-    removed = []
+    if not public_app():
+        with _lock:
+            rows = [row for row in _managed() if row[1] not in _in_use]
+            used = sum(size for _, _, size in rows) + sum(_size(f) for f in _in_use if f.exists())
+            return _remove_oldest(rows, used, needed_bytes, quota)
+    own_quota = min(SESSION_QUOTA_BYTES, quota)
+    if needed_bytes > own_quota:
+        raise MemstepError(f"this model needs about {needed_bytes / 2**20:,.0f} MiB, over the "
+                           f"{own_quota / 2**20:,.0f} MiB this app keeps per visitor for compressed models")
+    own_folder = store_folder(session)
     with _lock:
         rows = [row for row in _managed() if row[1] not in _in_use]
-        used = sum(size for _, _, size in rows) + sum(_size(f) for f in _in_use if f.exists())
-        for _, folder, size in rows:
-            if used + needed_bytes <= quota:
-                break
-            shutil.rmtree(folder, ignore_errors=True)
-            used -= size
-            removed.append(folder.name)
+        busy = sum(_size(f) for f in _in_use if f.exists())
+        own = [row for row in rows if row[1].parent == own_folder]
+        own_busy = sum(_size(f) for f in _in_use if f.exists() and f.parent == own_folder)
+        removed = _remove_oldest(own, sum(size for _, _, size in own) + own_busy, needed_bytes, own_quota)
+        rows = [row for row in rows if row[1].exists()]
+        expired = [row for row in rows if row[1].parent != own_folder
+                   and (time.time() - row[0] > MODEL_TTL_SECONDS or partial_info(row[1]) is not None)]
+        removed += _remove_oldest(expired, sum(size for _, _, size in rows) + busy, needed_bytes, quota)
+        used = sum(size for _, folder, size in rows if folder.exists()) + busy
+        if used + needed_bytes > quota:
+            raise MemstepError(f"the app's {quota / 2**20:,.0f} MiB for compressed models are taken by other "
+                               f"visitors' models (each kept {MODEL_TTL_SECONDS / 3600:g} h): try again later, or "
+                               "run memstep locally")
+    return removed
+
+
+def _remove_oldest(rows, used: int, needed_bytes: int, quota: int) -> list[str]:
+    """Remove ``rows`` (oldest first) until ``used`` + ``needed_bytes`` fit ``quota``; their names."""
+    removed = []
+    for _, folder, size in rows:
+        if used + needed_bytes <= quota:
+            break
+        shutil.rmtree(folder, ignore_errors=True)
+        used -= size
+        removed.append(folder.name)
     return removed
 
 
@@ -145,7 +178,7 @@ class Reservation:
         if not _NAME.match(name):
             raise MemstepError(f"not a folder name for a compressed model: {name[:80]!r}")
         folder = store_folder(session)
-        self.removed = make_room(needed_bytes)
+        self.removed = make_room(needed_bytes, session=session)
         with _lock:
             path, n = folder / name, 1
             while path.exists() or path in _in_use:

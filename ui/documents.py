@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from memstep.documents import _BOUNDARY_TOKENS as BOUNDARY_TOKENS  # the margin tokenize_prefix keeps
-from memstep.documents import CHARS_PER_TOKEN_GUESS, DEFAULT_MAX_BYTES, SUPPORTED_EXTENSIONS, read_document_bytes
+from memstep.documents import (CHARS_PER_TOKEN_GUESS, DEFAULT_MAX_BYTES, SUPPORTED_EXTENSIONS, ReadLimits,
+                               chars_for_tokens)
 from memstep.errors import MemstepError
 from memstep.passkey import make_haystack, question_for, random_passkey, random_thing
 
@@ -26,6 +27,10 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 MAX_UPLOAD_BYTES = int(os.environ.get("MEMSTEP_MAX_UPLOAD_BYTES", str(DEFAULT_MAX_BYTES)))
 UPLOAD_CONCURRENCY = max(1, int(os.environ.get("MEMSTEP_UPLOAD_CONCURRENCY", "2")))
 UPLOAD_WAIT_SECONDS = 15
+# A session's document (the Run tab's state, up to what MAX_DOCUMENT_TOKENS can use) is dropped this
+# long after it was last set: Gradio drops a closed page's state, but a raw API client never sends the
+# heartbeat that tells it a page closed.
+DOCUMENT_STATE_SECONDS = int(os.environ.get("MEMSTEP_DOCUMENT_STATE_SECONDS", str(6 * 3600)))
 _reading = threading.BoundedSemaphore(UPLOAD_CONCURRENCY)
 PRIDE = ASSETS / "pride_and_prejudice_ch1-12.txt"
 PERSUASION = ASSETS / "persuasion_excerpt.txt"
@@ -83,8 +88,39 @@ def uploaded_path(file) -> Path:
     return resolved
 
 
+def upload_limits() -> ReadLimits:
+    """What reading one upload may cost: text up to what the longest run can use (the app's
+    MAX_DOCUMENT_TOKENS), and the pages, tags and decompressed bytes memstep.documents caps."""
+    from ui.runs import MAX_DOCUMENT_TOKENS
+
+    return ReadLimits(max_chars=chars_for_tokens(MAX_DOCUMENT_TOKENS), cpu_seconds=READ_CPU_SECONDS)
+
+
+READ_CPU_SECONDS = int(os.environ.get("MEMSTEP_READ_CPU_SECONDS", "20"))
+
+
+def visitor_gone() -> bool:
+    """Whether the request this thread serves was given up: its page closed, its client gone or
+    its event cancelled (Gradio marks the event not alive; the worker thread keeps running)."""
+    try:
+        from gradio.context import LocalContext
+
+        blocks, event_id = LocalContext.blocks.get(None), LocalContext.event_id.get(None)
+        queue = getattr(blocks, "_queue", None)
+        if queue is None or event_id is None:
+            return False
+        for job in list(queue.active_jobs):
+            for event in list(job or []):
+                if event._id == event_id:
+                    return not event.alive
+    except Exception:  # noqa: BLE001 - Gradio's internals moved: reading then ends at its limits only
+        return False
+    return False
+
+
 def read_upload(path: str | Path, max_bytes: int = MAX_UPLOAD_BYTES) -> DocumentSource:
-    """An uploaded file (checked on the server: type, size, empty or binary content)."""
+    """An uploaded file (checked on the server: type, size, empty or binary content), read in a
+    child process under upload_limits(); a visitor who leaves ends the reading (visitor_gone)."""
     path = Path(path)
     if path.suffix.lower() not in SUPPORTED_EXTENSIONS:
         raise MemstepError(f"Unsupported file type {path.suffix or '(none)'!r} for {path.name}. "
@@ -98,7 +134,11 @@ def read_upload(path: str | Path, max_bytes: int = MAX_UPLOAD_BYTES) -> Document
     if not _reading.acquire(timeout=UPLOAD_WAIT_SECONDS):
         raise MemstepError("The server is busy reading other documents. Try the upload again in a moment.")
     try:
-        return with_needle(path.name, read_document_bytes(path.read_bytes(), path.name, max_bytes=max_bytes))
+        from memstep.reading import read_isolated
+
+        text = read_isolated(path.read_bytes(), path.name, max_bytes=max_bytes, limits=upload_limits(),
+                             should_stop=visitor_gone)
+        return with_needle(path.name, text)
     finally:
         _reading.release()
 

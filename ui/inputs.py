@@ -51,13 +51,26 @@ def flag(value, name: str) -> bool:
 
 
 def text(value, name: str, most: int) -> str:
-    """A text field: a string of at most ``most`` characters (None is empty)."""
+    """A text field: a string of at most ``most`` characters (None is empty), valid Unicode."""
     if value is None:
         return ""
     if not isinstance(value, str):
         raise MemstepError(f"{name} must be a text, not {type(value).__name__}")
     if len(value) > most:
         raise MemstepError(f"{name} must be at most {most:,} characters (got {len(value):,})")
+    return valid_unicode(value, name)
+
+
+def valid_unicode(value, name: str):
+    """``value`` unchanged when it is not a string or encodes as UTF-8; a string holding an
+    unpaired surrogate (JSON's "\\ud800" alone) is refused in one line: the tokenizer, the answer's
+    JSON and the error message itself would each fail on it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise MemstepError(f"{name} holds an unpaired surrogate ({value[err.start]!r} at character "
+                               f"{err.start:,}): send valid Unicode text") from None
     return value
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from memstep.errors import MemstepError
 from ui import compressed
+from ui.inputs import valid_unicode
 from memstep.models import (EMBEDDED, LoadedModel, looks_like_path, check_allowed, check_hub_reachable, default_model,
                             load_model, mark_prompt_form, packaged_model_folder, packaged_spec, scrub_paths)
 
@@ -33,6 +34,7 @@ def normalize_spec(spec: str | None, session: str | None = None) -> str:
     offer it (memstep.models.check_allowed: an allow-list on a Space or with MEMSTEP_ALLOWED_MODELS).
     A compressed model's token (ui/compressed.py) becomes its folder: for the session that made it
     when ``session`` is given (a load); None only reads what is loaded already (a preview)."""
+    valid_unicode(spec, "model")
     if compressed.is_token(spec):
         return compressed.resolve(spec, session, check_session=session is not None)
     spec = check_allowed(spec) or default_model()

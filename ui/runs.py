@@ -23,7 +23,7 @@ from memstep.schedules import GROWTHS, SCHEDULES, check_run_settings, check_step
 from memstep.scorers import SCORERS
 
 from ui.documents import DocumentSource, needle_tokens, token_spans
-from ui.inputs import choice, flag, whole_number
+from ui.inputs import choice, flag, valid_unicode, whole_number
 from ui.jobs import MODEL_LOCK
 from ui.reference import lookup, reference_key, store
 from ui.models import get_model, normalize_spec
@@ -174,6 +174,7 @@ def prefill_stream(model_spec: str, ids: list[int], settings: RunSettings, quest
     StepRecord) per step, ("result", RunResult) once the answer is in, then, when asked
     and there is a question, ("full", RunResult) of the same document with the full cache.
     ``model_spec`` as the request gave it (a compressed model's token loads for ``session``)."""
+    valid_unicode(question, "question")  # the page's events come here too, not only /prefill
     lm = get_model(model_spec, session)
     run = DocumentRun(lm, ids, question=question, max_new_tokens=MAX_NEW_TOKENS, notices=notices,
                       **settings.run_kwargs())

@@ -4,8 +4,10 @@ types, bounds, output files, and the error path (exit 2 with one readable line).
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-from pathlib import Path
+import threading
+from contextlib import contextmanager
 
 from memstep.errors import MemstepError
 from memstep.outputs import os_reason, shown
@@ -49,22 +51,23 @@ def at_least(name: str, value, low: int = 1, unit: str = "") -> None:
         raise MemstepError(f"{name} must be at least {low}{unit} (got {value})")
 
 
-def check_output_path(output: str | None) -> None:
-    """An --output file must go into an existing folder: checked before any work."""
+def check_output_path(output: str | None, force: bool = False) -> None:
+    """An --output file: a new file in an existing folder (an existing one with --force), checked
+    before any work."""
+    from memstep.outputs import check_new_file
+
     if output is None:
+        if force:
+            raise MemstepError("--force needs --output")
         return
-    folder = Path(output).expanduser().parent
-    if not folder.is_dir():
-        raise MemstepError(f"--output {output}: the folder {folder} does not exist; create it first")
-    if Path(output).is_dir():
-        raise MemstepError(f"--output {output} is a folder: give a file name")
+    check_new_file(output, force)
 
 
-def write_output(output: str, text: str) -> None:
-    try:
-        Path(output).expanduser().write_text(text)
-    except OSError as err:
-        raise MemstepError(f"cannot write {shown(output)}: {os_reason(err)}") from None
+def write_output(output: str, text: str, force: bool = False) -> None:
+    """The --output file, written whole or not at all (memstep.outputs.write_new_file)."""
+    from memstep.outputs import write_new_file
+
+    write_new_file(output, text, force)
 
 
 def add_force_option(p) -> None:
@@ -76,7 +79,7 @@ def add_force_option(p) -> None:
 def output_folder(args, model=None) -> None:
     """A model --output folder (memstep.outputs): checked before anything loads; with the
     loaded ``model``, also that its disk has room for the model's weights."""
-    if not args.output:
+    if args.output is None:  # (an empty --output is refused below, before any work)
         if args.force:
             raise MemstepError("--force needs --output")
         return
@@ -94,13 +97,41 @@ def saved_into(args):
     return forced(args.output if args.output and args.force else None)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is: what Ctrl+C does (a save in progress removes its
+    temporary folder on the way out), then exit 143."""
+
+
+@contextmanager
+def terminate_as_interrupt():
+    """Inside this block (main thread only), SIGTERM raises Terminated once; a second SIGTERM
+    while that unwinds is ignored, so the cleanup it runs is not cut short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_command(command) -> int:
     """Run a command (parsing included): a user's error is one line on stderr and exit 2,
     never a traceback."""
     try:
-        return command()
+        with terminate_as_interrupt():
+            return command()
     except MemstepError as err:
         return fail(err)
+    except Terminated:
+        print("memstep: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("memstep: interrupted", file=sys.stderr)
         return 130

@@ -78,11 +78,42 @@ def register(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--continuation-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2, help="torch threads per worker (default 2)")
-    p.add_argument("--output", default=DEFAULT_OUTPUT, help=f"results folder (default {DEFAULT_OUTPUT})")
+    p.add_argument("--output", default=DEFAULT_OUTPUT,
+                   help=f"results folder (default {DEFAULT_OUTPUT}): new, empty, or one memstep eval wrote (a rerun "
+                        "resumes it)")
+    p.add_argument("--force", action="store_true",
+                   help="write into an --output folder that holds other files: files of the same names are "
+                        "replaced, nothing else in it is touched")
     p.add_argument("--readme", default=None, help="refresh the results block of this README")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
+
+
+# What memstep eval writes into its folder: the store's files and write_plots' figures.
+PLOTS = ("intervals", "heatmaps", "tradeoff")
+
+
+LOGITS = "logits"  # memstep.evaluation.runner.LOGITS (that module imports torch: not needed to refuse)
+
+
+def results_files() -> frozenset[str]:
+    from memstep.evaluation.store import CELLS, FAILURES, SUMMARY
+
+    return frozenset({CELLS, SUMMARY, FAILURES, LOGITS,
+                      *(f"{name}.{ext}" for name in PLOTS for ext in ("html", "png"))})
+
+
+def written_by_eval(folder: Path) -> bool:
+    """A results folder from before memstep marked its folders: its cells file holds memstep's cells."""
+    from memstep.evaluation.store import CELLS
+
+    try:
+        with (folder / CELLS).open(encoding="utf-8") as handle:
+            first = json.loads(handle.readline())
+    except (OSError, ValueError):
+        return False
+    return isinstance(first, dict) and {"key", "label", "length"} <= first.keys()
 
 
 def floats(text: str) -> list[float]:
@@ -93,6 +124,10 @@ def floats(text: str) -> list[float]:
 
 
 def cmd_eval(args) -> int:
+    from memstep.outputs import check_results_folder
+
+    # never a file memstep did not write: refused at once, before anything loads
+    check_results_folder(args.output, results_files(), args.force, legacy=written_by_eval, mark=False)
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
@@ -134,6 +169,7 @@ def cmd_eval(args) -> int:
                             threads=args.threads, prompt_form=prompt_form(tokenizer))
     cases = make_cases(tokenizer, ints(args.lengths), fractions(args.depths), ints(args.seeds), haystacks,
                        args.continuation_tokens, kinds)
+    check_results_folder(args.output, results_files(), args.force, legacy=written_by_eval)  # checked again, marked
     store = ResultStore(args.output)
     total = len(configs) * len(cases)
     with tqdm(total=total, desc="eval", unit="cell", file=sys.stderr, disable=args.quiet) as bar:

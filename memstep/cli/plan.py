@@ -10,7 +10,7 @@ import sys
 
 from memstep import planner
 from memstep.errors import MemstepError
-from memstep.cli.common import write_output
+from memstep.cli.common import check_output_path, write_output
 from memstep.memory import ATTENTIONS
 from memstep.schedules import GROWTHS, LAYERWISE
 
@@ -55,7 +55,8 @@ def register(sub) -> None:
                    help=f"fraction of bandwidth reached (default {planner.DEFAULT_BANDWIDTH_EFFICIENCY})")
     p.add_argument("--all-steps", action="store_true", help="print every step (text output)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--output", default=None, help="also write the JSON plan to this file")
+    p.add_argument("--output", default=None, help="also write the JSON plan to this file (a new file)")
+    p.add_argument("--force", action="store_true", help="replace an existing --output file")
     p.add_argument("--list", action="store_true", help="list the model and GPU presets and exit")
     p.set_defaults(func=cmd_plan)
 
@@ -107,10 +108,11 @@ def cmd_plan(args) -> int:
     if args.list:
         print(planner.format_presets())
         return 0
+    check_output_path(args.output, args.force)
     report = build_report(args)
     for notice in report["notices"]:
         print(f"memstep: warning: {notice}", file=sys.stderr)
-    if args.output:
-        write_output(args.output, json.dumps(report))
+    if args.output is not None:
+        write_output(args.output, json.dumps(report), args.force)
     print(json.dumps(report) if args.json else planner.format_report(report, args.all_steps))
     return 0

@@ -70,25 +70,29 @@ def register(sub) -> None:
                         "resident: every page read at load (the whole model in memory from the start)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--output", default=None, help="write the JSON result to this file")
+    p.add_argument("--output", default=None, help="write the JSON result to this file (a new file)")
+    p.add_argument("--force", action="store_true", help="replace an existing --output file")
     p.add_argument("--positions", action="store_true", help="include kept positions per layer/head in JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run)
 
 
 def cmd_run(args) -> int:
+    check_output_path(args.output, args.force)  # before the run (and before torch loads), not after it
     from tqdm import tqdm
 
-    from memstep.documents import read_document, tokenize_document
+    from memstep.documents import ReadLimits, chars_for_tokens, read_document, tokenize_document
+
+    apply_preset(args)
+    at_least("--max-tokens", args.max_tokens)
+    # only the text --max-tokens can use is extracted (all of it without the option); before torch loads
+    text = read_document(args.document, stdin=sys.stdin.buffer if args.document == "-" else None,
+                         limits=ReadLimits(max_chars=chars_for_tokens(args.max_tokens)))
     from memstep.memory import format_bytes
     from memstep.models import load_model
     from memstep.runner import DocumentRun
     from memstep.scorers import SCORERS
 
-    check_output_path(args.output)  # before the run, not after it
-    apply_preset(args)
-    text = read_document(args.document, stdin=sys.stdin.buffer if args.document == "-" else None)
-    at_least("--max-tokens", args.max_tokens)
     at_least("--chunk", args.chunk, unit=" token")
     if args.memory < args.sinks and args.schedule != "full":
         raise MemstepError(f"--memory {args.memory} is smaller than --sinks {args.sinks}")
@@ -118,8 +122,8 @@ def cmd_run(args) -> int:
             bar.set_postfix(memory=record.memory_after, chunk=record.chunk_size)
     result = run.result
     payload = result.to_dict(with_positions=args.positions)
-    if args.output:
-        write_output(args.output, json.dumps(payload))
+    if args.output is not None:
+        write_output(args.output, json.dumps(payload), args.force)
     if args.json:
         print(json.dumps(payload))
         return 0

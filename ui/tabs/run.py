@@ -18,7 +18,7 @@ from memstep.scorers import SCORERS
 
 from ui import handlers, legend
 from ui.fields import OpenSlider
-from ui.documents import DEFAULT_EXAMPLE, EXAMPLES, MAX_UPLOAD_BYTES
+from ui.documents import DEFAULT_EXAMPLE, DOCUMENT_STATE_SECONDS, EXAMPLES, MAX_UPLOAD_BYTES
 from ui.runs import DEFAULT_MAX_TOKENS
 from ui.summary import stat_cards
 from ui.views import answer_markdown
@@ -111,7 +111,7 @@ def build_tab() -> RunTab:
     document = handlers.default_document()
     first_preview, first_note = handlers.preview(document, default_model(), "imdc", "linear", 512, 512, 4,
                                                  DEFAULT_MAX_TOKENS)
-    doc_state = gr.State(document)
+    doc_state = gr.State(document, time_to_live=DOCUMENT_STATE_SECONDS)  # (ui/documents.py)
     view_state = gr.State(None)
     with gr.Row(equal_height=False):
         with gr.Column(scale=4, min_width=330, elem_id="memstep-controls"):

@@ -210,7 +210,7 @@ def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq
                                        lr, train)
         lm = _source_model(spec, session)
         needed, estimate = compressed.weight_bytes(lm.model), _estimate(lm, configs)
-        compressed.make_room(needed * len(techniques))  # all of this run's models fit together
+        compressed.make_room(needed * len(techniques), session=session)  # all of this run's models fit together
         for technique in techniques:
             reservations.append(compressed.Reservation(session, folder_name(technique), needed))
             forget(str(reservations[-1].path))  # an earlier model of that name, loaded, is about to be replaced
