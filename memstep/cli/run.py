@@ -14,22 +14,24 @@ from memstep.presets import ATTENTIONS, PRESETS, ROPE_MODES, SWITCHES, Fidelity,
 from memstep.question_pool import QUESTION_POOL, parse_question_pool
 
 
-def _question_pool(text: str) -> str:
-    try:  # checked before the model loads
-        parse_question_pool(text)
-    except MemstepError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
+def _checked(parse):
+    """An argparse type that runs ``parse`` on the text (a readable refusal before the model loads)."""
+    def check(text: str) -> str:
+        try:
+            parse(text)
+        except MemstepError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return text
+    return check
 
 
 def _span(text: str) -> str:
-    from memstep.spans import parse_span
+    from memstep.spans import parse_span  # imported only when --span is given
 
-    try:  # checked before the model loads
-        parse_span(text)
-    except MemstepError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
+    return _checked(parse_span)(text)
+
+
+_question_pool = _checked(parse_question_pool)
 
 
 def register(sub) -> None:
