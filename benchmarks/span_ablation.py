@@ -5,7 +5,7 @@ configuration's answers on the cases memstep's full cache answers (Wilson 95% in
 answer's retention and whole-answer slots (t intervals), the entries it keeps, the prefill's
 seconds, and the paired difference of answered cases against reference configurations (Newcombe's
 interval for paired proportions). Writes JSON beside the results and a table into a block of
-docs/evaluation.md.
+docs/spans-and-niah.md.
 
     python benchmarks/span_ablation.py results/spans --block span-ablation \
         --versus "fm chunk-attention M={M} compact question-aware" "kvpress chunkkv M={M} question-aware"
@@ -101,18 +101,20 @@ def main(argv=None) -> int:
     p.add_argument("--versus", nargs="*", default=["fm chunk-attention M={M} compact question-aware",
                                                     "kvpress chunkkv M={M} question-aware"])
     p.add_argument("--kinds", default=None, help="needle kinds to count (default all)")
-    p.add_argument("--block", default=None, help="write the table into this block of docs/evaluation.md")
+    p.add_argument("--block", default=None, help="write the table into this block of --doc")
+    p.add_argument("--doc", type=Path, default=ROOT / "docs" / "spans-and-niah.md")
+    p.add_argument("--json", default="span_ablation.json", help="file name of the rows, in the results folder")
     p.add_argument("--command", default=None, help="the command recorded under the table")
     args = p.parse_args(argv)
     rows = rows_of(load(args.folder), args.versus, set(args.kinds.split(",")) if args.kinds else None)
-    (args.folder / "span_ablation.json").write_text(json.dumps(rows, indent=1))
+    (args.folder / args.json).write_text(json.dumps(rows, indent=1))
     table = markdown(rows)
     print(table)
     if args.block:
         from docs_block import write_block
 
         write_block(args.block, table, args.command or f"python benchmarks/span_ablation.py {args.folder}",
-                    doc=ROOT / "docs" / "evaluation.md")
+                    doc=args.doc)
     return 0
 
 
