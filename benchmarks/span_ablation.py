@@ -29,8 +29,15 @@ from memstep.evaluation.stats import mean_interval, paired_difference_interval, 
 FULL = "memstep full"
 
 
-def load(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "cells.jsonl").read_text().splitlines() if line.strip()]
+def load(*folders: Path) -> list[dict]:
+    """The cells of the folders, each key once (the first folder's cell wins)."""
+    cells: dict = {}
+    for folder in folders:
+        for line in (folder / "cells.jsonl").read_text().splitlines():
+            if line.strip():
+                cell = json.loads(line)
+                cells.setdefault(cell["key"], cell)
+    return list(cells.values())
 
 
 def rows_of(cells: list[dict], versus: list[str], kind_filter=None) -> list[dict]:
@@ -98,6 +105,9 @@ def markdown(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folder", type=Path)
+    p.add_argument("--with", dest="more", type=Path, nargs="*", default=[],
+                   help="other results folders whose cells count too (the full cache and the M = 512 rows of "
+                        "results/eval: `memstep eval` reuses them when their cells.jsonl is copied in first)")
     p.add_argument("--versus", nargs="*", default=["fm chunk-attention M={M} compact question-aware",
                                                     "kvpress chunkkv M={M} question-aware"])
     p.add_argument("--kinds", default=None, help="needle kinds to count (default all)")
@@ -106,7 +116,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default="span_ablation.json", help="file name of the rows, in the results folder")
     p.add_argument("--command", default=None, help="the command recorded under the table")
     args = p.parse_args(argv)
-    rows = rows_of(load(args.folder), args.versus, set(args.kinds.split(",")) if args.kinds else None)
+    rows = rows_of(load(args.folder, *args.more), args.versus, set(args.kinds.split(",")) if args.kinds else None)
     (args.folder / args.json).write_text(json.dumps(rows, indent=1))
     table = markdown(rows)
     print(table)
