@@ -1,11 +1,11 @@
 """Span-preserving selection against the token top-k and the presses, on the same cases.
 
-Reads a `memstep eval` results folder (cells.jsonl) and, per length and budget, counts each
+Reads `memstep eval` results folders (cells.jsonl) and, per length and budget, counts each
 configuration's answers on the cases memstep's full cache answers (Wilson 95% interval), the
-answer's retention and whole-answer slots (t intervals), the entries it keeps, the prefill's
-seconds, and the paired difference of answered cases against reference configurations (Newcombe's
-interval for paired proportions). Writes JSON beside the results and a table into a block of
-docs/spans-and-niah.md.
+answer's retention and whole-answer slots (t intervals), the entries it keeps (the range over cases:
+ChunkKV rounds to whole chunks), and the paired difference of answered cases against reference
+configurations (Newcombe's interval for paired proportions). Writes JSON beside the results and a
+table into a block of docs/spans-and-niah.md.
 
     python benchmarks/span_ablation.py results/spans --block span-ablation \
         --versus "fm chunk-attention M={M} compact question-aware" "kvpress chunkkv M={M} question-aware"
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -59,8 +60,6 @@ def rows_of(cells: list[dict], versus: list[str], kind_filter=None) -> list[dict
                                            if c.get("retention")]),
                "whole": mean_interval([c["needle_whole"] for c in group.values() if c.get("needle_whole") is not None]),
                "entries": sorted({c.get("memory_entries") for c in group.values()} - {None}),
-               "prefill_seconds": mean_interval([c["prefill_seconds"] for c in group.values()
-                                                 if c.get("prefill_seconds")]),
                "paired": {}}
         for pattern in versus:
             other_label = pattern.replace("{M}", str(budget))
@@ -87,10 +86,16 @@ def _mi(found, digits=2) -> str:
     return f"{found['mean']:.{digits}f} [{found['low']:.{digits}f}, {found['high']:.{digits}f}]"
 
 
+def _entries(values: list[int]) -> str:
+    if not values:
+        return "-"
+    return str(values[0]) if len(values) == 1 else f"{values[0]}-{values[-1]}"
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| length | M | configuration | answered (95% CI) | answer retention | whole-answer slots | entries | "
-             "prefill s | paired difference in answered (95% CI) |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+             "paired difference in answered (95% CI) |",
+             "|---:|---:|---|---:|---:|---:|---:|---|"]
     for r in rows:
         paired = "; ".join(f"vs {other.split(' compact')[0].replace(' chunk-attention', '')}: "
                            f"{100 * p['difference']:+.0f} pts [{100 * p['low']:+.0f}, {100 * p['high']:+.0f}] "
@@ -98,7 +103,7 @@ def markdown(rows: list[dict]) -> str:
                            for other, p in r["paired"].items()) or "-"
         lines.append(f"| {r['length']} | {r['budget']} | {r['label']} | {r['answered']}/{r['cases']} "
                      f"({100 * r['low']:.0f}-{100 * r['high']:.0f}%) | {_mi(r['retention'])} | {_mi(r['whole'])} | "
-                     f"{'/'.join(map(str, r['entries'])) or '-'} | {_mi(r['prefill_seconds'], 1)} | {paired} |")
+                     f"{_entries(r['entries'])} | {paired} |")
     return "\n".join(lines)
 
 
@@ -111,12 +116,18 @@ def main(argv=None) -> int:
     p.add_argument("--versus", nargs="*", default=["fm chunk-attention M={M} compact question-aware",
                                                     "kvpress chunkkv M={M} question-aware"])
     p.add_argument("--kinds", default=None, help="needle kinds to count (default all)")
+    p.add_argument("--lengths", default=None, help="lengths to show, comma-separated (default all)")
+    p.add_argument("--match", default=r"^fm chunk-attention M=\d+ compact question-aware( span=\S+)?$|^kvpress chunkkv",
+                   help="the configurations shown (a regular expression on the label; default: question-aware FM "
+                        "with and without spans, and kvpress ChunkKV)")
     p.add_argument("--block", default=None, help="write the table into this block of --doc")
     p.add_argument("--doc", type=Path, default=ROOT / "docs" / "spans-and-niah.md")
     p.add_argument("--json", default="span_ablation.json", help="file name of the rows, in the results folder")
     p.add_argument("--command", default=None, help="the command recorded under the table")
     args = p.parse_args(argv)
     rows = rows_of(load(args.folder, *args.more), args.versus, set(args.kinds.split(",")) if args.kinds else None)
+    lengths = {int(n) for n in args.lengths.split(",")} if args.lengths else None
+    rows = [r for r in rows if re.search(args.match, r["label"]) and (lengths is None or r["length"] in lengths)]
     (args.folder / args.json).write_text(json.dumps(rows, indent=1))
     table = markdown(rows)
     print(table)
