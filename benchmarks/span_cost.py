@@ -41,20 +41,24 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--output", type=Path, default=ROOT / "results" / "spans" / "span_cost.json")
     p.add_argument("--block", default=None, help="write the table into this block of docs/spans-and-niah.md")
+    p.add_argument("--render", action="store_true", help="only render --output's saved measurements")
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    lm = load_model("embedded", device="cpu", dtype="float32")
-    case = make_cases(lm.tokenizer, [2048], [0.5], [0], kinds=("word",))[0]
-    settings = [None] + args.spans.split(",")
-    best = {str(s): float("inf") for s in settings}
-    for _ in range(args.repeat):  # interleaved: the machine's load moves every setting alike
-        for span in settings:
-            best[str(span)] = min(best[str(span)], cpu_seconds(lm, case, span, args.budget))
-    base = best["None"]
-    rows = [{"span": s, "cpu_seconds": round(v, 3), "ratio": round(v / base, 3)} for s, v in best.items()]
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"budget": args.budget, "length": 2048, "repeat": args.repeat,
-                                       "case": case.cell, "rows": rows}, indent=1))
+    if not args.render:
+        torch.set_num_threads(1)
+        lm = load_model("embedded", device="cpu", dtype="float32")
+        case = make_cases(lm.tokenizer, [2048], [0.5], [0], kinds=("word",))[0]
+        settings = [None] + args.spans.split(",")
+        best = {str(s): float("inf") for s in settings}
+        for _ in range(args.repeat):  # interleaved: the machine's load moves every setting alike
+            for span in settings:
+                best[str(span)] = min(best[str(span)], cpu_seconds(lm, case, span, args.budget))
+        base = best["None"]
+        rows = [{"span": s, "cpu_seconds": round(v, 3), "ratio": round(v / base, 3)} for s, v in best.items()]
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps({"budget": args.budget, "length": 2048, "repeat": args.repeat,
+                                           "case": case.cell, "rows": rows}, indent=1))
+    saved = json.loads(args.output.read_text())
+    rows, args.budget, args.repeat = saved["rows"], saved["budget"], saved["repeat"]
     lines = [f"Question-aware FM, M = {args.budget}, one 2,048-token case, one torch thread; CPU seconds of the "
              f"prefill (the span table included), best of {args.repeat}, settings interleaved in one process.", "",
              "| span | CPU s | ratio to token top-k |", "|---|---:|---:|"]
