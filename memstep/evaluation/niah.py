@@ -63,8 +63,14 @@ def encode(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+_TOKENS: dict[tuple, list[int]] = {}  # the essays' tokens per tokenizer: read once, not once per case
+
+
 def haystack_tokens(tokenizer) -> list[int]:
-    return encode(tokenizer, essays_text())
+    key = (getattr(tokenizer, "name_or_path", ""), len(tokenizer), type(tokenizer).__name__)
+    if key not in _TOKENS:
+        _TOKENS[key] = encode(tokenizer, essays_text())
+    return _TOKENS[key]
 
 
 def check_niah_lengths(tokenizer, lengths) -> int:
