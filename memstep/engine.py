@@ -61,6 +61,7 @@ from memstep.question_pool import QUESTION_POOL, parse_question_pool
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
+from memstep.spans import SpanSetting, select_spans, span_table
 
 
 def decoder_of(model):
@@ -159,7 +160,7 @@ class ChunkedPrefill(StepContext):
     def __init__(self, model, scorer: Scorer | None = None, sinks: int = 4, attention: str = "sdpa",
                  collect_hidden: bool = False, rope: str = "compact", question_ids: Sequence[int] | None = None,
                  question_weight: float = QUESTION_WEIGHT, fidelity: Fidelity | None = None,
-                 question_pool: str = QUESTION_POOL):
+                 question_pool: str = QUESTION_POOL, span: SpanSetting | None = None):
         if sinks < 0:
             raise MemstepError(f"sinks must be 0 or more (got {sinks})")
         if attention not in ENGINE_ATTENTIONS:
@@ -176,6 +177,8 @@ class ChunkedPrefill(StepContext):
         self.question_weight = float(question_weight)
         self.question_pool = question_pool
         parse_question_pool(question_pool)
+        self.span = span  # span-preserving selection (memstep.spans); None: the token top-k
+        self.span_table: torch.Tensor | None = None  # span id per position (sentence / clause: set by the caller)
         if question_ids is not None:
             check_question_aware(self.scorer, self.question_ids.numel(), self.question_weight)
             if not switchable(model):
@@ -241,7 +244,10 @@ class ChunkedPrefill(StepContext):
                 question = state.group(self._attended[2][self._question_rows][..., :entries])
                 scores = question_mix(scores, question, positions, self.sinks, self.question_weight,
                                       self.question_pool)
-            kept = select_kept(scores, positions, keep, self.sinks, frozen)
+            if self.span is None:
+                kept = select_kept(scores, positions, keep, self.sinks, frozen)
+            else:
+                kept = select_spans(scores, positions, keep, self.sinks, self.span_table, self.span, frozen)
             index = kept[None, :, :, None].expand(1, -1, -1, keys.shape[-1])
             layer.keys = keys.gather(2, index)
             layer.values = values.gather(2, index)
@@ -429,6 +435,11 @@ class ChunkedPrefill(StepContext):
             raise MemstepError(f"the schedule covers {schedule.tokens} tokens but the input has {ids.numel()}")
         self.reset()
         self.scorer.reset()
+        if self.span is not None and (self.span_table is None or self.span_table.numel() < ids.numel()):
+            if self.span.bounds != "fixed":
+                raise MemstepError(f"span setting {self.span.name} needs the text's sentence breaks: run it through "
+                                   "DocumentRun (which reads them from the tokenizer)")
+            self.span_table = span_table(self.span, [""] * ids.numel(), self.sinks)
         # Plain full-attention layers: a config-built cache gives sliding-window models (Mistral)
         # layers that size the mask by tokens seen, which breaks once entries are evicted.
         self.cache = DynamicCache()

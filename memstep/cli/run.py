@@ -14,12 +14,24 @@ from memstep.presets import ATTENTIONS, PRESETS, ROPE_MODES, SWITCHES, Fidelity,
 from memstep.question_pool import QUESTION_POOL, parse_question_pool
 
 
-def _question_pool(text: str) -> str:
-    try:  # checked before the model loads
-        parse_question_pool(text)
-    except MemstepError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
+def _checked(parse):
+    """An argparse type that runs ``parse`` on the text (a readable refusal before the model loads)."""
+    def check(text: str) -> str:
+        try:
+            parse(text)
+        except MemstepError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return text
+    return check
+
+
+def _span(text: str) -> str:
+    from memstep.spans import parse_span  # imported only when --span is given
+
+    return _checked(parse_span)(text)
+
+
+_question_pool = _checked(parse_question_pool)
 
 
 def register(sub) -> None:
@@ -60,6 +72,10 @@ def register(sub) -> None:
     p.add_argument("--question-pool", type=_question_pool, default=QUESTION_POOL,
                    help="question-aware: how a key takes its neighbours' question attention: max:N, mean:N "
                         f"(N odd) or none (default {QUESTION_POOL})")
+    p.add_argument("--span", type=_span, default=None,
+                   help="keep whole spans instead of single tokens: <bounds>[-max|-mean][-head|-layer], bounds fixedN "
+                        "(N-token pieces), sentence[N] or clause[N] (split past N tokens, default 48); pooled by max "
+                        "(default) or mean; ranked per KV head (default) or once per layer; none = token top-k")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--continuation-tokens", type=int, default=0)
     p.add_argument("--device", default="auto")
@@ -98,6 +114,10 @@ def cmd_run(args) -> int:
         raise MemstepError(f"--memory {args.memory} is smaller than --sinks {args.sinks}")
     if args.scorer not in SCORERS:
         raise MemstepError(f"unknown scorer '{args.scorer}': choose one of {', '.join(SCORERS)}")
+    if args.schedule != "full":
+        from memstep.spans import check_span_budget, parse_span
+
+        check_span_budget(parse_span(args.span), args.memory)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # stderr carries memstep's own progress bar and errors only
@@ -112,7 +132,7 @@ def cmd_run(args) -> int:
                       continuation_tokens=args.continuation_tokens, notices=notices, rope=args.rope,
                       kernel=args.kernel, attention=args.attention, question_aware=args.question_aware,
                       question_weight=args.question_weight, question_pool=args.question_pool, fidelity=Fidelity.from_settings(vars(args)),
-                      review=review_of(args))
+                      review=review_of(args), span=args.span)
     for line in run.result.notices[len(notices):]:  # what the run adds (positions beyond training)
         print(line, file=sys.stderr)
     with tqdm(total=run.schedule.steps, desc=f"{args.schedule} prefill", unit="step", file=sys.stderr,
@@ -122,6 +142,9 @@ def cmd_run(args) -> int:
             bar.set_postfix(memory=record.memory_after, chunk=record.chunk_size)
     result = run.result
     payload = result.to_dict(with_positions=args.positions)
+    spans = run.span_report()
+    if spans is not None:  # the setting always; which spans each layer and head holds whole with --positions
+        payload["span"] = spans if args.positions else {"setting": spans["setting"]}
     if args.output is not None:
         write_output(args.output, json.dumps(payload), args.force)
     if args.json:

@@ -62,6 +62,7 @@ class Config:
     fidelity: str | None = None  # memstep: a set of the reference switches (presets.fidelity_variant); None: memstep's
     question_pool: str | None = None  # memstep question-aware: max:N | mean:N | none; None: the engine's default
     question_weight: float | None = None  # memstep question-aware: the question's share; None: the engine's default
+    span: str | None = None  # memstep: span-preserving selection (memstep.spans); None: the token top-k
 
     @property
     def label(self) -> str:
@@ -75,7 +76,8 @@ class Config:
         name = self.schedule if self.growth in (None, "linear") else f"{self.schedule}-{self.growth}"
         ways = f" [{self.fidelity}]" if self.fidelity else ""
         ablation = (f" pool={self.question_pool}" if self.question_pool else "") + \
-            (f" weight={self.question_weight:g}" if self.question_weight is not None else "")
+            (f" weight={self.question_weight:g}" if self.question_weight is not None else "") + \
+            (f" span={self.span}" if self.span else "")
         return f"{name} {self.scorer} M={self.budget}" + (f" {self.rope}" if self.rope else "") + aware + ablation + ways
 
     @property
@@ -88,7 +90,7 @@ class Config:
         data = asdict(self)
         if not data["question_aware"]:
             del data["question_aware"]
-        for axis in ("fidelity", "question_pool", "question_weight"):
+        for axis in ("fidelity", "question_pool", "question_weight", "span"):
             if data[axis] is None:  # the engine's defaults: the keys of the cells from before the axis
                 del data[axis]
         return data
@@ -102,6 +104,7 @@ class Config:
         fields["fidelity"] = data.get("fidelity")
         fields["question_pool"] = data.get("question_pool")
         fields["question_weight"] = data.get("question_weight")
+        fields["span"] = data.get("span")
         if fields["kind"] == "memstep" and fields["schedule"] != "full" and fields["rope"] is None:
             fields["rope"] = "document"
         return cls(**fields)
@@ -159,7 +162,7 @@ def check_press(press: str) -> None:
 
 def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES,
               ropes=("compact",), question_aware=(False,), fidelities=(None,),
-              question_pools=(None,), question_weights=(None,)) -> list[Config]:
+              question_pools=(None,), question_weights=(None,), spans=(None,)) -> list[Config]:
     """memstep configurations (schedule x scorer x budget x rope x question-aware x the
     reference switches x question pooling x question weight; 'full' once: without eviction no
     axis changes anything), then the peers: each kvpress press at each budget (question-aware
@@ -179,6 +182,13 @@ def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES
     for weight in question_weights:
         if weight is not None and not 0.0 < weight <= 1.0:
             raise MemstepError(f"question weights must be in (0, 1] (got {weight})")
+    from memstep.spans import check_span_budget, parse_span
+
+    settings = [parse_span(span) for span in spans]  # an unknown one fails here, before any work
+    spans = [setting.name if setting else None for setting in settings]
+    for setting in settings:
+        for budget in budgets:
+            check_span_budget(setting, budget)
 
     for scorer in scorers:
         if scorer not in SCORERS:
@@ -209,8 +219,8 @@ def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES
                 pools = question_pools if aware else (None,)
                 weights = question_weights if aware else (None,)
                 configs += [Config("memstep", schedule, growth, scorer, budget, None if schedule == "once" else chunk, rope,
-                                   aware, ways, pool, weight)
-                            for budget in budgets for scorer in scorers for rope in ropes
+                                   aware, ways, pool, weight, span)
+                            for budget in budgets for scorer in scorers for rope in ropes for span in spans
                             for pool in pools for weight in weights if not aware or scorer in ATTENTION_SCORERS]
     if "kvpress" in peers:
         configs += [Config("kvpress", "full", None, press, budget, question_aware=aware and press not in AGNOSTIC_PRESSES)

@@ -71,7 +71,7 @@ def document_run(lm, config: dict, settings: dict, case: dict, question: str | N
     schedule, chunk = config["schedule"], config.get("chunk") or 512
     if schedule == "once":  # one step reads the whole document (prompt head included), then cuts to M
         schedule, chunk = "fm", len(case.get("head_ids") or []) + len(case["document_ids"])
-    ablation = {k: config[k] for k in ("question_pool", "question_weight") if config.get(k) is not None}
+    ablation = {k: config[k] for k in ("question_pool", "question_weight", "span") if config.get(k) is not None}
     return DocumentRun(
         lm, case["document_ids"] + held_out, schedule=schedule, chunk=chunk, memory=config.get("budget") or 512,
         growth=config.get("growth") or "linear", scorer=config.get("scorer") or "chunk-attention",
@@ -126,6 +126,7 @@ def run_case(lm, config: dict, settings: dict, case: dict, reference: dict | Non
         "retention_layers": scope,
         "peak_bytes_modeled": result.peak_bytes_modeled,
         "settings": {"question_pool": result.question_pool, "question_weight": result.question_weight,
+                     **({"span": config["span"]} if config.get("span") else {}),
                      "chunk": "whole document" if config["schedule"] == "once" else config.get("chunk"),
                      "steps": result.schedule["steps"]},
         **divergence,

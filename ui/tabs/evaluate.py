@@ -268,6 +268,9 @@ def build_tab() -> dict:
         heatmaps = gr.Plot(first[5], show_label=False, elem_id="eval-heatmaps")
     with gr.Accordion("Paired differences on the same cases", open=False):
         contrasts = gr.Markdown(first[6], elem_id="eval-contrasts")
+    from ui.niah_view import niah_section  # the public needle test's heatmap (its own module)
+
+    niah_section()
     outputs = [lead, status, intervals, tradeoff, table, heatmaps, contrasts, length, sentence]
     reload.click(show, [length], outputs, api_visibility="private")
     length.input(show, [length], outputs, api_visibility="private", show_progress="hidden")

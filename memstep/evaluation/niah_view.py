@@ -1,0 +1,78 @@
+"""The needle test's standard figure: depth (rows) x context length (columns), one panel per
+configuration, coloured by the share of key phrases named (single needle: both phrases = 100;
+multi-needle: the recall over its needles). Written beside the results as niah.html / niah.png
+and shown in the app's Evaluate tab (ui/niah_view.py). Plotly is imported inside the functions."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from statistics import mean
+
+from memstep.evaluation.niah import BENCHMARKS
+
+
+def niah_maps(cells: list[dict]) -> dict:
+    """{benchmark: {label: {depths, lengths, score[depth][length], cases}}} from finished cells."""
+    grid: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for cell in cells:
+        if cell.get("kind") in BENCHMARKS and cell.get("recall") is not None:
+            grid[cell["kind"]][cell["label"]][(cell["depth"], cell["length"])].append(cell["recall"])
+    out: dict = {}
+    for kind, labels in grid.items():
+        out[kind] = {}
+        for label, values in labels.items():
+            depths = sorted({d for d, _ in values})
+            lengths = sorted({n for _, n in values})
+            out[kind][label] = {
+                "depths": depths, "lengths": lengths,
+                "score": [[mean(values[(d, n)]) if (d, n) in values else None for n in lengths] for d in depths],
+                "cases": [[len(values.get((d, n), ())) for n in lengths] for d in depths]}
+    return out
+
+
+def niah_figure(maps: dict, kind: str = "niah", columns: int = 3):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from memstep.evaluation.plots import FOOT, _empty, _title, _wrap
+
+    panels = maps.get(kind) or {}
+    if not panels:
+        return _empty("no needle-test results yet (memstep eval --benchmark niah)")
+    labels = list(panels)
+    columns = max(1, min(columns, len(labels)))
+    rows = -(-len(labels) // columns)
+    fig = make_subplots(rows=rows, cols=columns, subplot_titles=[_wrap(label, 18) for label in labels],
+                        shared_yaxes=True, horizontal_spacing=0.04, vertical_spacing=min(0.16, 0.6 / rows))
+    what = "key phrases named %" if kind == "niah" else "needles recalled %"
+    for i, label in enumerate(labels):
+        data = panels[label]
+        z = [[None if v is None else round(100 * v) for v in row] for row in data["score"]]
+        fig.add_trace(go.Heatmap(
+            z=z, x=[f"{n // 1024}k" if n % 1024 == 0 else str(n) for n in data["lengths"]],
+            y=[f"{round(100 * d)}%" for d in data["depths"]], zmin=0, zmax=100, colorscale="Viridis",
+            showscale=i == 0, colorbar={**FOOT, "title": {"text": what, "side": "top"}, "thickness": 10,
+                                        "len": 0.6, "x": 0.5, "xanchor": "center"},
+            text=[["" if v is None else str(v) for v in row] for row in z], texttemplate="%{text}",
+            hovertemplate=f"{label}<br>length %{{x}}<br>depth %{{y}}<br>{what} %{{z}}<extra></extra>"),
+            row=i // columns + 1, col=i % columns + 1)
+    fig.update_yaxes(autorange="reversed")
+    fig.update_annotations(font_size=11)
+    name = "single needle (San Francisco)" if kind == "niah" else "three needles (pizza ingredients)"
+    fig.update_layout(title=_title(f"Needle In A Haystack, {name}:<br>needle depth x context length"),
+                      height=240 * rows + 200, margin={"l": 40, "r": 20, "t": 125, "b": 30})
+    return fig
+
+
+def write_niah_plots(maps: dict, folder: str | Path) -> list[str]:
+    """niah.html/.png (and niah-multi.*) in ``folder``; a notice when a PNG cannot be written."""
+    notices = []
+    for kind in maps:
+        fig = niah_figure(maps, kind)
+        fig.write_html(Path(folder) / f"{kind}.html", include_plotlyjs="cdn")
+        try:
+            fig.write_image(Path(folder) / f"{kind}.png", width=1100, height=fig.layout.height)
+        except Exception as err:  # kaleido or Chromium missing: the HTML is there
+            notices.append(f"{kind}.png not written ({type(err).__name__}: {str(err).splitlines()[0][:120]})")
+    return notices
