@@ -87,11 +87,10 @@ def test_text_is_decoded_only_as_far_as_the_run_can_use():
 
 def test_the_reading_process_ends_at_its_cpu_limit():
     data = slow_pdf()  # under every cap: a minute of parsing
-    began = time.process_time()
     with pytest.raises(MemstepError) as err:
         reading.read_isolated(data, "slow.pdf", limits=ReadLimits(cpu_seconds=1))
     one_line(err.value, "slow.pdf", "over 1 CPU seconds", "reading limit")
-    assert time.process_time() - began < 1 and not reading_children()  # the parent waited; the child is gone
+    assert not reading_children()  # the limit ended the child, and it is gone
 
 
 @pytest.mark.parametrize("how", ["should_stop", "cancel flag"])
