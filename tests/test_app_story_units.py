@@ -51,6 +51,25 @@ def test_the_map_figure_ships_the_words_and_the_text_its_token_indices(fm):
     assert indices[0] == 0 and indices == sorted(indices) and max(indices) < 1024
 
 
+def test_a_stopped_runs_map_shows_what_it_read(fm):
+    from ui.runs import RunSettings
+    from ui.views import RunView, render
+
+    records = fake_records(fm)
+    view = RunView(word_document(fm), RunSettings("fm", 256, 256), fm, records=records[:2])
+    running = render(view)  # mid-run: every step's row and every position, the unread part hatched
+    assert np.asarray(running.retained.data[0].z).shape == (5, fm.tokens)
+    view.stopped = True
+    stopped = render(view)
+    read = records[1].tokens_seen
+    z = np.asarray(stopped.retained.data[0].z, dtype=float)
+    assert z.shape == (2, read) and not np.isnan(z[1]).any()  # two steps, the positions they read, all drawn
+    assert tuple(stopped.retained.layout.xaxis.range) == (-0.5, read - 0.5)
+    assert "stopped at step 2 of 5" in stopped.retained.layout.title.text
+    replay = render(view, step=0)  # replaying a step keeps the whole run's frame
+    assert np.asarray(replay.retained.data[0].z).shape[1] == fm.tokens
+
+
 def test_stop_leaves_no_time_and_a_failure_leaves_no_starting(fm):
     from ui import handlers
     from ui.runs import RunSettings

@@ -314,14 +314,15 @@ def _mark_rows(mids: list[float], span: float, gap: float = 0.2) -> list[int]:
 def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, *, prefix_tokens: int = 0,
                         sinks: int = 0, needle: tuple[int, int] | None = None, current: int | None = None,
                         max_columns: int = MAX_COLUMNS, height: int = 340 + LEGEND_ROOM,
-                        answers: Sequence[tuple[int, int]] = (),
+                        answers: Sequence[tuple[int, int]] = (), stopped_of: int | None = None,
                         words: Callable[[int, int], list[str]] | None = None) -> go.Figure:
     """Which positions are in memory after each step: rows are steps (top to bottom), columns
     token positions (prompt head + document), colour the fraction of (layer, KV head) slots
     that keep the position. ``needle`` is the passkey's [start, end) in the same positions,
     ``answers`` where the full cache's answer appears. ``words(width, columns)`` gives each column's
     text (the page shows it under the pointer: layout.meta, read by the page's script).
-    Colours and words: ui/legend.py."""
+    ``stopped_of``: the run was stopped after ``steps`` of this many steps, and ``tokens`` are
+    the positions it read (the title says so). Colours and words: ui/legend.py."""
     rows = map_rows(steps, records[-1].step if records else None, current)
     z, width = retained_matrix(records, tokens, steps, max_columns, rows)
     hybrid = bool(records and records[-1].layer_types)
@@ -340,7 +341,8 @@ def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, 
     column = f"<br>one column = {width} tokens" if width > 1 else ""  # its own line: a phone is narrow
     sampled = len(rows) < steps
     what = "every " + _nth(math.ceil(steps / MAP_ROWS)) + " step" if sampled else "each step"
-    _style(fig, f"Retained tokens: what memory holds after {what}" + (" (global layers)" if hybrid else ""),
+    stopped = f" · stopped at step {steps} of {stopped_of}" if stopped_of else ""
+    _style(fig, f"Retained tokens: what memory holds after {what}" + (" (global layers)" if hybrid else "") + stopped,
            height, f"token position (prompt head + document){column}", "after step")  # the title says when sampled
     _hatch_unread(fig, records, tokens, rows)
     # the two states the colour bar cannot show, in the legend at the foot

@@ -121,10 +121,14 @@ def render(view: RunView, step: int | None = None, query: str = "") -> Rendered:
     highlight = current if (replaying or len(records) < view.steps) else None
     sizes = schedule_figure(view.schedule, view.settings.sinks, done=len(records), current=highlight)
     if records:
-        retained = retained_map_figure(records, view.schedule.tokens, view.steps,
-                                       prefix_tokens=view.document.prefix_tokens, sinks=view.settings.sinks,
-                                       needle=view.needle, current=current,
-                                       answers=[r for r in map(view.input_range, view.answer_chars[:5]) if r],
+        # a stopped run's map shows what was read: its steps and positions, not the unread rest
+        partial = view.stopped and step is None and len(records) < view.steps
+        tokens, steps = (records[-1].tokens_seen, len(records)) if partial else (view.schedule.tokens, view.steps)
+        answers = [r for r in map(view.input_range, view.answer_chars[:5]) if r and r[0] < tokens]
+        needle = view.needle if view.needle is None or view.needle[0] < tokens else None
+        retained = retained_map_figure(records, tokens, steps, prefix_tokens=view.document.prefix_tokens,
+                                       sinks=view.settings.sinks, needle=needle, current=current,
+                                       stopped_of=view.steps if partial else None, answers=answers,
                                        words=lambda width, columns: column_words(view.document, width, columns))
     else:
         retained = placeholder_figure("The retained-token map fills in as the steps run",
