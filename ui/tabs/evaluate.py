@@ -219,7 +219,10 @@ def app_style(fig):
     type and sizes stay those memstep.evaluation.plots laid the figures out for (the page's wider
     type pushed an axis title out of a phone's chart)."""
     fig.update_layout(font=dict(color=FONT["color"]), template="plotly_white")
-    fig.update_annotations(font=dict(color=FONT["color"]))
+    # panel titles and the numbers of the value axes at the page's small size (12 and 11 px); the
+    # configuration names keep the plots' 10 px: wider, they would crowd a phone's panels
+    fig.update_annotations(font=dict(color=FONT["color"], size=12))
+    fig.update_xaxes(tickfont_size=11)
     return fig
 
 
