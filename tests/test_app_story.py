@@ -6,22 +6,16 @@ answer, and the Evaluate tab leads with the evaluation the README's takeaway nam
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 PHONE = {"width": 390, "height": 844}
-CHAPTER_CHARS = 3000  # about 700 tokens: a run takes seconds
-
-
-@pytest.fixture(scope="module")
-def document(tmp_path_factory):
-    text = (Path(__file__).resolve().parent.parent / "assets" / "pride_and_prejudice_ch1-12.txt").read_text()
-    path = tmp_path_factory.mktemp("docs") / "netherfield.txt"
-    path.write_text(text[:CHAPTER_CHARS].rsplit("\n", 1)[0])
-    return path
+try:  # the same chapter as the screen checks (a module fixture, about 700 tokens: a run takes seconds)
+    from test_app_screens import document  # noqa: F401
+except ImportError:  # tests/ imported as a package
+    from tests.test_app_screens import document  # noqa: F401
 
 
 @pytest.fixture(scope="module")
