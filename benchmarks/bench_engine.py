@@ -44,7 +44,8 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from memstep.documents import read_document, tokenize_document
+from memstep.documents import tokenize_document
+from memstep.reading import read_document
 from memstep.engine import ChunkedPrefill, cache_keyword
 from memstep.memory import format_bytes
 from memstep.models import load_model

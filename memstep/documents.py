@@ -5,8 +5,8 @@ without text, a file over the size limit) raises MemstepError with a one-line fi
 
 Reading is bounded by work, not only by bytes (``ReadLimits``): extraction stops once the text
 holds what a run can use, and a PDF's pages and decompressed content, an HTML page's tags are
-capped. ``read_document`` reads in a child process with a CPU and memory limit
-(memstep.reading), since pypdf's parsing cannot be interrupted from outside.
+capped. memstep.reading.read_document reads a file in a child process with a CPU and memory
+limit, since pypdf's parsing cannot be interrupted from outside.
 """
 
 from __future__ import annotations
@@ -16,11 +16,9 @@ import dataclasses
 import io
 import logging
 import re
-import sys
 import unicodedata
 from pathlib import Path
 from html.parser import HTMLParser
-from typing import BinaryIO
 
 from memstep.cancel import checkpoint
 from memstep.errors import MemstepError
@@ -57,47 +55,14 @@ def chars_for_tokens(tokens: int | None) -> int | None:
     return None if tokens is None else tokens * SAFE_CHARS_PER_TOKEN + 1024
 
 
-def read_document(path_or_dash: str | Path, *, stdin: BinaryIO | None = None,
-                  max_bytes: int = DEFAULT_MAX_BYTES, limits: ReadLimits | None = None) -> str:
-    """Text of a .txt/.md/.pdf/.html/.htm file, or of standard input for "-" (read as text),
-    extracted in a child process under ``limits`` (memstep.reading).
-
-    `stdin` replaces sys.stdin (a binary or text stream), for tests and embedding."""
-    from memstep.reading import read_isolated
-
-    limits = limits or ReadLimits()
-    if str(path_or_dash) == "-":
-        stream = stdin if stdin is not None else sys.stdin
-        stream = getattr(stream, "buffer", stream)  # sys.stdin is text; read its bytes
-        data = stream.read(max_bytes + 1)  # one byte more is enough to detect "too big"
-        if isinstance(data, str):
-            data = data.encode("utf-8")
-        return read_isolated(data, "stdin.txt", max_bytes=max_bytes, limits=limits)
-
-    path = Path(path_or_dash)
-    if not path.exists():
-        raise MemstepError(f"File not found: {path}. Check the path and try again.")
-    if not path.is_file():
-        raise MemstepError(f"{path} is not a file. Pass a document file, or '-' for stdin.")
-    _check_extension(path.name)
-    size = path.stat().st_size  # check before reading, so a huge file is never loaded
-    if size > max_bytes:
-        raise MemstepError(_too_big(path.name, size, max_bytes))
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise MemstepError(f"Cannot read {path}: {err.strerror}. Check its permissions.")
-    return read_isolated(data, path.name, max_bytes=max_bytes, limits=limits)
-
-
 def read_document_bytes(data: bytes, filename: str, *, max_bytes: int = DEFAULT_MAX_BYTES,
                         limits: ReadLimits | None = None) -> str:
     """Text of an uploaded file's bytes, in this process (memstep.reading.read_isolated runs it in
     a child with a CPU limit); the format comes from the file name's extension."""
-    ext = _check_extension(filename)
+    ext = check_extension(filename)
     limits = limits or ReadLimits()
     if len(data) > max_bytes:
-        raise MemstepError(_too_big(filename, len(data), max_bytes))
+        raise MemstepError(too_big(filename, len(data), max_bytes))
     if ext == ".pdf":
         text = _pdf_text(data, filename, limits)
     elif ext in _HTML_EXTENSIONS:
@@ -202,7 +167,7 @@ def truncation_notice(text: str, tokenizer, ids: list[int], reason: str) -> str:
             f"{len(text):,} characters.")
 
 
-def _check_extension(filename: str) -> str:
+def check_extension(filename: str) -> str:
     ext = Path(filename).suffix.lower()
     if ext not in SUPPORTED_EXTENSIONS:
         raise MemstepError(f"Unsupported file type {ext or '(none)'!r} for {filename}. "
@@ -210,7 +175,7 @@ def _check_extension(filename: str) -> str:
     return ext
 
 
-def _too_big(filename: str, size: int, max_bytes: int) -> str:
+def too_big(filename: str, size: int, max_bytes: int) -> str:
     return (f"{filename} is {size / 1e6:.1f} MB, over the {max_bytes / 1e6:.1f} MB limit. "
             "Use a shorter excerpt of it.")
 

@@ -20,10 +20,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import BinaryIO
 from pathlib import Path
 
 from memstep.cancel import current_flag
-from memstep.documents import DEFAULT_MAX_BYTES, ReadLimits, read_document_bytes
+from memstep.documents import DEFAULT_MAX_BYTES, ReadLimits, check_extension, too_big, read_document_bytes
 from memstep.errors import MemstepError
 
 POLL_SECONDS = 0.1
@@ -31,6 +32,37 @@ WALL_FACTOR = 4  # a loaded machine gives the child a share of a core: its wall-
 _ROOT = str(Path(__file__).resolve().parent.parent)  # where the child imports memstep from
 _TEXT, _ERROR, _MEMORY = b"T", b"E", b"M"
 SAFE_PATH = ["-P"] if sys.version_info >= (3, 11) else []  # not the current folder first: memstep from _ROOT
+
+
+def read_document(path_or_dash: str | Path, *, stdin: BinaryIO | None = None,
+                  max_bytes: int = DEFAULT_MAX_BYTES, limits: ReadLimits | None = None) -> str:
+    """Text of a .txt/.md/.pdf/.html/.htm file, or of standard input for "-" (read as text),
+    extracted in a child process under ``limits`` (memstep.reading).
+
+    `stdin` replaces sys.stdin (a binary or text stream), for tests and embedding."""
+    limits = limits or ReadLimits()
+    if str(path_or_dash) == "-":
+        stream = stdin if stdin is not None else sys.stdin
+        stream = getattr(stream, "buffer", stream)  # sys.stdin is text; read its bytes
+        data = stream.read(max_bytes + 1)  # one byte more is enough to detect "too big"
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        return read_isolated(data, "stdin.txt", max_bytes=max_bytes, limits=limits)
+
+    path = Path(path_or_dash)
+    if not path.exists():
+        raise MemstepError(f"File not found: {path}. Check the path and try again.")
+    if not path.is_file():
+        raise MemstepError(f"{path} is not a file. Pass a document file, or '-' for stdin.")
+    check_extension(path.name)
+    size = path.stat().st_size  # check before reading, so a huge file is never loaded
+    if size > max_bytes:
+        raise MemstepError(too_big(path.name, size, max_bytes))
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise MemstepError(f"Cannot read {path}: {err.strerror}. Check its permissions.")
+    return read_isolated(data, path.name, max_bytes=max_bytes, limits=limits)
 
 
 def read_isolated(data: bytes, filename: str, *, max_bytes: int = DEFAULT_MAX_BYTES,

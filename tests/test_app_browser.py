@@ -77,7 +77,7 @@ def test_preview_follows_the_controls_instantly(page):
 
 
 def test_upload_run_imdc_and_replay(page, short_document, artifacts_dir):
-    from memstep.documents import read_document
+    from memstep.reading import read_document
     from memstep.generate import prompt_parts
     from ui.models import embedded_tokenizer
     from ui.browser import choose_schedule, rendered_plots, set_number, stat, upload, wait_for_plot, wait_for_state

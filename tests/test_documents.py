@@ -6,9 +6,9 @@ import io
 
 import pytest
 
-from memstep.documents import (SUPPORTED_EXTENSIONS, normalize_text, read_document,
-                               read_document_bytes, tokenize_document)
+from memstep.documents import SUPPORTED_EXTENSIONS, normalize_text, read_document_bytes, tokenize_document
 from memstep.errors import MemstepError
+from memstep.reading import read_document
 
 try:
     from fixtures_documents import ASSETS, tokenizer  # noqa: F401 (a pytest fixture)

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from memstep.documents import (BINARY_CONTROL_SHARE, read_document, read_document_bytes, tokenize_document,
-                               tokenize_prefix)
+from memstep.documents import BINARY_CONTROL_SHARE, read_document_bytes, tokenize_document, tokenize_prefix
 from memstep.errors import MemstepError
+from memstep.reading import read_document
 
 from tests.fixtures_documents import ASSETS, tokenizer  # noqa: F401
 

@@ -13,7 +13,8 @@ import pytest
 
 from memstep import reading
 from memstep.cancel import CancelFlag, cancel_scope
-from memstep.documents import ReadLimits, chars_for_tokens, read_document, read_document_bytes
+from memstep.documents import ReadLimits, chars_for_tokens, read_document_bytes
+from memstep.reading import read_document
 from memstep.errors import MemstepError
 from tests.hostile_documents import nested_html, paragraphs_html, shared_stream_pdf, slow_pdf
 

@@ -91,12 +91,14 @@ def uploaded_path(file) -> Path:
 def upload_limits() -> ReadLimits:
     """What reading one upload may cost: text up to what the longest run can use (the app's
     MAX_DOCUMENT_TOKENS), and the pages, tags and decompressed bytes memstep.documents caps."""
-    from ui.runs import MAX_DOCUMENT_TOKENS
-
     return ReadLimits(max_chars=chars_for_tokens(MAX_DOCUMENT_TOKENS), cpu_seconds=READ_CPU_SECONDS)
 
 
 READ_CPU_SECONDS = int(os.environ.get("MEMSTEP_READ_CPU_SECONDS", "20"))
+# A run with compact positions never puts a key past sinks + M + c, so the model's context does not
+# cut its document: a whole novel (Pride and Prejudice: 156k tokens) fits under this, and the step
+# cap (ui.runs.MAX_RUN_STEPS) bounds the work at a given chunk.
+MAX_DOCUMENT_TOKENS = int(os.environ.get("MEMSTEP_MAX_DOCUMENT_TOKENS", str(1 << 18)))
 
 
 def visitor_gone() -> bool:

@@ -22,7 +22,7 @@ from memstep.runner import DocumentRun
 from memstep.schedules import GROWTHS, SCHEDULES, check_run_settings, check_steps
 from memstep.scorers import SCORERS
 
-from ui.documents import DocumentSource, needle_tokens, token_spans
+from ui.documents import MAX_DOCUMENT_TOKENS, DocumentSource, needle_tokens, token_spans
 from ui.inputs import choice, flag, valid_unicode, whole_number
 from ui.jobs import MODEL_LOCK
 from ui.reference import lookup, reference_key, store
@@ -42,10 +42,6 @@ MAX_NEW_TOKENS = 32
 MAX_RUN_STEPS = int(os.environ.get("MEMSTEP_MAX_RUN_STEPS", "256"))
 MAX_SINKS = 1024
 MAX_TOKENS_LIMIT = 1 << 20  # the max tokens field; the model's context cuts it further
-# A run with compact positions never puts a key past sinks + M + c, so the model's context does not
-# cut its document: a whole novel (Pride and Prejudice: 156k tokens) fits under this, and the step
-# cap (MAX_RUN_STEPS) bounds the work at a given chunk.
-MAX_DOCUMENT_TOKENS = int(os.environ.get("MEMSTEP_MAX_DOCUMENT_TOKENS", str(1 << 18)))
 
 
 def gpu(fn):

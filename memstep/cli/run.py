@@ -97,7 +97,8 @@ def cmd_run(args) -> int:
     check_output_path(args.output, args.force)  # before the run (and before torch loads), not after it
     from tqdm import tqdm
 
-    from memstep.documents import ReadLimits, chars_for_tokens, read_document, tokenize_document
+    from memstep.documents import ReadLimits, chars_for_tokens, tokenize_document
+    from memstep.reading import read_document
 
     apply_preset(args)
     at_least("--max-tokens", args.max_tokens)

@@ -28,7 +28,7 @@ MIN_PARAGRAPH_CHARS = 80
 
 def read_calibration(path: str | Path) -> str:
     """The text of a user's calibration file (.txt/.md/.pdf/.html), read as documents are."""
-    from memstep.documents import read_document
+    from memstep.reading import read_document
 
     return read_document(path)
 
