@@ -241,6 +241,12 @@ def weight_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+# After a compressed model is loaded into Run, unfold Run's Advanced controls, where the model box
+# is, so the visitor sees which model the next run takes.
+SHOW_MODEL_JS = ("() => { const fold = document.querySelector('#advanced');"
+                 " if (fold && !fold.querySelector('#model')?.offsetParent) fold.querySelector('button')?.click(); }")
+
+
 def model_box_update(folder: str):
     """The Run tab's model box showing a compressed model: added to its choices, so a public
     app's box (which takes listed models only) accepts it, for this session."""

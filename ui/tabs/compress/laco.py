@@ -476,6 +476,7 @@ def build_section(model_box=None, tabs=None) -> dict:
     keep.click(keep_baseline, [baseline], [load, folder, keep, status], concurrency_id="prefill", concurrency_limit=1,
                api_visibility="private")
     if model_box is not None and tabs is not None:
-        load.click(load_into_run, [folder], [model_box, tabs], concurrency_limit=None, api_visibility="private")
+        load.click(load_into_run, [folder], [model_box, tabs], concurrency_limit=None, api_visibility="private").then(
+            None, js=compressed.SHOW_MODEL_JS, api_visibility="private")
     return {"run": start, "load": load, "status": status, "similarity": sim_plot, "map": map_plot, "table": table,
             "verdict": verdict, "keep": keep}

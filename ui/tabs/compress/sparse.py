@@ -348,4 +348,5 @@ def build_section(model_box=None, tabs=None) -> None:
                           show_progress="minimal", show_progress_on=[status], api_visibility="private")
     stop.click(stop_pruning, None, [status], cancels=[running], concurrency_limit=None, api_visibility="private")
     if model_box is not None and tabs is not None:
-        load.click(load_into_run, [pruned], [model_box, tabs], concurrency_limit=None, api_visibility="private")
+        load.click(load_into_run, [pruned], [model_box, tabs], concurrency_limit=None, api_visibility="private").then(
+            None, js=compressed.SHOW_MODEL_JS, api_visibility="private")
