@@ -34,7 +34,7 @@ def phone(app_url, browser, document):
 
 def _settle(page, label: str) -> None:
     page.wait_for_function(f"() => /{label}/.test(document.querySelector('#sizes-plot').innerText)",
-                           timeout=15_000)
+                           timeout=60_000)  # a loaded machine takes seconds to redraw the preview
 
 
 def _in_viewport(page, selector: str) -> bool:
