@@ -19,6 +19,18 @@ except ImportError:  # tests/ imported as a package
 
 
 @pytest.fixture(scope="module")
+def app_url():
+    """This module's own server: its tests follow one page through a run, a Stop and a new
+    document, and on the session's shared server another module's work delayed its preview
+    past a minute (the full suite, twice); alone it takes seconds."""
+    from ui.browser import serve
+    from ui.layout import build_app
+
+    with serve(build_app()) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
 def phone(app_url, browser, document):
     """A phone-sized page with the chapter uploaded and its question typed."""
     from ui.browser import new_page, open_app, upload
