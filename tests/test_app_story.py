@@ -80,8 +80,9 @@ def test_on_a_phone_run_brings_the_status_into_view_and_stop_leaves_no_time(phon
 
 
 def test_the_map_shows_the_tokens_under_the_pointer(phone):
-    from ui.browser import set_number, wait_for_plot, wait_for_state
+    from ui.browser import choose_schedule, set_number, wait_for_plot, wait_for_state
 
+    choose_schedule(phone, "FM")  # (in the full suite the page was seen back on IMDC after the Stop)
     set_number(phone, "chunk", 256)
     set_number(phone, "memory", 256)
     _settle(phone, "FM c256 M256")
