@@ -6,6 +6,7 @@ Tiny random-init models (milliseconds); one slow test runs the CLI on the embedd
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -354,15 +355,15 @@ def test_cli_runs_search_measures_and_saves_on_a_tiny_model(tiny_folder, tmp_pat
     assert report["saved"] == str(out_folder) and (out_folder / "config.json").is_file()
 
 
-@pytest.mark.slow
-def test_cli_on_the_embedded_model(capsys):
-    """A short real search (l = 28 and 27, C=2) with the table; the numbers are the model's."""
-    code = main(["compress", "laco", "--H", "30", "--L", "27", "--C", "2", "--I", "1", "--T", "0.5",
-                 "--sentences", "1", "--calibration-tokens", "32", "--passkey-cases", "1", "--passkey-tokens",
-                 "300", "--prefill-tokens", "128", "--perplexity-windows", "1", "--quiet"])
+def test_cli_prints_the_table_with_both_baselines(tiny_folder, capsys):
+    """A short real search (C=2) printed as a table: LaCo's row, block influence and uniform
+    removal, with perplexities (the embedded model's CLI run is test_cli_defaults_...)."""
+    code = main(["compress", "laco", "--model", str(tiny_folder[0]), "--C", "2", "--L", "0", "--I", "1",
+                 "--T", "0.01", "--sentences", "2", "--calibration-tokens", "16", "--passkey-cases", "1",
+                 "--passkey-tokens", "200", "--prefill-tokens", "128", "--perplexity-windows", "1", "--quiet"])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert "LaCo (paper) on SmolLM2-135M-Instruct (embedded): 30 ->" in out
+    assert re.search(r"LaCo \(paper\) on \S+: 4 -> [1-3] layers", out), out
     assert "block influence (ShortGPT)" in out and "uniform removal" in out and "perplexity" in out
 
 
@@ -486,12 +487,15 @@ def test_chained_merges_differ_from_one_rdsc_over_the_run(monkeypatch):
 
 @pytest.mark.slow
 def test_cli_defaults_on_the_embedded_model_merge_for_real(tmp_path, capsys, embedded):
-    """`memstep compress laco` with its defaults: the saved merged layer differs from every
+    """`memstep compress laco` with its search defaults: the saved merged layer differs from every
     original layer, the members of its group included."""
     from safetensors.torch import load_file
 
     out_folder = tmp_path / "laco-default"
-    code = main(["compress", "laco", "--no-eval", "--quiet", "--output", str(out_folder), "--json"])
+    # the search's defaults (C, L, H, I, T, variant, reference, merge) on 2 of its 6 calibration
+    # paragraphs, 64 tokens each (a quarter of the search's work; a merge of three layers either way)
+    code = main(["compress", "laco", "--no-eval", "--quiet", "--output", str(out_folder), "--json",
+                 "--sentences", "2", "--calibration-tokens", "64"])
     out, err = capsys.readouterr()
     assert code == 0, err
     search = json.loads(out)["searches"]["paper"]

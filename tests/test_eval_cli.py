@@ -56,6 +56,8 @@ def test_eval_two_cells_then_resume(tmp_path, capsys):
     assert (rope["first"], rope["second"], rope["cases"]) == ("fm recency M=32 compact", "fm recency M=32 document", 2)
     for name in ("intervals", "heatmaps", "tradeoff"):
         assert (out / f"{name}.html").stat().st_size > 1000
+        if Path("/usr/bin/chromium").exists():  # PNGs need kaleido's Chromium (make chromium)
+            assert (out / f"{name}.png").stat().st_size > 1000
     full_row = rows["memstep full"]
     assert f"| 160 | memstep full | {full_row['correct']}/2 (" in readme.read_text()
     assert "intervals.png" in readme.read_text()

@@ -222,20 +222,25 @@ def _empty(message: str):
 def write_plots(summary: dict, folder: str | Path) -> tuple[list[Path], list[str]]:
     """intervals, heatmaps and tradeoff as .html and .png; PNGs need kaleido and a Chromium (a
     notice, not an error, when they are missing)."""
+    import plotly.io as pio
+
     folder = Path(folder)
     written, notices = [], []
     if os.path.exists("/usr/bin/chromium"):
         os.environ.setdefault("BROWSER_PATH", "/usr/bin/chromium")  # kaleido cannot download one offline
-    for name, fig, size in (("intervals", intervals_figure(summary), (1100, None)),
-                            ("heatmaps", heatmap_figure(summary), (1100, None)),
-                            ("tradeoff", tradeoff_figure(summary), (900, 480))):
+    plots = (("intervals", intervals_figure(summary), (1100, None)),
+             ("heatmaps", heatmap_figure(summary), (1100, None)),
+             ("tradeoff", tradeoff_figure(summary), (900, 480)))
+    for name, fig, _ in plots:
         html = folder / f"{name}.html"
         fig.write_html(html, include_plotlyjs="cdn")  # small files; the page loads plotly.js
         written.append(html)
-        try:
-            fig.write_image(folder / f"{name}.png", width=size[0], height=size[1] or fig.layout.height)
-            written.append(folder / f"{name}.png")
-        except Exception as err:  # kaleido or Chromium missing: HTML is still there
-            notices.append(f"{name}.png not written ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
-                           "install kaleido and chromium (`make chromium`) for PNGs")
+    pngs = [folder / f"{name}.png" for name, _, _ in plots]
+    try:  # one Chromium for the three (kaleido starts one per write_image call)
+        pio.write_images([fig for _, fig, _ in plots], pngs, width=[size[0] for _, _, size in plots],
+                         height=[size[1] or fig.layout.height for _, fig, size in plots])
+        written.extend(pngs)
+    except Exception as err:  # kaleido or Chromium missing: HTML is still there
+        notices.append(f"{', '.join(p.name for p in pngs)} not written ({type(err).__name__}: "
+                       f"{str(err).splitlines()[0][:120]}); install kaleido and chromium (`make chromium`) for PNGs")
     return written, notices
