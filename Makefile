@@ -30,9 +30,13 @@ install: $(VENV)/.installed $(VENV)/.installed-gemma3
 install-dev: $(VENV)/.installed-dev
 
 # Convert the packaged GGUFs once into $MEMSTEP_CACHE (later loads take seconds; Gemma 3's
-# first conversion takes a minute or two: dequantizing and its 262k-entry tokenizer).
+# first conversion takes a minute or two: dequantizing and its 262k-entry tokenizer). Each model
+# converts in a process of its own, side by side (each writes a temporary folder, then renames it).
 model: install
-	$(PY) -c "from memstep.models import PACKAGED, packaged_model_folder as f; [print('model ready:', f(m)) for m in PACKAGED]"
+	@pids=; for m in $$($(PY) -c "from memstep.models import PACKAGED; print(*PACKAGED)"); do \
+	  $(PY) -c "import sys; from memstep.models import packaged_model_folder as f; print('model ready:', f(sys.argv[1]))" $$m & \
+	  pids="$$pids $$!"; \
+	done; for p in $$pids; do wait $$p || exit 1; done
 
 # Debian chromium for the browser tests (Playwright cannot download browsers here).
 chromium:

@@ -216,12 +216,11 @@ def _generating(message) -> bool:
 @pytest.fixture(scope="module")
 def served(app_server, tmp_path_factory):
     """The session's app (tests/conftest.py), saving compressed models into a folder of this
-    module's own and never asking to confirm a long run (the confirm step has its own test)."""
+    module's own."""
     from ui.models import get_model
 
     mp = pytest.MonkeyPatch()
     mp.setenv("MEMSTEP_COMPRESSED", str(tmp_path_factory.mktemp("compressed")))  # read at each save
-    mp.setattr("ui.estimates.CONFIRM_SECONDS", 10**9)
     get_model(None)
     yield app_server
     mp.undo()

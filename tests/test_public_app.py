@@ -140,8 +140,7 @@ def test_a_reservation_replaces_only_memsteps_own_model_of_that_name(store):
 
 def test_one_press_runs_with_the_estimate_beside_the_button(store, monkeypatch, deep_lm_folder):  # noqa: F811
     """The estimate is shown before the press (recomputed from the settings); one press starts
-    even a run estimated over the old confirm limit."""
-    monkeypatch.setattr(estimates, "CONFIRM_SECONDS", 0)
+    the run, with no second press to confirm it."""
     args = (str(deep_lm_folder), 2, 0, 0, 1, 0.01, "paper", "dense", 2, 16, False)
     note = laco.estimate_note(str(deep_lm_folder), 2, 0, 0, 0.01, 2, 16, False, request=request("s"))
     assert note.startswith("estimated **") and note.endswith("on this machine")

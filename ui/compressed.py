@@ -247,6 +247,19 @@ SHOW_MODEL_JS = ("() => { const fold = document.querySelector('#advanced');"
                  " if (fold && !fold.querySelector('#model')?.offsetParent) fold.querySelector('button')?.click(); }")
 
 
+def loader(missing: str):
+    """The "load into Run" handler of a Compress section: the compressed model's folder into
+    the Run tab's model box, and the Run tab shown; ``missing`` is said when nothing was saved."""
+    def load_into_run(folder):
+        import gradio as gr
+
+        if not folder:
+            raise gr.Error(missing, print_exception=False)
+        return model_box_update(folder), gr.Tabs(selected="run")
+
+    return load_into_run
+
+
 def model_box_update(folder: str):
     """The Run tab's model box showing a compressed model: added to its choices, so a public
     app's box (which takes listed models only) accepts it, for this session."""

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 import time
 
 from memstep.planner import attention_pairs, layer_linear_params
 
-CONFIRM_SECONDS = 60  # a run estimated longer than this asks for a second press
 # Measured on the embedded model (docs/hardening.md, benchmarks/bench_estimates.py): two passes of
 # four real runs reached 0.37-0.91 of the measured fp32 matmul rate (median 0.68) on a shared CPU.
 EFFICIENCY = float(os.environ.get("MEMSTEP_ESTIMATE_EFFICIENCY", "0.65"))
@@ -98,35 +96,5 @@ def sparse_work(shape, *, method: str, technique: str, calibration: str, samples
     return flops, decode
 
 
-CONFIRM_WINDOW_SECONDS = 300  # the second press must come within this long
-MAX_PENDING = 1024  # sessions waiting for their second press (older ones are forgotten first)
-_pending: dict[str, tuple[object, float]] = {}
-_pending_lock = threading.Lock()
-
-
-def confirmed(session: str, settings, estimate: float) -> bool:
-    """Whether a run may start: it is short, or this session pressed for the same ``settings``
-    a moment ago and was told the estimate (the press now is the confirmation)."""
-    if estimate <= CONFIRM_SECONDS:
-        return True
-    now = time.monotonic()
-    with _pending_lock:
-        for key, (_, when) in list(_pending.items()):
-            if now - when > CONFIRM_WINDOW_SECONDS:
-                del _pending[key]
-        asked = _pending.pop(session, None)
-        if asked is not None and asked[0] == settings:
-            return True
-        while len(_pending) >= MAX_PENDING:
-            _pending.pop(next(iter(_pending)))
-        _pending[session] = (settings, now)
-    return False
-
-
 def duration(estimate: float) -> str:
     return f"~{estimate:.0f} s" if estimate < 90 else f"~{estimate / 60:.0f} min"
-
-
-def confirm_text(estimate: float, button: str) -> str:
-    return (f"this run would take {duration(estimate)} on this machine (estimated from its FLOP count): press "
-            f"{button} again to start it")

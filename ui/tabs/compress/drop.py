@@ -159,10 +159,7 @@ def stop_drop(request: gr.Request = None):
     return status_html("stopped · nothing saved")
 
 
-def load_into_run(folder):
-    if not folder:
-        raise gr.Error("drop layers first: there is no shallower model to load", print_exception=False)
-    return compressed.model_box_update(folder), gr.Tabs(selected="run")
+load_into_run = compressed.loader("drop layers first: there is no shallower model to load")
 
 
 def build_section(model_box=None, tabs=None) -> dict:

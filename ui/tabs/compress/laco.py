@@ -402,10 +402,7 @@ def _groups_so_far(depth: int, candidates: list[dict]) -> list[list[int]]:
     return [owner[k] for k in sorted(owner)]
 
 
-def load_into_run(folder):
-    if not folder:
-        raise gr.Error("run LaCo first: there is no collapsed model to load", print_exception=False)
-    return compressed.model_box_update(folder), gr.Tabs(selected="run")
+load_into_run = compressed.loader("run LaCo first: there is no collapsed model to load")
 
 
 def stop_laco(request: gr.Request = None):

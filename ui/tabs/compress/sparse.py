@@ -279,10 +279,7 @@ def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq
     yield done, error_figure(runs, blocks), table_rows(runs), gr.update(choices=saved, value=saved[-1][1])
 
 
-def load_into_run(folder):
-    if not folder:
-        raise gr.Error("prune first: there is no pruned model to load yet")
-    return compressed.model_box_update(folder), gr.Tabs(selected="run")
+load_into_run = compressed.loader("prune first: there is no pruned model to load yet")
 
 
 def stop_pruning(request: gr.Request = None):
