@@ -281,7 +281,7 @@ def test_modeled_kv_bytes_equal_the_engine_cache_tensors_every_step(embedded):
     from memstep.engine import ChunkedPrefill, model_shape
 
     text = (ROOT / "assets" / "pride_and_prejudice_ch1-12.txt").read_text(encoding="utf-8")
-    ids = embedded.tokenizer(text)["input_ids"][:1536]
+    ids = embedded.tokenizer(text)["input_ids"][:768]
     real = model_shape(embedded.model)
     preset = planner.resolve_model("smollm2-135m", "fp32")
     assert (preset.layers, preset.hidden, preset.heads, preset.kv_heads, preset.head_dim, preset.intermediate,
@@ -289,7 +289,7 @@ def test_modeled_kv_bytes_equal_the_engine_cache_tensors_every_step(embedded):
                               real.intermediate, real.vocab)
     gpu = planner.resolve_gpu("h100")
     engine = ChunkedPrefill(embedded.model)
-    for name, tokens, chunk, memory in (("fm", 768, 192, 128), ("imdc", 1536, 256, 384)):
+    for name, tokens, chunk, memory in (("fm", 384, 96, 64), ("imdc", 768, 128, 192)):
         schedule = make_schedule(name, tokens, chunk, memory)
         # the engine runs on CPU here: its one-pass blocks are the CPU's
         modeled = planner.plan_schedule(preset, gpu, schedule, dtype="fp32", device="cpu")
