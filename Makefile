@@ -48,7 +48,8 @@ demo: model
 
 # `make test PYTEST_ARGS=--durations=20` passes options on to pytest (.ci/run does). The suite runs
 # on TEST_WORKERS pytest-xdist workers (one per core here); a test file stays on one worker, and the
-# tests of the session's app server and browser share one (tests/conftest.py).
+# tests of the session's app server and browser make two groups, one per worker; the long groups go
+# first (tests/conftest.py).
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
@@ -59,7 +60,7 @@ test:
 	$(MAKE) --no-print-directory install-dev model; built=$$?; \
 	wait $$apt || { echo "make chromium failed" >&2; exit 1; }; \
 	test $$built = 0
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: install-dev
 	$(PY) -m pytest -q -m "not slow and not browser"

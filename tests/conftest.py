@@ -44,15 +44,48 @@ def make_tiny_model(model_type: str = "llama", layers: int = 2, seed: int = 0, *
 
 
 SESSION_APP_FIXTURES = {"app_server", "served_app", "app_url", "browser"}
+# The tests of the session's app server and browser form two groups, one per worker (each worker
+# starts its own server and Chromium): a browser test is a chain (server, page, Playwright) that
+# keeps about one core busy, so one group for all of them would be the whole suite's long pole.
+# These files make the second group, about half of the work (measured per file: docs/benchmarks.md, "The test suite").
+APP_SECOND_GROUP = {"test_app_screens.py", "test_app_api.py", "test_long_browser.py",
+                    "test_compress_sparse_browser.py", "test_reference_app.py", "test_cancel.py"}
+# Handed out first (longest first, so no long group starts last): the two app groups, then the
+# files whose tests run the real models longest. The rest follow in collection order.
+LONG_GROUPS = ["app-1", "app-2", "tests/test_eval_cli.py", "tests/test_fidelity.py", "tests/test_compress_sparse.py",
+               "tests/test_generate.py", "tests/test_gemma3.py", "tests/test_compress_laco.py",
+               "tests/test_compress_laco_app.py", "tests/test_cli.py"]
 
 
+def xdist_group_of(item) -> str:
+    """The pytest-xdist group of a test: its app group, else its file."""
+    path = item.nodeid.split("::")[0]
+    if SESSION_APP_FIXTURES & set(item.fixturenames):
+        return "app-2" if path.rsplit("/", 1)[-1] in APP_SECOND_GROUP else "app-1"
+    return path
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the marks into node ids
 def pytest_collection_modifyitems(config, items):
-    """For pytest-xdist's --dist loadgroup: a test file runs on one worker (its module fixtures
-    are made once), and every test of the session's app server and browser on the same worker
-    (one server and one browser in all)."""
+    """For pytest-xdist's --dist loadgroup (with --no-loadscope-reorder, `make test`): a test file
+    runs on one worker (its module fixtures are made once), the tests of the session's app server
+    and browser in two groups, and the long groups are handed out first."""
+    groups = {}
     for item in items:
-        group = "app" if SESSION_APP_FIXTURES & set(item.fixturenames) else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        groups[item] = xdist_group_of(item)
+        item.add_marker(pytest.mark.xdist_group(groups[item]))
+    rank = {name: i for i, name in enumerate(LONG_GROUPS)}
+    items.sort(key=lambda item: rank.get(groups[item], len(rank)))  # stable: files keep their order
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """Under --dist loadgroup pytest-xdist tags each node id with its group; where it cannot
+    (pytest 9 keeps node ids where pytest-xdist 3.8 does not look), every file would silently
+    run on both workers, each building its own models, app server and browser. Fail instead."""
+    if getattr(session.config.option, "loadgroup", False) and session.items and "@" not in session.items[0].nodeid:
+        raise pytest.UsageError("pytest-xdist did not tag the tests with their groups (--dist loadgroup): "
+                                "install the pytest and pytest-xdist of requirements-dev.txt")
 
 
 @pytest.fixture

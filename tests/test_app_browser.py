@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 BASELINES = Path(__file__).resolve().parent / "baselines"
 CHAPTER_1_CHARS = 3000  # about 700 tokens: a run takes seconds on a CPU
+IMDC_CHARS = 1500  # about 350 tokens: IMDC c256 M128 still evicts, in a few steps
 
 
 @pytest.fixture
@@ -30,12 +31,21 @@ def page(app_url, browser):
     page.close()
 
 
+def _chapter(folder: Path, chars: int) -> Path:
+    text = (Path(__file__).resolve().parent.parent / "assets" / "pride_and_prejudice_ch1-12.txt").read_text()
+    path = folder / "netherfield.txt"
+    path.write_text(text[:chars].rsplit("\n", 1)[0])
+    return path
+
+
 @pytest.fixture(scope="module")
 def short_document(tmp_path_factory):
-    text = (Path(__file__).resolve().parent.parent / "assets" / "pride_and_prejudice_ch1-12.txt").read_text()
-    path = tmp_path_factory.mktemp("docs") / "netherfield.txt"
-    path.write_text(text[:CHAPTER_1_CHARS].rsplit("\n", 1)[0])
-    return path
+    return _chapter(tmp_path_factory.mktemp("docs"), CHAPTER_1_CHARS)
+
+
+@pytest.fixture(scope="module")
+def imdc_document(tmp_path_factory):
+    return _chapter(tmp_path_factory.mktemp("docs"), IMDC_CHARS)
 
 
 def _diff_fraction(a, b) -> float:
@@ -76,20 +86,20 @@ def test_preview_follows_the_controls_instantly(page):
                            timeout=15_000)
 
 
-def test_upload_run_imdc_and_replay(page, short_document, artifacts_dir):
+def test_upload_run_imdc_and_replay(page, imdc_document, artifacts_dir):
     from memstep.reading import read_document
     from memstep.generate import prompt_parts
     from ui.models import embedded_tokenizer
     from ui.browser import choose_schedule, rendered_plots, set_number, stat, upload, wait_for_plot, wait_for_state
 
-    upload(page, short_document)
+    upload(page, imdc_document)
     page.wait_for_function("() => /netherfield.txt/.test(document.querySelector('#doc-info').innerText)",
                            timeout=30_000)
     page.locator("#question textarea").fill("Who has taken Netherfield Park?")
     choose_schedule(page, "IMDC")
     set_number(page, "chunk", 256)
     set_number(page, "memory", 128)
-    text = read_document(short_document)  # as the server reads it (normalized)
+    text = read_document(imdc_document)  # as the server reads it (normalized)
     tokenizer = embedded_tokenizer()  # the embedded model's own tokenizer
     tokens = len(prompt_parts(tokenizer).head) + len(tokenizer(text, add_special_tokens=False)["input_ids"])
     steps = make_schedule("imdc", tokens, 256, 128).steps

@@ -23,7 +23,7 @@ VIEWPORTS = {"phone": {"width": 390, "height": 844}, "laptop": {"width": 1440, "
 TABS = ["Run", "Compare", "Plan", "Evaluate", ("Compress", "Layer collapse (LaCo)"),
         ("Compress", "Pruning + reconstruction")]
 TIMING = {"seconds", "full_seconds"}  # what differs between two runs of the same settings
-CHAPTER_CHARS = 3000  # about 700 tokens: a run takes seconds
+CHAPTER_CHARS = 1500  # about 350 tokens: two steps of 256, a run takes seconds
 
 
 @pytest.fixture(scope="module")

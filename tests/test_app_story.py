@@ -12,10 +12,17 @@ import pytest
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 PHONE = {"width": 390, "height": 844}
-try:  # the same chapter as the screen checks (a module fixture, about 700 tokens: a run takes seconds)
-    from test_app_screens import document  # noqa: F401
-except ImportError:  # tests/ imported as a package
-    from tests.test_app_screens import document  # noqa: F401
+CHAPTER_CHARS = 3000  # about 700 tokens: a run takes seconds, and FM c16 has some 44 steps for Stop to land in
+
+
+@pytest.fixture(scope="module")
+def document(tmp_path_factory):
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "assets" / "pride_and_prejudice_ch1-12.txt").read_text()
+    path = tmp_path_factory.mktemp("docs") / "netherfield.txt"
+    path.write_text(text[:CHAPTER_CHARS].rsplit("\n", 1)[0])
+    return path
 
 
 @pytest.fixture(scope="module")

@@ -34,15 +34,15 @@ def long_document(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("width", [1440, 390])
 def test_a_32k_token_document_runs_and_its_views_stay_within_the_page(app_url, browser, tiny_folder, long_document,
-                                                                      artifacts_dir, width):
+                                                                      artifacts_dir):
+    """One run at a laptop's width; its views are then checked there and at a phone's width."""
     from ui.browser import (horizontal_overflow, new_page, open_advanced, open_app, rendered_plots, set_number, stat,
                             trace_points, upload, wait_for_plot, wait_for_state)
     from ui.figures import MAP_ROWS, MAX_BARS, MAX_CELLS
     from ui.views import TEXT_VIEW_TOKENS
 
-    page = new_page(browser, {"width": width, "height": 900})
+    page = new_page(browser, {"width": 1440, "height": 900})
     try:
         open_app(page, app_url)
         open_advanced(page)  # the model is one of the folded controls
@@ -63,16 +63,20 @@ def test_a_32k_token_document_runs_and_its_views_stay_within_the_page(app_url, b
         plots = ("sizes-plot", "retained-plot", "memory-plot", "seconds-plot")
         for plot in plots:
             wait_for_plot(page, plot)
-        page.screenshot(path=str(artifacts_dir / f"app_long_32k_{width}.png"), full_page=True)
-
-        assert rendered_plots(page, plots) == 4
         assert stat(page, "steps") == "129 / 129"
         tokens = int(stat(page, "tokens").split(" / ")[1].replace(",", ""))
         assert tokens > TOKENS  # the document was not cut at the tiny model's 4,096 positions
-        assert horizontal_overflow(page) == 0
-        for trace in trace_points(page, "#run-views"):
-            limit = MAX_CELLS if trace["type"] == "heatmap" else max(MAX_BARS, 2 * MAP_ROWS + 4)
-            assert trace["points"] <= limit, trace
+        for width in (1440, 390):
+            page.set_viewport_size({"width": width, "height": 900})
+            page.wait_for_function("w => [...document.querySelectorAll('#run-views .js-plotly-plot')]"
+                                   ".every(p => p.offsetParent === null || p._fullLayout?.width <= w)",
+                                   arg=width, timeout=30_000)  # the charts follow the width
+            page.screenshot(path=str(artifacts_dir / f"app_long_32k_{width}.png"), full_page=True)
+            assert rendered_plots(page, plots) == 4
+            assert horizontal_overflow(page) == 0, f"scrolls sideways at {width} px"
+            for trace in trace_points(page, "#run-views"):
+                limit = MAX_CELLS if trace["type"] == "heatmap" else max(MAX_BARS, 2 * MAP_ROWS + 4)
+                assert trace["points"] <= limit, trace
         heatmap = next(t for t in trace_points(page, "#retained-plot") if t["type"] == "heatmap")
         assert heatmap["points"] > 0
         text = page.locator("#retained-text")
