@@ -47,7 +47,8 @@ SESSION_APP_FIXTURES = {"app_server", "served_app", "app_url", "browser"}
 # The tests of the session's app server and browser form two groups, one per worker (each worker
 # starts its own server and Chromium): a browser test is a chain (server, page, Playwright) that
 # keeps about one core busy, so one group for all of them would be the whole suite's long pole.
-# These files make the second group, about half of the work (measured per file: docs/benchmarks.md, "The test suite").
+# These files make the second group, about half of the work (measured per file; docs/benchmarks.md,
+# "The test suite").
 APP_SECOND_GROUP = {"test_app_screens.py", "test_app_api.py", "test_long_browser.py",
                     "test_compress_sparse_browser.py", "test_reference_app.py", "test_cancel.py"}
 # Handed out first (longest first, so no long group starts last): the two app groups, then the
@@ -69,7 +70,11 @@ def xdist_group_of(item) -> str:
 def pytest_collection_modifyitems(config, items):
     """For pytest-xdist's --dist loadgroup (with --no-loadscope-reorder, `make test`): a test file
     runs on one worker (its module fixtures are made once), the tests of the session's app server
-    and browser in two groups, and the long groups are handed out first."""
+    and browser in two groups, and the long groups are handed out first.
+
+    pytest-xdist tags each node id with its group; where it cannot (pytest 9 keeps node ids where
+    pytest-xdist 3.8 does not look), every file would run on both workers, each building its own
+    models, app server and browser: pytest_xdist_node_collection_finished stops the run instead."""
     groups = {}
     for item in items:
         groups[item] = xdist_group_of(item)
@@ -78,14 +83,12 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(groups[item], len(rank)))  # stable: files keep their order
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_finish(session):
-    """Under --dist loadgroup pytest-xdist tags each node id with its group; where it cannot
-    (pytest 9 keeps node ids where pytest-xdist 3.8 does not look), every file would silently
-    run on both workers, each building its own models, app server and browser. Fail instead."""
-    if getattr(session.config.option, "loadgroup", False) and session.items and "@" not in session.items[0].nodeid:
-        raise pytest.UsageError("pytest-xdist did not tag the tests with their groups (--dist loadgroup): "
-                                "install the pytest and pytest-xdist of requirements-dev.txt")
+def pytest_xdist_node_collection_finished(node, ids):
+    """In pytest-xdist's controller: every test collected by a worker under --dist loadgroup must
+    carry its group (see above), else the run stops here, saying why."""
+    if node.config.getvalue("dist") == "loadgroup" and ids and "@" not in ids[0]:
+        pytest.exit("pytest-xdist did not tag the tests with their groups (--dist loadgroup): each file would "
+                    "run on both workers. Install the pytest and pytest-xdist of requirements-dev.txt", returncode=3)
 
 
 @pytest.fixture
