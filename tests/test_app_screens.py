@@ -67,6 +67,17 @@ def ran(app_url, browser, document, tmp_path_factory):
     page.context.close()
 
 
+@pytest.fixture(scope="module")
+def fresh(browser):
+    """A page the module's tests open the app in afresh (a new Gradio session each time) rather than
+    a new browser context each, which costs Chromium about twice the work."""
+    from ui.browser import new_page
+
+    page = new_page(browser, VIEWPORTS["laptop"])
+    yield page
+    page.context.close()
+
+
 def _strip_timing(value):
     if isinstance(value, dict):
         return {k: _strip_timing(v) for k, v in value.items() if k not in TIMING}
@@ -108,9 +119,9 @@ def test_search_outlines_the_matches_with_their_retention(ran, artifacts_dir):
 
 
 @pytest.mark.parametrize("viewport", list(VIEWPORTS))
-def test_every_tab_fits_the_screen_with_no_overlapping_chart_text(ran, browser, app_url, viewport, artifacts_dir):
+def test_every_tab_fits_the_screen_with_no_overlapping_chart_text(ran, fresh, app_url, viewport, artifacts_dir):
     """After a run (the run tab's charts drawn) at the viewport's width, and on a fresh page."""
-    from ui.browser import chart_text_problems, horizontal_overflow, new_page, open_app
+    from ui.browser import chart_text_problems, horizontal_overflow, open_app
 
     ran_page, _ = ran
     ran_page.set_viewport_size(VIEWPORTS[viewport])
@@ -120,7 +131,8 @@ def test_every_tab_fits_the_screen_with_no_overlapping_chart_text(ran, browser, 
     ran_page.screenshot(path=str(artifacts_dir / f"screens_run_{viewport}.png"), full_page=True)
     assert horizontal_overflow(ran_page) <= 0
     assert not problems, problems
-    page = new_page(browser, VIEWPORTS[viewport])
+    page = fresh
+    page.set_viewport_size(VIEWPORTS[viewport])
     open_app(page, app_url)
     width = VIEWPORTS[viewport]["width"]
     for tab in TABS:
@@ -151,13 +163,13 @@ def test_every_tab_fits_the_screen_with_no_overlapping_chart_text(ran, browser, 
         assert not cut, (name, cut)  # no label, button or column header cut off (accordions wrap theirs)
         page.screenshot(path=str(artifacts_dir / f"screens_{name.split(' (')[0].replace(' ', '_')}_{viewport}.png"),
                         full_page=True)
-    page.context.close()
 
 
-def test_a_link_reopens_its_settings(browser, app_url):
-    from ui.browser import new_page, open_advanced, open_app
+def test_a_link_reopens_its_settings(fresh, app_url):
+    from ui.browser import open_advanced, open_app
 
-    page = new_page(browser, VIEWPORTS["laptop"])
+    page = fresh
+    page.set_viewport_size(VIEWPORTS["laptop"])
     open_app(page, app_url + "?schedule=fm&chunk=256&memory=256&example=passkey-in-pride-and-prejudice&sinks=8"
                              "&chunk_bogus=1&growth=nonsense")
     page.wait_for_function("() => /FM c256 M256/.test(document.querySelector('#sizes-plot')?.innerText || '')",
@@ -172,4 +184,3 @@ def test_a_link_reopens_its_settings(browser, app_url):
     assert page.locator(".toast-body").filter(has_text="growth").count() >= 1  # a refused value says so
     link = page.locator("#memstep-link").get_attribute("href")
     assert "schedule=fm" in link and "chunk=256" in link and "example=passkey-in-pride-and-prejudice" in link
-    page.context.close()
