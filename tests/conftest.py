@@ -28,6 +28,15 @@ def scan_size(whole: int, suite: int) -> int:
     return whole if FULL_SCANS else min(whole, suite)
 
 
+def netherfield(folder: Path, chars: int) -> Path:
+    """The opening of Pride and Prejudice, its first ``chars`` characters cut at a line's end, as
+    ``folder``/netherfield.txt: the browser tests' short documents (about 230 tokens a 1,000 chars)."""
+    text = (ASSETS / "pride_and_prejudice_ch1-12.txt").read_text()
+    path = folder / "netherfield.txt"
+    path.write_text(text[:chars].rsplit("\n", 1)[0])
+    return path
+
+
 def make_tiny_model(model_type: str = "llama", layers: int = 2, seed: int = 0, **overrides):
     """A random-init causal LM of the given family: 4 query heads, 2 KV heads (GQA)."""
     from transformers import AutoConfig, AutoModelForCausalLM

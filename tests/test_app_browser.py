@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import netherfield
 
 from memstep.schedules import make_schedule
 
@@ -20,32 +21,36 @@ CHAPTER_1_CHARS = 3000  # about 700 tokens: a run takes seconds on a CPU
 IMDC_CHARS = 1500  # about 350 tokens: IMDC c256 M128 still evicts, in a few steps
 
 
-@pytest.fixture
-def page(app_url, browser):
-    """A fresh page (a new Gradio session) sharing the module's browser cache."""
-    from ui.browser import new_page, open_app
+@pytest.fixture(scope="module")
+def laptop(browser):
+    """The module's browser context at the default laptop size (not another module's: a phone's
+    context left open would shrink every chart)."""
+    from ui.browser import new_page
 
-    page = new_page(browser) if not browser.contexts else browser.contexts[0].new_page()
+    page = new_page(browser)
+    yield page.context
+    page.context.close()
+
+
+@pytest.fixture
+def page(app_url, laptop):
+    """A fresh page (a new Gradio session) in the module's context, sharing its cache."""
+    from ui.browser import open_app
+
+    page = laptop.new_page()
     open_app(page, app_url)
     yield page
     page.close()
 
 
-def _chapter(folder: Path, chars: int) -> Path:
-    text = (Path(__file__).resolve().parent.parent / "assets" / "pride_and_prejudice_ch1-12.txt").read_text()
-    path = folder / "netherfield.txt"
-    path.write_text(text[:chars].rsplit("\n", 1)[0])
-    return path
-
-
 @pytest.fixture(scope="module")
 def short_document(tmp_path_factory):
-    return _chapter(tmp_path_factory.mktemp("docs"), CHAPTER_1_CHARS)
+    return netherfield(tmp_path_factory.mktemp("docs"), CHAPTER_1_CHARS)
 
 
 @pytest.fixture(scope="module")
 def imdc_document(tmp_path_factory):
-    return _chapter(tmp_path_factory.mktemp("docs"), IMDC_CHARS)
+    return netherfield(tmp_path_factory.mktemp("docs"), IMDC_CHARS)
 
 
 def _diff_fraction(a, b) -> float:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import csv
 import io
 import json
-from pathlib import Path
 
 import pytest
+from conftest import netherfield
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -28,10 +28,7 @@ CHAPTER_CHARS = 1500  # about 350 tokens: two steps of 256, a run takes seconds
 
 @pytest.fixture(scope="module")
 def document(tmp_path_factory):
-    text = (Path(__file__).resolve().parent.parent / "assets" / "pride_and_prejudice_ch1-12.txt").read_text()
-    path = tmp_path_factory.mktemp("docs") / "netherfield.txt"
-    path.write_text(text[:CHAPTER_CHARS].rsplit("\n", 1)[0])
-    return path
+    return netherfield(tmp_path_factory.mktemp("docs"), CHAPTER_CHARS)
 
 
 @pytest.fixture(scope="module")

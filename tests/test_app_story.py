@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import netherfield
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -17,12 +18,7 @@ CHAPTER_CHARS = 3000  # about 700 tokens: a run takes seconds, and FM c16 has so
 
 @pytest.fixture(scope="module")
 def document(tmp_path_factory):
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parent.parent / "assets" / "pride_and_prejudice_ch1-12.txt").read_text()
-    path = tmp_path_factory.mktemp("docs") / "netherfield.txt"
-    path.write_text(text[:CHAPTER_CHARS].rsplit("\n", 1)[0])
-    return path
+    return netherfield(tmp_path_factory.mktemp("docs"), CHAPTER_CHARS)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +44,8 @@ def phone(app_url, browser, document):
     page.wait_for_function("() => /netherfield.txt/.test(document.querySelector('#doc-info').innerText)",
                            timeout=30_000)
     page.locator("#question textarea").fill("Who has taken Netherfield Park?")
-    return page
+    yield page
+    page.context.close()
 
 
 def _settle(page, label: str) -> None:

@@ -4,7 +4,8 @@ the benchmarks' own arithmetic (fits, intervals), on synthetic data and the embe
 from __future__ import annotations
 
 import math
-import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -167,12 +168,24 @@ def test_bench_long_fits_a_slope_and_a_growth_by_hand():
 def test_bench_long_splits_resident_memory_into_anonymous_and_file_backed():
     from benchmarks.bench_long import resident_parts
 
-    before = resident_parts(os.getpid())
-    block = bytearray(64 << 20)  # 64 MB of anonymous memory, touched
-    after = resident_parts(os.getpid())
+    # a process of its own that allocates 64 MB of anonymous memory (touched) between two readings:
+    # in this process another test's threads could free memory between them (seen once in the suite)
+    script = ("import sys; print('ready', flush=True); sys.stdin.readline(); block = bytearray(64 << 20); "
+              "print('allocated', flush=True); sys.stdin.readline()")
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        before = resident_parts(child.pid)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "allocated"
+        after = resident_parts(child.pid)
+        child.stdin.write("\n")
+        child.stdin.flush()
+    finally:
+        child.wait(timeout=60)
     assert before["file"] > 0 and after["anonymous"] - before["anonymous"] >= 60 << 20
     assert abs(after["file"] - before["file"]) < 8 << 20
-    del block
     assert resident_parts(2 ** 22 + 7) == {}  # no such process
 
 
