@@ -100,7 +100,8 @@ def main() -> None:
     print(table(result, args.scans))
     if args.docs:
         write_block("bench-tests-scans" if args.scans else "bench-tests", table(result, args.scans),
-                    "python benchmarks/bench_tests.py" + (" --scans" if args.scans else "") + " --docs")
+                    "python benchmarks/bench_tests.py" + (" --scans" if args.scans else "") + " --docs"
+                    + (" -- " + " ".join(args.pytest_args) if args.pytest_args else ""))
     sys.exit(result["exit_code"])
 
 
