@@ -49,7 +49,7 @@ def test_run_and_stop_are_visible_and_ctrl_enter_runs_the_story(page, artifacts_
     """At both widths Run and Stop are in view and Ctrl+Enter starts the default story. The story runs
     to its end once, on the laptop; its charts are then checked at the phone's width as well (the
     same charts laid out again), where a wrapped legend once covered a title."""
-    from ui.browser import stat, wait_for_plot, wait_for_state
+    from ui.browser import resize_and_relayout, stat, wait_for_plot, wait_for_state
 
     assert _in_view(page, "#run") and _in_view(page, "#stop")  # no scrolling needed
     assert "1.5k" in page.locator("#example input").input_value()  # a short default run
@@ -74,10 +74,7 @@ def test_run_and_stop_are_visible_and_ctrl_enter_runs_the_story(page, artifacts_
         wait_for_plot(page, plot)
         assert not _legend_over_title(page, plot), plot
     try:
-        page.set_viewport_size(VIEWPORTS["phone"])
-        page.wait_for_function("w => [...document.querySelectorAll('#run-views .js-plotly-plot')]"
-                               ".every(p => p.offsetParent === null || p._fullLayout?.width <= w)",
-                               arg=VIEWPORTS["phone"]["width"], timeout=30_000)  # the charts follow the width
+        resize_and_relayout(page, VIEWPORTS["phone"])
         page.screenshot(path=str(artifacts_dir / "first_run_phone.png"), full_page=True)
         for plot in plots:
             assert not _legend_over_title(page, plot), f"{plot} at the phone's width"

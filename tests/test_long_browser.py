@@ -37,8 +37,8 @@ def long_document(tmp_path_factory):
 def test_a_32k_token_document_runs_and_its_views_stay_within_the_page(app_url, browser, tiny_folder, long_document,
                                                                       artifacts_dir):
     """One run at a laptop's width; its views are then checked there and at a phone's width."""
-    from ui.browser import (horizontal_overflow, new_page, open_advanced, open_app, rendered_plots, set_number, stat,
-                            trace_points, upload, wait_for_plot, wait_for_state)
+    from ui.browser import (horizontal_overflow, new_page, open_advanced, open_app, rendered_plots,
+                            resize_and_relayout, set_number, stat, trace_points, upload, wait_for_plot, wait_for_state)
     from ui.figures import MAP_ROWS, MAX_BARS, MAX_CELLS
     from ui.views import TEXT_VIEW_TOKENS
 
@@ -67,10 +67,7 @@ def test_a_32k_token_document_runs_and_its_views_stay_within_the_page(app_url, b
         tokens = int(stat(page, "tokens").split(" / ")[1].replace(",", ""))
         assert tokens > TOKENS  # the document was not cut at the tiny model's 4,096 positions
         for width in (1440, 390):
-            page.set_viewport_size({"width": width, "height": 900})
-            page.wait_for_function("w => [...document.querySelectorAll('#run-views .js-plotly-plot')]"
-                                   ".every(p => p.offsetParent === null || p._fullLayout?.width <= w)",
-                                   arg=width, timeout=30_000)  # the charts follow the width
+            resize_and_relayout(page, {"width": width, "height": 900})
             page.screenshot(path=str(artifacts_dir / f"app_long_32k_{width}.png"), full_page=True)
             assert rendered_plots(page, plots) == 4
             assert horizontal_overflow(page) == 0, f"scrolls sideways at {width} px"

@@ -72,6 +72,15 @@ def wait_for_plot(page, elem_id: str, timeout_s: float = 30) -> None:
     page.wait_for_selector(plot_selector(elem_id), timeout=timeout_s * 1000)
 
 
+def resize_and_relayout(page, viewport: dict, timeout_s: float = 30) -> None:
+    """Set the window to ``viewport`` and wait until every visible chart of the Run tab's views has
+    been laid out again within its width."""
+    page.set_viewport_size(viewport)
+    page.wait_for_function("w => [...document.querySelectorAll('#run-views .js-plotly-plot')]"
+                           ".every(p => p.offsetParent === null || p._fullLayout?.width <= w)",
+                           arg=viewport["width"], timeout=timeout_s * 1000)
+
+
 def open_app(page, url: str, timeout_s: float = 60) -> float:
     """Open the app and wait for the schedule preview to be drawn; returns the seconds it took."""
     began = time.perf_counter()
