@@ -131,6 +131,13 @@ class Schedule:
     def cache_lengths(self, sinks: int) -> list[tuple[int, int]]:
         """(memory before, memory after) of each step in cache entries, sinks included; under a
         layer-wise growth, of the layer that holds the most."""
+        if self.layer_memory_sizes is None:  # one budget for every layer: no per-layer lists
+            out, before = [], 0  # (the planner's longest-context search calls this for 16k-step schedules)
+            for budget, chunk in zip(self.memory_sizes, self.chunk_sizes):
+                after = min(budget + sinks, before + chunk)
+                out.append((before, after))
+                before = after
+            return out
         return [(max(before), max(after)) for before, after in self.layer_cache_lengths(sinks)]
 
     def to_dict(self) -> dict:

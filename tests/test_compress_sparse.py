@@ -309,12 +309,13 @@ def test_self_generated_calibration_comes_from_the_model(tokenizer):
         model.model.norm.weight[0] = 1.0
         model.lm_head.weight.zero_()
         model.lm_head.weight[7, 0], model.lm_head.weight[8, 0] = 1e4, -1e4
-    windows = self_generated_windows(model, tokenizer, samples=5, seq_len=12, seed=3, batch_size=2)
+    # texts of 48 tokens, four windows each: the fifth window comes from a second text
+    windows = self_generated_windows(model, tokenizer, samples=5, seq_len=12, seed=3, length=48, batch_size=2)
     assert len(windows) == 5 and all(len(w) == 12 for w in windows)
     pool = set(first_token_pool(tokenizer, model.config.vocab_size).tolist())
     assert all(w[0] in pool for w in windows) and len({w[0] for w in windows}) > 1  # random first tokens
     assert all(set(w[1:]) <= {7, 8} for w in windows)
-    assert windows == self_generated_windows(model, tokenizer, samples=5, seq_len=12, seed=3, batch_size=2)
+    assert windows == self_generated_windows(model, tokenizer, samples=5, seq_len=12, seed=3, length=48, batch_size=2)
 
 
 def test_both_calibration_mixes_text_and_self_generated(tokenizer):
@@ -462,6 +463,7 @@ def test_app_caps_and_settings():
 
 
 def test_app_handler_streams_records_and_saves(tokenizer, tmp_path, monkeypatch):
+    from memstep.compress.sparse import calibration as calibration_module
     from ui.tabs.compress.sparse import prune
 
     src = tmp_path / "tiny"
@@ -469,6 +471,10 @@ def test_app_handler_streams_records_and_saves(tokenizer, tmp_path, monkeypatch)
     lm.model.save_pretrained(src)
     tokenizer.save_pretrained(src)
     monkeypatch.setenv("MEMSTEP_COMPRESSED", str(tmp_path / "compressed"))
+    writes = calibration_module.self_generated_windows  # the model writes 48-token texts, not the app's 512
+    monkeypatch.setattr(calibration_module, "self_generated_windows",
+                        lambda model, tokenizer, count, seq_len, seed, length: writes(model, tokenizer, count, seq_len,
+                                                                                      seed, 48))
     updates = list(prune(str(src), "magnitude", "2:4", 0.5, ["br", "none"], "self", 2, 16, 2, 1e-3))
     statuses = [u[0] for u in updates]
     assert any("block 2/2" in s for s in statuses) and statuses[-1].startswith("**Done.**")

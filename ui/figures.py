@@ -20,7 +20,7 @@ from memstep.records import StepRecord
 from memstep.schedules import Schedule
 
 from ui import legend
-from ui.theme import AXIS_LINE, FONT, GRID, INK_SOFT
+from ui.theme import AXIS_LINE, FONT, GRID, INK_SOFT, chart_template
 
 MAX_COLUMNS = 2000  # retained-token map columns: long documents are binned to this many
 MAX_CELLS = 400_000  # and runs with many steps to fewer, so one streamed update stays small
@@ -86,7 +86,7 @@ def _style(fig: go.Figure, title: str, height: int, xtitle: str, ytitle: str) ->
     title = _two_lines(title, 40)
     xtitle = _two_lines(xtitle, 30)
     fig.update_layout(
-        template="plotly_white", height=height, font=FONT, hovermode="closest",
+        template=chart_template(), height=height, font=FONT, hovermode="closest",
         # from the figure's left edge, not the plot's: a phone has no width to spare
         title=dict(text=title, x=0.0, xanchor="left", xref="container", y=1.0, yref="container", yanchor="top",
                    pad=dict(t=16, l=12),

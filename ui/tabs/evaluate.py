@@ -25,7 +25,7 @@ from memstep.evaluation.report import (accuracy_text, contrasts_text, counted_te
 from memstep.evaluation.store import SUMMARY, load_summary
 from memstep.errors import MemstepError
 
-from ui.theme import FONT
+from ui.theme import FONT, chart_template
 
 ROOT = Path(__file__).resolve().parents[2]  # ui/tabs/evaluate.py -> the repository
 # Which results the tab shows, in this fixed order, never by when files were written (a fresh
@@ -218,7 +218,7 @@ def app_style(fig):
     """The evaluation's figures in the page's ink (dark mode repaints this ink, ui/theme.py); the
     type and sizes stay those memstep.evaluation.plots laid the figures out for (the page's wider
     type pushed an axis title out of a phone's chart)."""
-    fig.update_layout(font=dict(color=FONT["color"]), template="plotly_white")
+    fig.update_layout(font=dict(color=FONT["color"]), template=chart_template())
     # panel titles and the numbers of the value axes at the page's small size (12 and 11 px); the
     # configuration names keep the plots' 10 px: wider, they would crowd a phone's panels
     fig.update_annotations(font=dict(color=FONT["color"], size=12))

@@ -19,7 +19,7 @@ from memstep.memory import ATTENTIONS, PART_LABELS, PARTS
 from memstep.schedules import GROWTHS, MAX_SIZE_TOKENS
 
 from ui.inputs import whole_number
-from ui.theme import AXIS_LINE, FONT, GRID, INK_FAINT
+from ui.theme import AXIS_LINE, FONT, GRID, INK_FAINT, chart_template
 
 GIB = 1 << 30
 MAX_BARS = 300  # more steps than this are drawn as stacked areas over sampled steps
@@ -81,7 +81,7 @@ def _panels(plans: dict[str, planner.Plan], peaks: list[float], titles: list[str
             fig.update_yaxes(matches=f"y{'' if lead == 0 else lead + 1}", row=1, col=col)
     own = [SCHEDULE_LABELS.get(name, name) for i, name in enumerate(plans) if groups.count(groups[i]) == 1]
     scale = f" ({', '.join(own)} on {'its' if len(own) == 1 else 'their'} own scale)" if len(set(groups)) > 1 else ""
-    fig.update_layout(template="plotly_white", height=height, font=FONT, barmode="stack", bargap=0.15,
+    fig.update_layout(template=chart_template(), height=height, font=FONT, barmode="stack", bargap=0.15,
                       # the title at the top; the legend at the foot, under the note, where it may wrap to
                       # several rows on a phone without covering the panels' titles
                       title=dict(text=title + ("<br>" + scale.strip() if scale else ""), x=0.0, xanchor="left", xref="container",

@@ -22,8 +22,8 @@ from memstep.errors import MemstepError
 
 from ui import compressed, estimates, jobs
 from ui.inputs import choice, flag, real
+from ui.theme import FONT, chart_template
 
-FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
 LEGEND_ROOM = 70  # the legend at the foot of a figure may wrap to three rows on a phone
 ACCEPT, REJECT, THRESHOLD = "#16a34a", "#94a3b8", "#dc2626"
 MAP_COLORS = {"kept": "#e2e8f0", "base": "#16a34a", "merged": "#f59e0b", "removed": "#ef4444"}
@@ -47,7 +47,7 @@ are measured on held-out text (*Pride and Prejudice*; calibration comes from *Pe
 # ---- pure figure and table builders ---------------------------------------------------------------
 def phone_layout(fig: go.Figure, title: str, height: int, bottom: int) -> None:
     """Laid out for a phone too: a two-line title at the top, the legend at the foot, ticks Plotly spaces."""
-    fig.update_layout(template="plotly_white", height=height + LEGEND_ROOM, font=FONT,
+    fig.update_layout(template=chart_template(), height=height + LEGEND_ROOM, font=FONT,
                       margin=dict(l=60, r=20, t=76, b=bottom + LEGEND_ROOM),
                       title=dict(text=title, x=0.0, xref="container", xanchor="left", y=1.0, yref="container",
                                  yanchor="top", pad=dict(t=14, l=12), font=dict(size=14)),
@@ -134,7 +134,7 @@ def layer_map_figure(depth: int, groups: list[list[int]] | None, baselines: dict
                         ("removed", "baseline: removed"), ("kept", "kept as is")):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=label,
                                  marker=dict(color=MAP_COLORS[name], size=11, symbol="square")))
-    fig.update_layout(template="plotly_white", height=height or 190 + LEGEND_ROOM + 18 * depth, font=FONT,
+    fig.update_layout(template=chart_template(), height=height or 190 + LEGEND_ROOM + 18 * depth, font=FONT,
                       margin=dict(l=60, r=20, t=110, b=20 + LEGEND_ROOM),
                       title=dict(text="Layer map", x=0.0, xref="container", xanchor="left", y=1.0, yref="container",
                                  yanchor="top", pad=dict(t=14, l=12), font=dict(size=14)),

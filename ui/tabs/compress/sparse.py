@@ -27,6 +27,7 @@ from memstep.errors import MemstepError
 
 from ui import compressed, estimates, jobs
 from ui.inputs import names, number, real
+from ui.theme import FONT, chart_template
 
 # Bounds on the work one request can cause (the app is meant to be public).
 MAX_SAMPLES = 32
@@ -38,7 +39,6 @@ TECHNIQUE_LABELS = {"none": "none", "lr": "LR", "br": "BR", "br+gp": "BR+GP", "b
 TECHNIQUE_COLORS = {"none": "#94a3b8", "lr": "#f59e0b", "br": "#3b82f6", "br+gp": "#10b981", "br+gp+cr": "#db2777"}
 PATTERNS = ["unstructured", "2:4", "4:8"]
 LOG_TICKS = [m * 10.0 ** e for e in range(-6, 2) for m in (1, 2, 5)]  # 1-2-5 labels on the log axis
-FONT = dict(family="Inter, 'Segoe UI', system-ui, sans-serif", size=12, color="#1f2937")
 TABLE_HEADERS = ["technique", "calibration windows (real + generated)", "calib. ppl (dense → pruned)",
                  "held-out ppl (dense → pruned)",
                  "final error calib.", "final error held-out", "error cut vs none (calib. / held-out)",
@@ -69,7 +69,7 @@ def error_figure(runs: list[dict], blocks: int | None = None) -> go.Figure:
                 line=dict(color=TECHNIQUE_COLORS[t], dash=dash, width=2), marker=dict(size=4),
                 hovertemplate=f"{TECHNIQUE_LABELS[t]} ({split})<br>block %{{x}}: error %{{y:.4g}}<extra></extra>"))
     # laid out for a phone too: a two-line title at the top, the legend (it wraps) at the foot
-    fig.update_layout(template="plotly_white", height=520, font=FONT, hovermode="closest",
+    fig.update_layout(template=chart_template(), height=520, font=FONT, hovermode="closest",
                       title=dict(text="Reconstruction error after each block<br>(pruned vs dense hidden states)",
                                  x=0.0, xanchor="left", xref="container", y=1.0, yanchor="top", yref="container",
                                  pad=dict(t=14, l=12), font=dict(size=14)),
