@@ -118,12 +118,14 @@ def test_search_outlines_the_matches_with_their_retention(ran, artifacts_dir):
 @pytest.mark.parametrize("viewport", list(VIEWPORTS))
 def test_every_tab_fits_the_screen_with_no_overlapping_chart_text(ran, fresh, app_url, viewport, artifacts_dir):
     """After a run (the run tab's charts drawn) at the viewport's width, and on a fresh page."""
-    from ui.browser import chart_text_problems, horizontal_overflow, open_app
+    from playwright.sync_api import expect
+
+    from ui.browser import chart_text_problems, horizontal_overflow, open_app, wait_for_charts
 
     ran_page, _ = ran
     ran_page.set_viewport_size(VIEWPORTS[viewport])
     ran_page.get_by_role("tab", name="Run").first.click()
-    ran_page.wait_for_timeout(1500)  # the charts follow the new width
+    wait_for_charts(ran_page)  # the charts follow the new width
     problems = chart_text_problems(ran_page)
     ran_page.screenshot(path=str(artifacts_dir / f"screens_run_{viewport}.png"), full_page=True)
     assert horizontal_overflow(ran_page) <= 0
@@ -137,11 +139,13 @@ def test_every_tab_fits_the_screen_with_no_overlapping_chart_text(ran, fresh, ap
         button = page.get_by_role("tab", name=title, exact=True).first
         assert button.is_visible(), f"tab {title} is hidden at {width} px"
         button.click()
+        expect(button).to_have_attribute("aria-selected", "true")
         if section:
             inner = page.get_by_role("tab", name=section, exact=True).first
             assert inner.is_visible(), f"section {section} is hidden at {width} px"
             inner.click()
-        page.wait_for_timeout(2500)
+            expect(inner).to_have_attribute("aria-selected", "true")
+        wait_for_charts(page)  # the tab's charts drawn at this width
         name = f"{title}{' ' + section if section else ''}"
         assert horizontal_overflow(page) <= 0, f"{name} scrolls sideways at {width} px"
         problems = chart_text_problems(page)

@@ -72,13 +72,22 @@ def wait_for_plot(page, elem_id: str, timeout_s: float = 30) -> None:
     page.wait_for_selector(plot_selector(elem_id), timeout=timeout_s * 1000)
 
 
+def wait_for_charts(page, scope: str = "body", timeout_s: float = 30) -> None:
+    """Wait until every visible chart under ``scope`` is laid out to its container's width (Plotly
+    lays a chart out again after its container changes size: a resize, a tab shown), then for
+    two frames, so what is measured next is what is painted."""
+    page.wait_for_function(
+        "scope => [...document.querySelectorAll(scope + ' .js-plotly-plot')].every(p => p.offsetParent === null"
+        " || (p._fullLayout && Math.abs(p._fullLayout.width - p.clientWidth) <= 1))",
+        arg=scope, timeout=timeout_s * 1000)
+    page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
+
+
 def resize_and_relayout(page, viewport: dict, timeout_s: float = 30) -> None:
     """Set the window to ``viewport`` and wait until every visible chart of the Run tab's views has
     been laid out again within its width."""
     page.set_viewport_size(viewport)
-    page.wait_for_function("w => [...document.querySelectorAll('#run-views .js-plotly-plot')]"
-                           ".every(p => p.offsetParent === null || p._fullLayout?.width <= w)",
-                           arg=viewport["width"], timeout=timeout_s * 1000)
+    wait_for_charts(page, "#run-views", timeout_s)
 
 
 def open_app(page, url: str, timeout_s: float = 60) -> float:
