@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,37 @@ def app_server():
     demo = build_app()
     with serve(demo) as url:
         yield demo, url
+
+
+@pytest.fixture
+def hold_for_stop(monkeypatch):
+    """``hold_for_stop(steps)`` arms a hold on the next run the session's app streams: after
+    ``steps`` steps the run waits until Stop is pressed (at most 60 s) before it reads on. A test
+    that presses Stop then always presses it while the run is running: on a loaded machine a short
+    run could end before the click reached the server (seen: 16 s from click to server). What is
+    checked stays real: the Stop button, its event, the run ending on its own "stopped" update with
+    no step after it. The app serves in this process, so the patch reaches its handlers."""
+    from ui import handlers
+
+    streamed = handlers.timed
+
+    def arm(steps: int = 2) -> None:
+        armed = [True]
+
+        def held(stream):
+            seen = 0
+            for event in streamed(stream):
+                yield event
+                seen += event[0] == "step"
+                if armed[0] and seen == steps:
+                    armed[0] = False
+                    deadline = time.monotonic() + 60
+                    while not handlers._STOP_REQUESTS and time.monotonic() < deadline:
+                        time.sleep(0.02)
+
+        monkeypatch.setattr(handlers, "timed", held)
+
+    return arm
 
 
 @pytest.fixture(scope="session")

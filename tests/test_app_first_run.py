@@ -45,7 +45,7 @@ def _in_view(page, selector: str) -> bool:
         and box["x"] + box["width"] <= size["width"]
 
 
-def test_run_and_stop_are_visible_and_ctrl_enter_runs_the_story(page, artifacts_dir):
+def test_run_and_stop_are_visible_and_ctrl_enter_runs_the_story(page, artifacts_dir, hold_for_stop):
     """At both widths Run and Stop are in view and Ctrl+Enter starts the default story. The story runs
     to its end once, on the laptop; its charts are then checked at the phone's width as well (the
     same charts laid out again), where a wrapped legend once covered a title."""
@@ -53,6 +53,8 @@ def test_run_and_stop_are_visible_and_ctrl_enter_runs_the_story(page, artifacts_
 
     assert _in_view(page, "#run") and _in_view(page, "#stop")  # no scrolling needed
     assert "1.5k" in page.locator("#example input").input_value()  # a short default run
+    if page.viewport_name == "phone":
+        hold_for_stop(1)  # the story's run waits after its first step until Stop reaches the server
     page.keyboard.press("Control+Enter")
     if page.viewport_name == "phone":
         wait_for_state(page, "running", timeout_s=120)

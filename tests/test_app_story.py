@@ -58,15 +58,16 @@ def _in_viewport(page, selector: str) -> bool:
                                        return r.top > -2 && r.top < window.innerHeight - 40; }""", selector)
 
 
-def test_on_a_phone_run_brings_the_status_into_view_and_stop_leaves_no_time(phone):
+def test_on_a_phone_run_brings_the_status_into_view_and_stop_leaves_no_time(phone, hold_for_stop):
     from ui.browser import choose_schedule, set_number, wait_for_state
 
     choose_schedule(phone, "FM")
-    set_number(phone, "chunk", 16)  # about 44 steps: Stop lands well before the end on a loaded machine
+    set_number(phone, "chunk", 16)  # about 44 steps
     set_number(phone, "memory", 32)
     _settle(phone, "FM c16 M32")
     phone.evaluate("window.scrollTo(0, 0)")
     assert not _in_viewport(phone, "#stats")  # the controls fill a phone's first screen
+    hold_for_stop(2)  # the run waits after its second step until Stop reaches the server
     phone.locator("#run").click()
     phone.wait_for_function("""() => { const r = document.querySelector('#stats').getBoundingClientRect();
                                        return r.top > -2 && r.top < window.innerHeight - 40; }""", timeout=10_000)
@@ -84,7 +85,7 @@ def test_on_a_phone_run_brings_the_status_into_view_and_stop_leaves_no_time(phon
 
 
 def test_the_map_shows_the_tokens_under_the_pointer(phone):
-    from ui.browser import choose_schedule, set_number, wait_for_plot, wait_for_state
+    from ui.browser import choose_schedule, set_number, wait_for_charts, wait_for_plot, wait_for_state
 
     choose_schedule(phone, "FM")  # (in the full suite the page was seen back on IMDC after the Stop)
     set_number(phone, "chunk", 256)
@@ -93,10 +94,12 @@ def test_the_map_shows_the_tokens_under_the_pointer(phone):
     phone.locator("#run").click()
     wait_for_state(phone, "done", timeout_s=600)
     wait_for_plot(phone, "retained-plot")
+    wait_for_charts(phone, "#retained-plot")
     drag = phone.locator("#retained-plot .nsewdrag").first
-    drag.scroll_into_view_if_needed()
+    size = drag.bounding_box()
+    # hover scrolls the map into view, and finds the element again if Plotly redrew it meanwhile
+    drag.hover(position={"x": size["width"] * 0.6, "y": size["height"] * 0.5})
     box = drag.bounding_box()
-    phone.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.5)
     phone.mouse.move(box["x"] + box["width"] * 0.6 + 2, box["y"] + box["height"] * 0.5 + 1)
     phone.wait_for_function("() => /after step/.test(document.querySelector('#memstep-map-token').innerText)",
                             timeout=10_000)

@@ -98,6 +98,9 @@ def open_app(page, url: str, timeout_s: float = 60) -> float:
     return time.perf_counter() - began
 
 
+STATE_CARD = '#stats [data-stat="state"] .memstep-stat-value'
+
+
 def stat(page, key: str) -> str:
     """The value of a key-number card (data-stat=key) of the Run tab."""
     return page.locator(f'#stats [data-stat="{key}"] .memstep-stat-value').inner_text()
@@ -129,10 +132,18 @@ def choose_schedule(page, label: str) -> None:
 
 
 def wait_for_state(page, pattern: str, timeout_s: float = 300) -> None:
-    """Wait until the run card's text matches ``pattern`` (e.g. "done")."""
-    page.wait_for_function(
-        "([sel, pat]) => { const el = document.querySelector(sel); return el && new RegExp(pat).test(el.innerText); }",
-        arg=['#stats [data-stat="state"] .memstep-stat-value', pattern], timeout=timeout_s * 1000)
+    """Wait until the run card's text matches ``pattern`` (e.g. "done"); on a timeout the error
+    says what the card showed instead."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(
+            "([sel, pat]) => { const el = document.querySelector(sel); return el && new RegExp(pat).test(el.innerText); }",
+            arg=[STATE_CARD, pattern], timeout=timeout_s * 1000)
+    except PlaywrightTimeout:
+        shown = {key: page.locator(f'#stats [data-stat="{key}"] .memstep-stat-value').all_inner_texts()
+                 for key in ("state", "steps")}
+        raise AssertionError(f"the run card never showed {pattern!r} in {timeout_s:g} s: it shows {shown}") from None
 
 
 def upload(page, path) -> None:
