@@ -159,7 +159,8 @@ def hold_for_stop(monkeypatch):
     """``hold_for_stop(steps)`` arms a hold on the next run the session's app streams: after
     ``steps`` steps the run waits until Stop is pressed (at most 60 s) before it reads on. A test
     that presses Stop then always presses it while the run is running: on a loaded machine a short
-    run could end before the click reached the server (seen: 16 s from click to server). What is
+    run could end before the click reached the server (seen: Stop reached it 16 s after the run
+    began, by which time a 47-step run had ended). What is
     checked stays real: the Stop button, its event, the run ending on its own "stopped" update with
     no step after it. The app serves in this process, so the patch reaches its handlers."""
     from ui import handlers
