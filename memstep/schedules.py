@@ -119,7 +119,9 @@ class Schedule:
 
     def layer_cache_lengths(self, sinks: int) -> list[tuple[list[int], list[int]]]:
         """Per step, each layer's cache entries before and after the step (sinks included)."""
-        layers = len(self.layer_memory_sizes[0]) if self.layer_memory_sizes else 1
+        if self.layer_memory_sizes is None:  # one budget for every layer: one list entry stands for all
+            return [([before], [after]) for before, after in self.cache_lengths(sinks)]
+        layers = len(self.layer_memory_sizes[0])
         out, before = [], [0] * layers
         for step, chunk in enumerate(self.chunk_sizes):
             # a layer holds at most what it had plus the chunk (a budget may grow faster than that)
@@ -131,14 +133,16 @@ class Schedule:
     def cache_lengths(self, sinks: int) -> list[tuple[int, int]]:
         """(memory before, memory after) of each step in cache entries, sinks included; under a
         layer-wise growth, of the layer that holds the most."""
-        if self.layer_memory_sizes is None:  # one budget for every layer: no per-layer lists
-            out, before = [], 0  # (the planner's longest-context search calls this for 16k-step schedules)
-            for budget, chunk in zip(self.memory_sizes, self.chunk_sizes):
-                after = min(budget + sinks, before + chunk)
-                out.append((before, after))
-                before = after
-            return out
-        return [(max(before), max(after)) for before, after in self.layer_cache_lengths(sinks)]
+        if self.layer_memory_sizes is not None:
+            return [(max(before), max(after)) for before, after in self.layer_cache_lengths(sinks)]
+        # one budget for every layer: plain ints (the planner's longest-context search calls this
+        # on 16k-step schedules); a cache holds at most what it had plus the chunk
+        out, before = [], 0
+        for budget, chunk in zip(self.memory_sizes, self.chunk_sizes):
+            after = min(budget + sinks, before + chunk)
+            out.append((before, after))
+            before = after
+        return out
 
     def to_dict(self) -> dict:
         return {

@@ -98,12 +98,14 @@ def open_app(page, url: str, timeout_s: float = 60) -> float:
     return time.perf_counter() - began
 
 
-STATE_CARD = '#stats [data-stat="state"] .memstep-stat-value'
+def stat_selector(key: str) -> str:
+    """The value of the Run tab's key-number card data-stat=key."""
+    return f'#stats [data-stat="{key}"] .memstep-stat-value'
 
 
 def stat(page, key: str) -> str:
     """The value of a key-number card (data-stat=key) of the Run tab."""
-    return page.locator(f'#stats [data-stat="{key}"] .memstep-stat-value').inner_text()
+    return page.locator(stat_selector(key)).inner_text()
 
 
 def choose_example(page, name: str) -> None:
@@ -139,10 +141,9 @@ def wait_for_state(page, pattern: str, timeout_s: float = 300) -> None:
     try:
         page.wait_for_function(
             "([sel, pat]) => { const el = document.querySelector(sel); return el && new RegExp(pat).test(el.innerText); }",
-            arg=[STATE_CARD, pattern], timeout=timeout_s * 1000)
+            arg=[stat_selector("state"), pattern], timeout=timeout_s * 1000)
     except PlaywrightTimeout:
-        shown = {key: page.locator(f'#stats [data-stat="{key}"] .memstep-stat-value').all_inner_texts()
-                 for key in ("state", "steps")}
+        shown = {key: page.locator(stat_selector(key)).all_inner_texts() for key in ("state", "steps")}
         raise AssertionError(f"the run card never showed {pattern!r} in {timeout_s:g} s: it shows {shown}") from None
 
 
