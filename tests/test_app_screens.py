@@ -185,3 +185,23 @@ def test_a_link_reopens_its_settings(fresh, app_url):
     assert page.locator(".toast-body").filter(has_text="growth").count() >= 1  # a refused value says so
     link = page.locator("#memstep-link").get_attribute("href")
     assert "schedule=fm" in link and "chunk=256" in link and "example=passkey-in-pride-and-prejudice" in link
+
+
+def test_a_tab_hidden_while_the_window_narrowed_fits_its_charts_when_shown(fresh, app_url):
+    """Compare's charts drawn on a laptop, the window narrowed to a phone's while Run shows: when
+    Compare shows again its charts are laid out to the phone's width (they kept 600 px, clipped)."""
+    from ui.browser import open_app, wait_for_charts
+
+    page = fresh
+    page.set_viewport_size(VIEWPORTS["laptop"])
+    open_app(page, app_url)
+    page.get_by_role("tab", name="Compare", exact=True).first.click()
+    wait_for_charts(page)
+    page.get_by_role("tab", name="Run", exact=True).first.click()
+    page.set_viewport_size(VIEWPORTS["phone"])
+    wait_for_charts(page)
+    page.get_by_role("tab", name="Compare", exact=True).first.click()
+    wait_for_charts(page, "#compare-sizes", timeout_s=10)  # (a chart left at the old width never matches)
+    widths = page.evaluate("() => ['#compare-sizes', '#compare-memory'].map(s => "
+                           "document.querySelector(s + ' .js-plotly-plot')._fullLayout.width)")
+    assert all(w <= VIEWPORTS["phone"]["width"] for w in widths), widths

@@ -78,6 +78,17 @@ document.addEventListener("keydown", (event) => {
   const run = document.querySelector("#run");
   if (run && run.offsetParent !== null && !run.disabled) { event.preventDefault(); run.click(); }
 });
+// A tab's charts were hidden when the window last changed size and kept their old width (a
+// laptop's chart clipped on a phone): on a tab shown, a resize lets Plotly lay out any chart
+// whose width no longer matches its container's.
+document.addEventListener("click", (event) => {
+  if (!event.target.closest('[role="tab"]')) return;
+  requestAnimationFrame(() => requestAnimationFrame(() => {
+    const stale = [...document.querySelectorAll(".js-plotly-plot")].some((gd) => gd.offsetParent !== null
+      && gd._fullLayout && Math.abs(gd._fullLayout.width - gd.clientWidth) > 1);
+    if (stale) window.dispatchEvent(new Event("resize"));
+  }));
+});
 // The retained-token map tied to the words: pointing at a column shows its tokens (layout.meta,
 // ui/figures.py) under the map; a click moves the replay to that row's step and the text view
 // (data-t: the document index of each piece, ui/highlight.py) to that column's tokens.
