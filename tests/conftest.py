@@ -204,6 +204,42 @@ def app_url(served_app):
     return served_app
 
 
+FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Remember on the test that it failed (setup, call or teardown): a shared page it used is
+    opened afresh for the next test."""
+    report = yield
+    if report.failed:
+        item.stash[FAILED] = True
+    return report
+
+
+class SharedAppPage:
+    """A page that a module's browser tests share. Opening the app costs Chromium some 4 CPU-s
+    (Gradio's and Plotly's scripts) and the server a new session, a third of a short browser
+    test: a test that works from whatever state the last one left goes on in the same page. The app
+    is opened afresh for the first test, for a test marked ``fresh_page`` (it checks what a new
+    visitor gets), and after a test that failed (the page's state is then unknown)."""
+
+    def __init__(self, page, url: str):
+        self.page, self.url, self.stale = page, url, True
+
+    def open_for(self, request):
+        from ui.browser import open_app
+
+        if self.stale or request.node.get_closest_marker("fresh_page"):
+            open_app(self.page, self.url)
+            self.stale = False
+        return self.page
+
+    def close_for(self, request) -> None:
+        if request.node.stash.get(FAILED, False):
+            self.stale = True
+
+
 @pytest.fixture(scope="session")
 def browser():
     """One headless Chromium for the session. While it runs, ui.browser.chromium() (and so

@@ -22,25 +22,21 @@ IMDC_CHARS = 1500  # about 350 tokens: IMDC c256 M128 still evicts, in a few ste
 
 
 @pytest.fixture(scope="module")
-def laptop(browser):
-    """The module's browser context at the default laptop size (not another module's: a phone's
-    context left open would shrink every chart)."""
+def shared(browser, app_url):
+    """The module's page at the default laptop size (conftest.SharedAppPage): a test that checks
+    defaults or runs a document opens the app afresh; the bad-input checks go on in the same page."""
+    from conftest import SharedAppPage
     from ui.browser import new_page
 
-    page = new_page(browser)
-    yield page.context
-    page.context.close()
+    shared = SharedAppPage(new_page(browser), app_url)
+    yield shared
+    shared.page.context.close()
 
 
 @pytest.fixture
-def page(app_url, laptop):
-    """A fresh page (a new Gradio session) in the module's context, sharing its cache."""
-    from ui.browser import open_app
-
-    page = laptop.new_page()
-    open_app(page, app_url)
-    yield page
-    page.close()
+def page(shared, request):
+    yield shared.open_for(request)
+    shared.close_for(request)
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +57,7 @@ def _diff_fraction(a, b) -> float:
     return sum(diff.point(lambda v: 255 if v > 48 else 0).histogram()[255:]) / (a.width * a.height)
 
 
+@pytest.mark.fresh_page
 def test_schedule_preview_matches_the_baseline_image(page, artifacts_dir):
     from PIL import Image
 
@@ -89,47 +86,6 @@ def test_preview_follows_the_controls_instantly(page):
     set_number(page, "memory", 0)  # smaller than the 4 sinks: the preview says so
     page.wait_for_function("() => /smaller than the 4 sink/.test(document.querySelector('#preview-note').innerText)",
                            timeout=15_000)
-
-
-def test_upload_run_imdc_and_replay(page, imdc_document, artifacts_dir):
-    from memstep.reading import read_document
-    from memstep.generate import prompt_parts
-    from ui.models import embedded_tokenizer
-    from ui.browser import choose_schedule, rendered_plots, set_number, stat, upload, wait_for_plot, wait_for_state
-
-    upload(page, imdc_document)
-    page.wait_for_function("() => /netherfield.txt/.test(document.querySelector('#doc-info').innerText)",
-                           timeout=30_000)
-    page.locator("#question textarea").fill("Who has taken Netherfield Park?")
-    choose_schedule(page, "IMDC")
-    set_number(page, "chunk", 256)
-    set_number(page, "memory", 128)
-    text = read_document(imdc_document)  # as the server reads it (normalized)
-    tokenizer = embedded_tokenizer()  # the embedded model's own tokenizer
-    tokens = len(prompt_parts(tokenizer).head) + len(tokenizer(text, add_special_tokens=False)["input_ids"])
-    steps = make_schedule("imdc", tokens, 256, 128).steps
-    page.locator("#run").click()
-    wait_for_state(page, "done", timeout_s=600)
-    plots = ("sizes-plot", "retained-plot", "memory-plot", "seconds-plot")
-    for plot in plots:
-        wait_for_plot(page, plot)
-    page.screenshot(path=str(artifacts_dir / "app_run_imdc.png"), full_page=True)
-
-    assert rendered_plots(page, plots) == 4
-    assert stat(page, "steps") == f"{steps} / {steps}"
-    assert stat(page, "tokens") == f"{tokens:,} / {tokens:,}"
-    assert stat(page, "memory") == f"{128 + 4:,} per layer"
-    assert stat(page, "measured") == "n/a on this device"
-    assert re.fullmatch(r"\d+\.\d MiB", stat(page, "modeled"))
-    assert "From the compressed memory (IMDC c256 M128)" in page.locator("#answer").inner_text()
-    assert page.locator("#retained-text span[style*='background']").count() > 10
-    assert "after step" in page.locator("#retained-plot").inner_text()
-
-    set_number(page, "replay", 1)  # replay: the run as it was after the first step
-    page.wait_for_function("n => document.querySelector('#stats [data-stat=steps] .memstep-stat-value')"
-                           ".innerText == '1 / ' + n", arg=str(steps), timeout=15_000)
-    assert stat(page, "state").startswith("replay")
-    page.screenshot(path=str(artifacts_dir / "app_replay_step1.png"), full_page=True)
 
 
 @pytest.mark.parametrize("name, content, message", [
@@ -174,6 +130,49 @@ def test_bad_settings_and_models_show_an_error_and_the_app_keeps_serving(page, t
                            timeout=15_000)
 
 
+@pytest.mark.fresh_page
+def test_upload_run_imdc_and_replay(page, imdc_document, artifacts_dir):
+    from memstep.reading import read_document
+    from memstep.generate import prompt_parts
+    from ui.models import embedded_tokenizer
+    from ui.browser import choose_schedule, rendered_plots, set_number, stat, upload, wait_for_plot, wait_for_state
+
+    upload(page, imdc_document)
+    page.wait_for_function("() => /netherfield.txt/.test(document.querySelector('#doc-info').innerText)",
+                           timeout=30_000)
+    page.locator("#question textarea").fill("Who has taken Netherfield Park?")
+    choose_schedule(page, "IMDC")
+    set_number(page, "chunk", 256)
+    set_number(page, "memory", 128)
+    text = read_document(imdc_document)  # as the server reads it (normalized)
+    tokenizer = embedded_tokenizer()  # the embedded model's own tokenizer
+    tokens = len(prompt_parts(tokenizer).head) + len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    steps = make_schedule("imdc", tokens, 256, 128).steps
+    page.locator("#run").click()
+    wait_for_state(page, "done", timeout_s=600)
+    plots = ("sizes-plot", "retained-plot", "memory-plot", "seconds-plot")
+    for plot in plots:
+        wait_for_plot(page, plot)
+    page.screenshot(path=str(artifacts_dir / "app_run_imdc.png"), full_page=True)
+
+    assert rendered_plots(page, plots) == 4
+    assert stat(page, "steps") == f"{steps} / {steps}"
+    assert stat(page, "tokens") == f"{tokens:,} / {tokens:,}"
+    assert stat(page, "memory") == f"{128 + 4:,} per layer"
+    assert stat(page, "measured") == "n/a on this device"
+    assert re.fullmatch(r"\d+\.\d MiB", stat(page, "modeled"))
+    assert "From the compressed memory (IMDC c256 M128)" in page.locator("#answer").inner_text()
+    assert page.locator("#retained-text span[style*='background']").count() > 10
+    assert "after step" in page.locator("#retained-plot").inner_text()
+
+    set_number(page, "replay", 1)  # replay: the run as it was after the first step
+    page.wait_for_function("n => document.querySelector('#stats [data-stat=steps] .memstep-stat-value')"
+                           ".innerText == '1 / ' + n", arg=str(steps), timeout=15_000)
+    assert stat(page, "state").startswith("replay")
+    page.screenshot(path=str(artifacts_dir / "app_replay_step1.png"), full_page=True)
+
+
+@pytest.mark.fresh_page
 def test_stop_cancels_a_run_and_the_next_run_completes(page, short_document, hold_for_stop):
     from ui.browser import choose_schedule, set_number, stat, upload, wait_for_state
 

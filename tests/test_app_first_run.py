@@ -17,25 +17,30 @@ VIEWPORTS = {"laptop": {"width": 1440, "height": 1000}, "phone": {"width": 390, 
 
 @pytest.fixture(scope="module")
 def pages(app_url, browser):
-    """One page per viewport for the module. Each test opens the app in it afresh (a new Gradio
-    session with the app's defaults, as a new visitor gets) rather than in a new browser context,
-    which costs Chromium about twice the work."""
+    """One shared page per viewport for the module (conftest.SharedAppPage): the story's run opens
+    the app afresh, as a new visitor gets it; the checks after it go on in the same page, each
+    showing the tab it needs."""
+    from conftest import SharedAppPage
     from ui.browser import new_page
 
-    made = {name: new_page(browser, size) for name, size in VIEWPORTS.items()}
+    made = {name: SharedAppPage(new_page(browser, size), app_url) for name, size in VIEWPORTS.items()}
     yield made
-    for page in made.values():
-        page.context.close()
+    for shared in made.values():
+        shared.page.context.close()
 
 
 @pytest.fixture(params=list(VIEWPORTS))
-def page(request, pages, app_url):
-    from ui.browser import open_app
-
-    page = pages[request.param]
+def page(request, pages):
+    shared = pages[request.param]
+    page = shared.open_for(request)
     page.viewport_name = request.param
-    open_app(page, app_url)
-    return page
+    yield page
+    shared.close_for(request)
+
+
+def _show_run_tab(page) -> None:
+    page.get_by_role("tab", name="Run", exact=True).first.click()
+    page.locator("#run").wait_for(state="visible")
 
 
 def _in_view(page, selector: str) -> bool:
@@ -45,6 +50,7 @@ def _in_view(page, selector: str) -> bool:
         and box["x"] + box["width"] <= size["width"]
 
 
+@pytest.mark.fresh_page
 def test_run_and_stop_are_visible_and_ctrl_enter_runs_the_story(page, artifacts_dir, hold_for_stop):
     """At both widths Run and Stop are in view and Ctrl+Enter starts the default story. The story runs
     to its end once, on the laptop; its charts are then checked at the phone's width as well (the
@@ -130,6 +136,7 @@ def test_plan_chart_when_the_weights_do_not_fit(page, artifacts_dir):
 def test_controls_reach_only_valid_settings(page, artifacts_dir):
     from ui.browser import set_number
 
+    _show_run_tab(page)
     note = page.locator("#preview-note")
     tokens = int(re.search(r"over ([\d,]+) tokens", note.inner_text()).group(1).replace(",", ""))
     assert int(page.locator("#chunk input[type=range]").get_attribute("max")) == tokens  # not past the document
@@ -151,6 +158,7 @@ def test_controls_reach_only_valid_settings(page, artifacts_dir):
 
 
 def test_run_is_a_few_tab_presses_away_with_a_visible_focus_ring(page):
+    _show_run_tab(page)
     page.locator("body").click(position={"x": 2, "y": 2})
     for presses in range(1, 16):
         page.keyboard.press("Tab")

@@ -65,14 +65,22 @@ def ran(app_url, browser, document, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def fresh(browser):
+def fresh_page(browser, app_url):
     """A page the module's tests open the app in afresh (a new Gradio session each time) rather than
-    a new browser context each, which costs Chromium about twice the work."""
+    a new browser context each, which costs Chromium about twice the work; shared
+    (conftest.SharedAppPage), so a check that works from any state goes on in it."""
+    from conftest import SharedAppPage
     from ui.browser import new_page
 
-    page = new_page(browser, VIEWPORTS["laptop"])
-    yield page
-    page.context.close()
+    shared = SharedAppPage(new_page(browser, VIEWPORTS["laptop"]), app_url)
+    yield shared
+    shared.page.context.close()
+
+
+@pytest.fixture
+def fresh(fresh_page, request):
+    yield fresh_page
+    fresh_page.close_for(request)
 
 
 def _strip_timing(value):
@@ -115,12 +123,13 @@ def test_search_outlines_the_matches_with_their_retention(ran, artifacts_dir):
     page.wait_for_function("() => !document.querySelector('#retained-text [data-mark=\"match\"]')", timeout=30_000)
 
 
+@pytest.mark.fresh_page
 @pytest.mark.parametrize("viewport", list(VIEWPORTS))
-def test_every_tab_fits_the_screen_with_no_overlapping_chart_text(ran, fresh, app_url, viewport, artifacts_dir):
+def test_every_tab_fits_the_screen_with_no_overlapping_chart_text(ran, fresh, request, viewport, artifacts_dir):
     """After a run (the run tab's charts drawn) at the viewport's width, and on a fresh page."""
     from playwright.sync_api import expect
 
-    from ui.browser import chart_text_problems, horizontal_overflow, open_app, wait_for_charts
+    from ui.browser import chart_text_problems, horizontal_overflow, wait_for_charts
 
     ran_page, _ = ran
     ran_page.set_viewport_size(VIEWPORTS[viewport])
@@ -130,9 +139,8 @@ def test_every_tab_fits_the_screen_with_no_overlapping_chart_text(ran, fresh, ap
     ran_page.screenshot(path=str(artifacts_dir / f"screens_run_{viewport}.png"), full_page=True)
     assert horizontal_overflow(ran_page) <= 0
     assert not problems, problems
-    page = fresh
-    page.set_viewport_size(VIEWPORTS[viewport])
-    open_app(page, app_url)
+    fresh.page.set_viewport_size(VIEWPORTS[viewport])
+    page = fresh.open_for(request)
     width = VIEWPORTS[viewport]["width"]
     for tab in TABS:
         title, section = tab if isinstance(tab, tuple) else (tab, None)
@@ -166,11 +174,31 @@ def test_every_tab_fits_the_screen_with_no_overlapping_chart_text(ran, fresh, ap
                         full_page=True)
 
 
+def test_a_tab_hidden_while_the_window_narrowed_fits_its_charts_when_shown(fresh, request):
+    """Compare's charts drawn on a laptop, the window narrowed to a phone's while Run shows: when
+    Compare shows again its charts are laid out to the phone's width (they kept 600 px, clipped)."""
+    from ui.browser import wait_for_charts
+
+    fresh.page.set_viewport_size(VIEWPORTS["laptop"])
+    page = fresh.open_for(request)  # (in the module's order, the page every tab was checked in)
+    page.get_by_role("tab", name="Compare", exact=True).first.click()
+    wait_for_charts(page)
+    page.get_by_role("tab", name="Run", exact=True).first.click()
+    page.set_viewport_size(VIEWPORTS["phone"])
+    wait_for_charts(page)
+    page.get_by_role("tab", name="Compare", exact=True).first.click()
+    wait_for_charts(page, "#compare-sizes", timeout_s=10)  # (a chart left at the old width never matches)
+    widths = page.evaluate("() => ['#compare-sizes', '#compare-memory'].map(s => "
+                           "document.querySelector(s + ' .js-plotly-plot')._fullLayout.width)")
+    assert all(w <= VIEWPORTS["phone"]["width"] for w in widths), widths
+
+
 def test_a_link_reopens_its_settings(fresh, app_url):
     from ui.browser import open_advanced, open_app
 
-    page = fresh
+    page = fresh.page
     page.set_viewport_size(VIEWPORTS["laptop"])
+    fresh.stale = True  # another address: the next test opens the app afresh
     open_app(page, app_url + "?schedule=fm&chunk=256&memory=256&example=passkey-in-pride-and-prejudice&sinks=8"
                              "&chunk_bogus=1&growth=nonsense")
     page.wait_for_function("() => /FM c256 M256/.test(document.querySelector('#sizes-plot')?.innerText || '')",
@@ -185,23 +213,3 @@ def test_a_link_reopens_its_settings(fresh, app_url):
     assert page.locator(".toast-body").filter(has_text="growth").count() >= 1  # a refused value says so
     link = page.locator("#memstep-link").get_attribute("href")
     assert "schedule=fm" in link and "chunk=256" in link and "example=passkey-in-pride-and-prejudice" in link
-
-
-def test_a_tab_hidden_while_the_window_narrowed_fits_its_charts_when_shown(fresh, app_url):
-    """Compare's charts drawn on a laptop, the window narrowed to a phone's while Run shows: when
-    Compare shows again its charts are laid out to the phone's width (they kept 600 px, clipped)."""
-    from ui.browser import open_app, wait_for_charts
-
-    page = fresh
-    page.set_viewport_size(VIEWPORTS["laptop"])
-    open_app(page, app_url)
-    page.get_by_role("tab", name="Compare", exact=True).first.click()
-    wait_for_charts(page)
-    page.get_by_role("tab", name="Run", exact=True).first.click()
-    page.set_viewport_size(VIEWPORTS["phone"])
-    wait_for_charts(page)
-    page.get_by_role("tab", name="Compare", exact=True).first.click()
-    wait_for_charts(page, "#compare-sizes", timeout_s=10)  # (a chart left at the old width never matches)
-    widths = page.evaluate("() => ['#compare-sizes', '#compare-memory'].map(s => "
-                           "document.querySelector(s + ' .js-plotly-plot')._fullLayout.width)")
-    assert all(w <= VIEWPORTS["phone"]["width"] for w in widths), widths
