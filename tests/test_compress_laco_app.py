@@ -67,7 +67,8 @@ def test_folder_name_and_bad_settings():
 
 @pytest.mark.slow
 @pytest.mark.browser
-def test_short_laco_run_in_the_browser_loads_into_run(tmp_path, monkeypatch, artifacts_dir):
+def test_short_laco_run_in_the_browser_loads_into_run(tmp_path, monkeypatch, artifacts_dir, browser):
+    """Its own server (the compressed models' folder is this test's), in the session's browser."""
     from ui.browser import chromium_page, open_app, serve, set_number, wait_for_plot
     from ui.layout import build_app
 

@@ -16,7 +16,7 @@ from memstep.evaluation.store import load_summary
 
 
 @pytest.mark.slow
-def test_eval_two_cells_then_resume(tmp_path, capsys):
+def test_eval_two_cells_then_resume(tmp_path, capsys, monkeypatch):
     """The whole command on the embedded model, end to end: the full cache as the reference and one
     compressed configuration, each in its worker, on both haystacks; then a resume that runs nothing.
     (RoPE modes reaching the runs and the paired contrasts between configurations are checked
@@ -61,10 +61,17 @@ def test_eval_two_cells_then_resume(tmp_path, capsys):
     assert f"| 160 | memstep full | {full_row['correct']}/2 (" in readme.read_text()
     assert "intervals.png" in readme.read_text()
 
+    from memstep.evaluation import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "write_plots", lambda summary, folder: drawn.append(folder) or ([], []))
     assert main(argv + ["--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["run"]["ran"] == 0 and again["run"]["skipped"] == 4
     assert len((out / "cells.jsonl").read_text().splitlines()) == 4
+    assert drawn == []  # nothing new: the plots drawn from these results stand
+    (out / "tradeoff.png").unlink()
+    assert main(argv + ["--json"]) == 0 and len(drawn) == 1  # one is missing: drawn again
 
 
 def test_eval_bad_input_exits_2(tmp_path, capsys):

@@ -115,6 +115,28 @@ def results_files() -> frozenset[str]:
                       *(f"{name}.{ext}" for name in PLOTS for ext in ("html", "png"))})
 
 
+def plots_code() -> str:
+    """A fingerprint of the code that draws the results' plots."""
+    import hashlib
+
+    from memstep.evaluation import niah_view, plots
+
+    return hashlib.sha1(b"".join(Path(m.__file__).read_bytes() for m in (plots, niah_view))).hexdigest()[:12]
+
+
+def _plots_stand(previous: dict | None, summary: dict, folder: Path) -> bool:
+    """Whether the plots in ``folder`` were drawn from these very results: the summary they were drawn
+    from says the same (its "run" part, how many cells this run ran, aside) and every plot file is
+    there. Compared by content, never by file time."""
+    if previous is None or previous.get("plots_code") != plots_code():
+        return False  # (drawn by other plotting code: an upgrade redraws them)
+    results = lambda s: {k: v for k, v in s.items() if k != "run"}  # noqa: E731
+    if results(previous) != json.loads(json.dumps(results(summary))):
+        return False
+    names = [*PLOTS, *(summary.get("niah") or {})]
+    return all((Path(folder) / f"{name}.{ext}").exists() for name in names for ext in ("html", "png"))
+
+
 def written_by_eval(folder: Path) -> bool:
     """A results folder from before memstep marked its folders: its cells file holds memstep's cells."""
     from memstep.evaluation.store import CELLS
@@ -147,7 +169,7 @@ def cmd_eval(args) -> int:
     from memstep.evaluation.plots import write_plots
     from memstep.evaluation.report import contrasts_text, goals_text, markdown, refresh_readme, results_table
     from memstep.evaluation.runner import EvalSettings, run_grid
-    from memstep.evaluation.store import ResultStore
+    from memstep.evaluation.store import ResultStore, load_summary
     from memstep.evaluation.suite import check_kinds, make_cases, read_haystacks
     from memstep.generate import prompt_form
     from memstep.models import default_model, mark_prompt_form, packaged_model_folder, packaged_spec
@@ -217,10 +239,15 @@ def cmd_eval(args) -> int:
         from memstep.evaluation.niah_view import niah_maps, write_niah_plots
 
         summary["niah"] = niah_maps(store.cells())
+    previous = load_summary(store.folder)
+    summary["plots_code"] = plots_code()
     store.write_summary(summary)
-    written, notices = write_plots(summary, store.folder)
-    if niah:
-        notices += write_niah_plots(summary["niah"], store.folder)
+    if _plots_stand(previous, summary, store.folder):
+        notices = []  # the same results as when the plots were drawn: they stand (a resume with nothing new)
+    else:
+        _, notices = write_plots(summary, store.folder)
+        if niah:
+            notices += write_niah_plots(summary["niah"], store.folder)
     if args.readme:
         # image links relative to the README (absolute when the results live elsewhere)
         prefix = Path(os.path.relpath(Path(store.folder).resolve(), Path(args.readme).resolve().parent)).as_posix() + "/"
