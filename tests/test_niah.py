@@ -170,3 +170,20 @@ def test_cli_refuses_a_length_past_the_essays_before_any_model_loads(tokenizer, 
     code = main(["eval", "--benchmark", "niah", "--lengths", "2048,10000000", "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "10000000-token context is longer" in err[0]
+
+
+def test_a_needle_results_folder_resumes_without_force(tmp_path):
+    """The needle heatmaps memstep eval wrote, and the rows its table script saved beside the cells,
+    are memstep's own: a resume into the folder is not refused (it was, for niah.html)."""
+    from memstep.cli.eval import results_files
+    from memstep.evaluation.niah import BENCHMARKS
+    from memstep.outputs import check_results_folder
+
+    folder = check_results_folder(tmp_path / "niah", results_files())  # made and marked as memstep's
+    for name in ("cells.jsonl", "summary.json", "niah_table.json",
+                 *(f"{kind}.{ext}" for kind in BENCHMARKS for ext in ("html", "png"))):
+        (folder / name).write_text("{}")
+    assert check_results_folder(folder, results_files()) == folder
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(MemstepError, match="notes.txt"):
+        check_results_folder(folder, results_files())

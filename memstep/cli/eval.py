@@ -101,8 +101,12 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_eval)
 
 
-# What memstep eval writes into its folder: the store's files and write_plots' figures.
+# What memstep eval writes into its folder: the store's files and write_plots' figures (and, for
+# the needle test, one heatmap per benchmark run: memstep.evaluation.niah.BENCHMARKS).
 PLOTS = ("intervals", "heatmaps", "tradeoff")
+NIAH_PLOTS = ("niah", "niah-multi")
+# memstep's table scripts save their rows beside the cells (benchmarks/span_ablation.py): a resume keeps them
+TABLES = ("span_ablation.json", "niah_table.json")
 
 
 LOGITS = "logits"  # memstep.evaluation.runner.LOGITS (that module imports torch: not needed to refuse)
@@ -111,8 +115,8 @@ LOGITS = "logits"  # memstep.evaluation.runner.LOGITS (that module imports torch
 def results_files() -> frozenset[str]:
     from memstep.evaluation.store import CELLS, FAILURES, SUMMARY
 
-    return frozenset({CELLS, SUMMARY, FAILURES, LOGITS,
-                      *(f"{name}.{ext}" for name in PLOTS for ext in ("html", "png"))})
+    return frozenset({CELLS, SUMMARY, FAILURES, LOGITS, *TABLES,
+                      *(f"{name}.{ext}" for name in PLOTS + NIAH_PLOTS for ext in ("html", "png"))})
 
 
 def plots_code() -> str:
