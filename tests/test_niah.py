@@ -187,3 +187,14 @@ def test_a_needle_results_folder_resumes_without_force(tmp_path):
     (folder / "notes.txt").write_text("mine")
     with pytest.raises(MemstepError, match="notes.txt"):
         check_results_folder(folder, results_files())
+
+
+def test_an_empty_heatmap_names_the_command_that_fills_it():
+    """With single-needle results only, the multi-needle panel asks for niah-multi, not for the
+    niah run that is already there."""
+    from memstep.evaluation.niah_view import niah_figure
+
+    words = lambda fig: " ".join(a.text for a in fig.layout.annotations)  # noqa: E731
+    assert "--benchmark niah-multi" in words(niah_figure({"niah": {}}, "niah-multi"))
+    assert "multi-needle" in words(niah_figure({}, "niah-multi"))
+    assert "--benchmark niah)" in words(niah_figure({}, "niah"))

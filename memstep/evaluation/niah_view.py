@@ -31,7 +31,7 @@ def niah_maps(cells: list[dict]) -> dict:
     return out
 
 
-def niah_figure(maps: dict, kind: str = "niah", columns: int = 3):
+def niah_figure(maps: dict, kind: str = "niah", columns: int = 2):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -39,7 +39,8 @@ def niah_figure(maps: dict, kind: str = "niah", columns: int = 3):
 
     panels = maps.get(kind) or {}
     if not panels:
-        return _empty("no needle-test results yet (memstep eval --benchmark niah)")
+        name = "multi-needle" if kind == "niah-multi" else "needle-test"  # each panel names its own command
+        return _empty(f"no {name} results yet<br>(memstep eval --benchmark {kind})")  # two lines: fits a phone
     labels = list(panels)
     columns = max(1, min(columns, len(labels)))
     rows = -(-len(labels) // columns)
