@@ -209,7 +209,7 @@ FAILED = pytest.StashKey[bool]()
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Remember on the test that it failed (setup, call or teardown): a shared page it used is
+    """Remember on the test that it failed (its setup or its call): a shared page it used is
     opened afresh for the next test."""
     report = yield
     if report.failed:
