@@ -135,11 +135,9 @@ def test_upload_run_imdc_and_replay(page, imdc_document, artifacts_dir):
     from memstep.reading import read_document
     from memstep.generate import prompt_parts
     from ui.models import embedded_tokenizer
-    from ui.browser import choose_schedule, rendered_plots, set_number, stat, upload, wait_for_plot, wait_for_state
+    from ui.browser import choose_schedule, rendered_plots, set_number, stat, upload_document, wait_for_plot, wait_for_state
 
-    upload(page, imdc_document)
-    page.wait_for_function("() => /netherfield.txt/.test(document.querySelector('#doc-info').innerText)",
-                           timeout=30_000)
+    upload_document(page, imdc_document)
     page.locator("#question textarea").fill("Who has taken Netherfield Park?")
     choose_schedule(page, "IMDC")
     set_number(page, "chunk", 256)
@@ -174,11 +172,9 @@ def test_upload_run_imdc_and_replay(page, imdc_document, artifacts_dir):
 
 @pytest.mark.fresh_page
 def test_stop_cancels_a_run_and_the_next_run_completes(page, short_document, hold_for_stop):
-    from ui.browser import choose_schedule, set_number, stat, upload, wait_for_state
+    from ui.browser import choose_schedule, set_number, stat, upload_document, wait_for_state
 
-    upload(page, short_document)
-    page.wait_for_function("() => /netherfield.txt/.test(document.querySelector('#doc-info').innerText)",
-                           timeout=30_000)
+    upload_document(page, short_document)
     choose_schedule(page, "FM")
     set_number(page, "chunk", 16)  # some 45 short steps
     hold_for_stop(2)  # the run waits after its second step until Stop reaches the server

@@ -35,13 +35,11 @@ def document(tmp_path_factory):
 def ran(app_url, browser, document, tmp_path_factory):
     """One page that ran the document (FM c256 M256, a question): the run's downloads and the
     page, kept for the module (runs are the slow part)."""
-    from ui.browser import choose_schedule, new_page, open_app, set_number, upload, wait_for_plot, wait_for_state
+    from ui.browser import choose_schedule, new_page, open_app, set_number, upload_document, wait_for_plot, wait_for_state
 
     page = new_page(browser, VIEWPORTS["laptop"])
     open_app(page, app_url)
-    upload(page, document)
-    page.wait_for_function("() => /netherfield.txt/.test(document.querySelector('#doc-info').innerText)",
-                           timeout=30_000)
+    upload_document(page, document)
     page.locator("#question textarea").fill("Who has taken Netherfield Park?")
     choose_schedule(page, "FM")
     set_number(page, "chunk", 256)

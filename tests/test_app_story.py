@@ -36,13 +36,11 @@ def app_url():
 @pytest.fixture(scope="module")
 def phone(app_url, browser, document):
     """A phone-sized page with the chapter uploaded and its question typed."""
-    from ui.browser import new_page, open_app, upload
+    from ui.browser import new_page, open_app, upload_document
 
     page = new_page(browser, PHONE)
     open_app(page, app_url)
-    upload(page, document)
-    page.wait_for_function("() => /netherfield.txt/.test(document.querySelector('#doc-info').innerText)",
-                           timeout=30_000)
+    upload_document(page, document)
     page.locator("#question textarea").fill("Who has taken Netherfield Park?")
     yield page
     page.context.close()

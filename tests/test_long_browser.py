@@ -38,7 +38,7 @@ def test_a_32k_token_document_runs_and_its_views_stay_within_the_page(app_url, b
                                                                       artifacts_dir):
     """One run at a laptop's width; its views are then checked there and at a phone's width."""
     from ui.browser import (horizontal_overflow, new_page, open_advanced, open_app, rendered_plots,
-                            resize_and_relayout, set_number, stat, trace_points, upload, wait_for_plot, wait_for_state)
+                            resize_and_relayout, set_number, stat, trace_points, upload_document, wait_for_plot, wait_for_state)
     from ui.figures import MAP_ROWS, MAX_BARS, MAX_CELLS
     from ui.views import TEXT_VIEW_TOKENS
 
@@ -49,9 +49,7 @@ def test_a_32k_token_document_runs_and_its_views_stay_within_the_page(app_url, b
         model = page.locator("#model input")
         model.fill(str(tiny_folder))
         model.press("Enter")
-        upload(page, long_document)
-        page.wait_for_function("() => /novel_32k.txt/.test(document.querySelector('#doc-info').innerText)",
-                               timeout=30_000)
+        upload_document(page, long_document)
         page.locator("#question textarea").fill("")
         set_number(page, "max-tokens", TOKENS)
         set_number(page, "chunk", CHUNK)

@@ -152,6 +152,13 @@ def upload(page, path) -> None:
     page.locator("#upload input[type=file]").set_input_files(str(path))
 
 
+def upload_document(page, path, timeout_s: float = 30) -> None:
+    """Upload ``path`` and wait until the document line under the upload names it (read and counted)."""
+    upload(page, path)
+    page.wait_for_function("name => document.querySelector('#doc-info').innerText.includes(name)",
+                           arg=Path(path).name, timeout=timeout_s * 1000)
+
+
 def wait_for_toast(page, text: str | re.Pattern, timeout_s: float = 60) -> str:
     """Wait for a toast (error or warning) containing ``text``; returns its text."""
     toast = page.locator(".toast-body").filter(has_text=text).first
