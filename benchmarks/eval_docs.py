@@ -40,8 +40,23 @@ README_END = "<!-- eval-summary:end -->"
 
 
 def is_ablation(config: dict) -> bool:
+    """An ablation row, not a headline one; the row the others are paired with (summarize marks it
+    "anchor": at a length where the engine's default pool has not run, the earlier default's row) is
+    the headline."""
+    if config.get("anchor"):
+        return False
     return bool(config.get("question_pool")) or config.get("question_weight") is not None \
-        or config.get("schedule") == "once"
+        or config.get("schedule") == "once" or bool(config.get("span"))
+
+
+def summarized(cells: list[dict]) -> dict:
+    """``summarize``, with the row each length's others are paired with marked in its config
+    (is_ablation reads configs)."""
+    summary = summarize(cells)
+    for row in summary["rows"]:
+        if row.get("anchor"):
+            row["config"] = {**row["config"], "anchor": True}
+    return summary
 
 
 def headline(row: dict) -> bool:
@@ -227,7 +242,7 @@ def gemma3_section(folder: Path) -> list[str]:
     cells = store.cells()
     if not cells:
         return []
-    summary = summarize(cells)
+    summary = summarized(cells)
     run = (load_summary(folder) or {}).get("run") or {}
     form = (run.get("settings") or {}).get("prompt_form", "completion")
     scopes = sorted({c.get("retention_layers") for c in cells if c.get("retention_layers")})
@@ -300,7 +315,7 @@ def gemma3_sentence(folder: Path) -> list[str]:
     cells = ResultStore(folder).cells() if folder.exists() else []
     if not cells:
         return []
-    summary = summarize(cells)
+    summary = summarized(cells)
     parts = []
     for length in sorted({r["length"] for r in summary["rows"]}):
         aware = next((r for r in summary["rows"] if r["length"] == length and HEADLINE[0][1](r["config"])), None)
@@ -496,7 +511,7 @@ def main(argv=None) -> int:
     cells = ResultStore(args.results).cells()
     if not cells:
         raise SystemExit(f"no cells in {args.results}: run `make bench-eval` first")
-    summary = summarize(cells)
+    summary = summarized(cells)
     gemma3 = Path(args.gemma3) if args.gemma3 and Path(args.gemma3).exists() else None
     Path(args.docs).write_text(docs(summary, cells, load_summary(args.earlier), gemma3), encoding="utf-8")
     if args.readme:

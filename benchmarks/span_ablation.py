@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from memstep.evaluation.grid import upgrade_cell  # noqa: E402
 from memstep.evaluation.metrics import case_of  # noqa: E402
 from memstep.evaluation.stats import mean_interval, paired_difference_interval, wilson_interval  # noqa: E402
 
@@ -31,12 +32,13 @@ FULL = "memstep full"
 
 
 def load(*folders: Path) -> list[dict]:
-    """The cells of the folders, each key once (the first folder's cell wins)."""
+    """The cells of the folders as the store reads them (an earlier default pool's cells under their
+    pool), each key once (the first folder's cell wins)."""
     cells: dict = {}
     for folder in folders:
         for line in (folder / "cells.jsonl").read_text().splitlines():
             if line.strip():
-                cell = json.loads(line)
+                cell = upgrade_cell(json.loads(line))
                 cells.setdefault(cell["key"], cell)
     return list(cells.values())
 

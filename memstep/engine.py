@@ -98,7 +98,7 @@ def check_question_aware(scorer: Scorer, question_tokens: int, weight: float) ->
 def question_mix(base: torch.Tensor, question: torch.Tensor, positions: torch.Tensor, sinks: int,
                  weight: float, pool: str = QUESTION_POOL) -> torch.Tensor:
     """A question-aware score: (1 - weight) x the scorer's score + weight x the attention the
-    question's queries pay each key (max-pooled over its neighbours), each term divided by
+    question's queries pay each key (pooled over its neighbours), each term divided by
     its sum over the non-sink keys of the KV head, so that both are shares of one (the sinks
     are kept anyway, and they draw most of the question's attention)."""
     free = positions >= sinks
@@ -108,7 +108,7 @@ def question_mix(base: torch.Tensor, question: torch.Tensor, positions: torch.Te
         return scores / scores.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
 
     # a key the question looks at carries its neighbours (the number after "the lighthouse is"), as
-    # SnapKV pools its window's scores: by default max over 15 keys around each key
+    # SnapKV pools its window's scores: by default (follow:15) the keys after it, up to 14 on
     # (the sinks' share is taken out first: it would spill onto the keys next to them)
     question = question.float() * free
     kind, width = parse_question_pool(pool)
@@ -117,6 +117,8 @@ def question_mix(base: torch.Tensor, question: torch.Tensor, positions: torch.Te
     elif kind == "mean":
         question = F.avg_pool1d(question[:, None], width, stride=1, padding=width // 2,
                                 count_include_pad=False)[:, 0]
+    elif kind == "follow":  # the keys after a looked-at key take its attention (scores are >= 0: zero padding)
+        question = F.max_pool1d(F.pad(question[:, None], (width - 1, 0)), width, stride=1)[:, 0]
     return (1 - weight) * share(base) + weight * share(question)
 
 

@@ -6,15 +6,23 @@ from __future__ import annotations
 
 from memstep.errors import MemstepError
 
-QUESTION_POOL = "max:15"  # each key takes the question attention of its 15 neighbours (max), see question_mix
-QUESTION_POOLS = ("max", "mean", "none")
+# each key takes the strongest question attention of itself and the 14 keys before it (see question_mix);
+# max:15 (centred) until the public needle test showed it cutting answers in two (docs/spans-and-niah.md)
+QUESTION_POOL = "follow:15"
+EARLIER_POOLS = ("max:15",)  # the engine's earlier defaults, newest first: results that ran at one stand in for it
+QUESTION_POOLS = ("max", "mean", "follow", "none")
 
 
 def parse_question_pool(pool: str) -> tuple[str, int]:
-    """'max:15', 'mean:5' or 'none': how a key's question attention takes its neighbours'."""
+    """'max:15', 'mean:5', 'follow:15' or 'none': how a key's question attention takes its
+    neighbours'. max and mean are centred on the key (N odd); follow:N gives each key the
+    strongest attention among itself and the N - 1 keys before it: the question looks at what
+    a fact is about ("San Francisco", "the passkey"), and the fact follows those words."""
     kind, _, width = str(pool).strip().partition(":")
     if kind == "none" and not width:
         return "none", 1
-    if kind in QUESTION_POOLS[:2] and width.isdigit() and int(width) % 2 == 1 and 1 <= int(width) <= 255:
+    if kind in ("max", "mean") and width.isdigit() and int(width) % 2 == 1 and 1 <= int(width) <= 255:
         return kind, int(width)
-    raise MemstepError(f"question pool '{pool}' is not one of max:N, mean:N (N odd, 1-255) or none")
+    if kind == "follow" and width.isdigit() and 1 <= int(width) <= 255:
+        return kind, int(width)
+    raise MemstepError(f"question pool '{pool}' is not one of max:N, mean:N (N odd, 1-255), follow:N (1-255) or none")

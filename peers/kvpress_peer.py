@@ -212,19 +212,25 @@ def crop(cache, entries: list[int]) -> None:
         layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
 
 
-def drop_positions(cache, kept: dict[int, torch.Tensor], start: int) -> None:
-    """Remove the entries of context positions >= ``start`` (the question) from every layer;
-    the question is kept whole in every head (its scores are the window's maximum), so each
-    head keeps as many document entries. A layer the press left whole holds its positions in
-    order: its first ``start`` entries are the document."""
+def drop_positions(cache, kept: dict[int, torch.Tensor], start: int) -> bool:
+    """Remove the entries of context positions >= ``start`` (the question) from every layer. A
+    press that keeps the question whole in every head (its scores are the window's maximum)
+    leaves each head as many document entries; one that lets some of its tokens go in some
+    heads (SnapKV's pooled window scores can) leaves heads with unequal counts, which one
+    cache cannot hold: then nothing is removed and False says the continuation cannot be scored.
+    A layer the press left whole holds its positions in order: its first ``start`` entries are
+    the document."""
+    rows = {index: [torch.nonzero(head < start).squeeze(-1) for head in positions]
+            for index, positions in kept.items()}
+    if any(len({len(row) for row in heads}) > 1 for heads in rows.values()):
+        return False
     for index, layer in enumerate(cache.layers):
         if index not in kept:
             layer.keys, layer.values = layer.keys[:, :, :start], layer.values[:, :, :start]
             continue
-        positions = kept[index]
-        rows = [torch.nonzero(head < start).squeeze(-1) for head in positions]
-        gather = torch.stack(rows)[None, :, :, None].expand(1, -1, -1, layer.keys.shape[-1])
+        gather = torch.stack(rows[index])[None, :, :, None].expand(1, -1, -1, layer.keys.shape[-1])
         layer.keys, layer.values = layer.keys.gather(2, gather), layer.values.gather(2, gather)
+    return True
 
 
 def question_kept(kept: dict[int, torch.Tensor], start: int) -> int:
@@ -300,15 +306,17 @@ def run_case(model, tokenizer, press, settings: dict, case: dict, reference: dic
             position += 1
         crop(cache, entries)
         # the continuation follows the document's memory: the question's entries go first
+        dropped = True
         if aware:
             if kept is None:  # no compression: the document's entries are the first ones
                 crop(cache, [len(document)] * len(entries))
             else:
-                drop_positions(cache, kept, len(document))
-        memory = max(cache.layers[i].keys.shape[2] for i in pressed)
+                dropped = drop_positions(cache, kept, len(document))
+        memory = max(cache.layers[i].keys.shape[2] for i in pressed) if dropped else \
+            max(int((head < len(document)).sum()) for positions in kept.values() for head in positions)
         continuation = case["continuation_ids"]
         nll, divergence = None, {}
-        if continuation:
+        if continuation and dropped:
             # the first row: the document's last token read over the whole context before the cut (as
             # memstep's last chunk reads its memory before its cut); the rest over the compressed memory
             first = model.get_output_embeddings()(hidden[:, len(document) - 1]).float()[:, :vocab]
@@ -330,7 +338,9 @@ def run_case(model, tokenizer, press, settings: dict, case: dict, reference: dic
                            "compression_ratio": round(float(getattr(press, "compression_ratio", 0.0)), 4)
                            if press is not None else None, **hybrid_settings(sliding, len(entries), press),
                            **({"question_entries_kept": question_kept(kept, len(document)), "question_tokens": len(question)}
-                              if aware and kept else {})},
+                              if aware and kept else {}),
+                           **({} if dropped else {"continuation": "not scored: the press kept unequal numbers of "
+                                                                  "document entries per KV head"})},
               **divergence}
     if kept is not None:
         offset = len(case["head_ids"])

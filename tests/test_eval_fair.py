@@ -26,6 +26,7 @@ from memstep.evaluation.store import ResultStore
 from memstep.evaluation.suite import DEFAULT_HAYSTACK, make_case
 from memstep.evaluation.worker import document_run, run_case
 from memstep.generate import prompt_parts
+from memstep.question_pool import QUESTION_POOL
 from memstep.models import LoadedModel
 
 try:
@@ -157,10 +158,18 @@ def test_peer_drops_the_question_entries_for_the_continuation():
     # the press kept these context positions (in cache order); positions >= 100 are the question
     kept = {0: torch.tensor([[100, 3, 5, 101, 7, 9, 102, 11, 13, 103, 15, 17], [1, 100, 101, 2, 102, 4, 5, 103, 6, 8,
                                                                               10, 12]])}
-    peer.drop_positions(cache, kept, 100)
+    assert peer.drop_positions(cache, kept, 100)
     assert cache.layers[0].keys.shape[2] == 8
     assert cache.layers[0].keys[0, 0, :, 0].tolist() == [1, 2, 4, 5, 7, 8, 10, 11]
     assert cache.layers[0].keys[0, 1, :, 0].tolist() == [0, 3, 5, 6, 8, 9, 10, 11]
+    # a press that let a question token go in one head only (SnapKV's pooled window can): the heads
+    # hold 8 and 9 document entries, which one cache cannot; nothing is removed and the peer is told
+    keys = torch.arange(12.)[None, None, :, None].expand(1, 2, 12, 4).clone()
+    cache.layers[0].keys, cache.layers[0].values = keys, torch.zeros(1, 2, 12, 4)
+    uneven = {0: torch.tensor([[100, 3, 5, 101, 7, 9, 102, 11, 13, 103, 15, 17], [1, 100, 101, 2, 102, 4, 5, 14, 6, 8,
+                                                                               10, 12]])}
+    assert not peer.drop_positions(cache, uneven, 100)
+    assert torch.equal(cache.layers[0].keys, keys)
 
 
 # ---- KL and top-1 agreement against the full cache ------------------------------------------
@@ -210,6 +219,48 @@ def test_kl_is_zero_for_the_full_cache_and_positive_for_a_recency_memory(tiny, t
     assert nll == pytest.approx(full["continuation_nll"], abs=1e-4)
 
 
+# ---- cells from an earlier default pool ------------------------------------------------------
+def test_cells_run_at_an_earlier_default_pool_read_as_that_pool(tmp_path):
+    """The engine's default question pool was max:15; a stored cell that left the pool to the
+    default but recorded max:15 reads as pool=max:15, under a key of its own, so today's default
+    (follow:15) runs on that case anew; a cell that recorded today's default stays the default."""
+    aware = Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact", True)
+    case = {"length": 2048, "depth": 0.5, "seed": 0, "haystack": "h.txt", "start": 0}
+    key = "k" * 16
+    old = {"key": key, "config": aware.to_dict(), "label": aware.label, **case,
+           "settings": {"question_pool": "max:15", "question_weight": 0.75}}
+    today = {**old, "key": "t" * 16, "settings": {"question_pool": QUESTION_POOL}}
+    agnostic = Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact")
+    plain = {**old, "key": "p" * 16, "config": agnostic.to_dict(), "label": agnostic.label}
+    (tmp_path / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in (old, today, plain)))
+    store = ResultStore(tmp_path)
+    cells = {c["key"]: c for c in store.cells()}
+    assert key not in store and f"{key}-pool-max:15" in store
+    migrated = cells[f"{key}-pool-max:15"]
+    assert migrated["config"]["question_pool"] == "max:15" and migrated["label"].endswith("pool=max:15")
+    assert "question_pool" not in cells["t" * 16]["config"] and cells["t" * 16]["label"] == aware.label
+    assert cells["p" * 16]["label"] == agnostic.label  # not question-aware: no pool
+
+
+def test_the_anchor_is_todays_default_else_the_earlier_default_pool():
+    """Rows are paired with question-aware FM at the engine's default pool; at a length where only
+    the earlier default (max:15) ran, with that one (not with the question-agnostic FM)."""
+    from memstep.evaluation.metrics import anchor_of
+
+    def row(length, **kw):
+        config = Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact", kw.pop("aware", True), **kw)
+        return {"length": length, "label": config.label, "config": config.to_dict()}
+
+    rows = [row(2048, aware=False), row(2048, question_pool="max:15"), row(2048, question_pool="none"),
+            row(2048, span="fixed20-mean-layer"), row(2048),
+            row(4096, aware=False), row(4096, question_pool="max:15"), row(4096, question_pool="none"),
+            row(8192, aware=False), row(8192, question_pool="mean:5")]
+    assert anchor_of(rows, 2048)["config"] == Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact",
+                                                      True).to_dict()
+    assert anchor_of(rows, 4096)["config"]["question_pool"] == "max:15"
+    assert not anchor_of(rows, 8192)["config"].get("question_aware")  # no default, no earlier default: agnostic
+
+
 # ---- the ablation switches reach the kept sets ----------------------------------------------
 def _kept(lm, config: Config, case: dict) -> np.ndarray:
     return document_run(lm, config.to_dict(), SETTINGS, case, case["question"], []).run().steps[-1].kept_positions
@@ -220,12 +271,12 @@ def test_ablation_switches_change_the_kept_sets(tiny, tokenizer):
     aware = lambda **kw: Config("memstep", kw.pop("schedule", "fm"), None, "chunk-attention", 48,  # noqa: E731
                                 kw.pop("chunk", 96), "compact", True, None, kw.get("pool"), kw.get("weight"))
     base = _kept(tiny, aware(), case)
-    for variant in (aware(pool="mean:5"), aware(pool="none"), aware(weight=0.25), aware(weight=1.0),
-                    aware(schedule="once", chunk=None)):
+    for variant in (aware(pool="mean:5"), aware(pool="none"), aware(pool="max:15"), aware(weight=0.25),
+                    aware(weight=1.0), aware(schedule="once", chunk=None)):
         other = _kept(tiny, variant, case)
         assert other.shape == base.shape and not np.array_equal(other, base), variant.label
     # the engine's defaults written out keep the very same sets as leaving them unset
-    assert np.array_equal(_kept(tiny, aware(pool="max:15", weight=0.75), case), base)
+    assert np.array_equal(_kept(tiny, aware(pool=QUESTION_POOL, weight=0.75), case), base)
     once = document_run(tiny, aware(schedule="once", chunk=None).to_dict(), SETTINGS, case, case["question"], [])
     assert once.schedule.steps == 1 and once.schedule.memory_sizes[-1] == 48
 
@@ -340,14 +391,14 @@ def test_evaluate_tab_leads_with_the_takeaway_and_the_numbers():
     agnostic = Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact")
     cells = []
     for i, depth in enumerate((0.1, 0.2, 0.3, 0.4, 0.5, 0.6)):
-        recorded = {"question_pool": "max:15", "question_weight": 0.75, "chunk": 512}  # as the worker records them
+        recorded = {"question_pool": QUESTION_POOL, "question_weight": 0.75, "chunk": 512}  # as the worker records them
         cells += [_fair_cell(full, depth, True, 0.0), _fair_cell(anchor, depth, True, 0.05 + i / 100, recorded),
                   _fair_cell(agnostic, depth, False, 0.06 + i / 100)]
     summary = metrics.summarize(cells)
     rows = evaluate.table_rows(summary)
     assert evaluate.FAIR_HEADERS[2].startswith("answered") and evaluate.FAIR_HEADERS[-1] == "settings"
     row = next(r for r in rows if r[1] == anchor.label)
-    assert row[2].startswith("6/6") and row[-1] == "c 512, pool max:15, weight 0.75"
+    assert row[2].startswith("6/6") and row[-1] == f"c 512, pool {QUESTION_POOL}, weight 0.75"
     text = evaluate.takeaway(summary)
     assert text.startswith("**Takeaway (2,048 tokens, M = 512).** When the question is known, use question-aware FM")
     assert "0/6" in text and "paired difference +100 points" in text

@@ -173,14 +173,14 @@ def test_cli_refuses_a_length_past_the_essays_before_any_model_loads(tokenizer, 
 
 
 def test_a_needle_results_folder_resumes_without_force(tmp_path):
-    """The needle heatmaps memstep eval wrote, and the rows its table script saved beside the cells,
+    """The needle heatmaps memstep eval wrote, and the rows its table scripts saved beside the cells,
     are memstep's own: a resume into the folder is not refused (it was, for niah.html)."""
     from memstep.cli.eval import results_files
     from memstep.evaluation.niah import BENCHMARKS
     from memstep.outputs import check_results_folder
 
     folder = check_results_folder(tmp_path / "niah", results_files())  # made and marked as memstep's
-    for name in ("cells.jsonl", "summary.json", "niah_table.json",
+    for name in ("cells.jsonl", "summary.json", "niah_table.json", "needle_trace.json", "span_cost.json",
                  *(f"{kind}.{ext}" for kind in BENCHMARKS for ext in ("html", "png"))):
         (folder / name).write_text("{}")
     assert check_results_folder(folder, results_files()) == folder

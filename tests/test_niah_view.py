@@ -30,6 +30,16 @@ def test_maps_hand_counted():
     assert maps["niah-multi"]["fm M=256"]["score"] == [[2 / 3]]
 
 
+def test_depths_draw_to_the_nearest_tenth():
+    """A fine grid of depths (memstep eval --depths 0,2,4,...) draws as the harness's rows of tenths,
+    each the mean of its cases: 2% and 4% fall in the 0% row, 6% and 14% in the 10% row, 95% in 100%."""
+    rows = [{"label": "fm", "kind": "niah", "depth": d, "length": 2048, "recall": r}
+            for d, r in ((0.02, 1.0), (0.04, 0.0), (0.06, 1.0), (0.14, 0.5), (0.95, 1.0))]
+    found = niah_maps(rows)["niah"]["fm"]
+    assert found["depths"] == [0.0, 0.1, 1.0]
+    assert found["score"] == [[0.5], [0.75], [1.0]] and found["cases"] == [[2], [2], [1]]
+
+
 def test_one_panel_per_configuration():
     fig = niah_figure(niah_maps(cells()), "niah")
     assert [t.type for t in fig.data] == ["heatmap", "heatmap"]

@@ -115,7 +115,7 @@ def test_question_mix_shares_and_pooling():
     question = torch.zeros(1, 20)
     question[0, 10] = 1.0
     question[0, 1] = 50.0  # a sink: kept anyway, so it takes no share
-    mixed = question_mix(base, question, positions, sinks=4, weight=0.75)
+    mixed = question_mix(base, question, positions, sinks=4, weight=0.75, pool="max:15")
     # base: 16 non-sink keys, 1/16 each; question: max-pooled over 15 keys, so keys 4..17 all take key 10's 1.0
     # (then divided by their 14): 0.25/16 + 0.75/14 inside the pool, 0.25/16 outside, 0 for the sinks
     assert torch.allclose(mixed[0, 4:18], torch.full((14,), 0.25 / 16 + 0.75 / 14))
@@ -136,9 +136,36 @@ def test_question_pool_mean_and_none_by_hand():
     mean = question_mix(base, question, positions, sinks=4, weight=0.75, pool="mean:5")
     assert torch.allclose(mean[0, 8:13], torch.full((5,), 0.25 / 16 + 0.75 / 5))
     assert torch.allclose(mean[0, 13:], torch.full((7,), 0.25 / 16))
-    for bad in ("max:4", "mean", "median:5", "max:0", "none:3", "max:999"):
+    for bad in ("max:4", "mean", "median:5", "max:0", "none:3", "max:999", "follow", "follow:0", "follow:256"):
         with pytest.raises(MemstepError, match="question pool"):
             question_mix(base, question, positions, sinks=4, weight=0.75, pool=bad)
+
+
+def test_question_pool_follow_by_hand():
+    """follow:N: each key takes the strongest question attention of itself and the N - 1 keys
+    before it, so the words after the one the question looks at ("San Francisco is ...") go with it."""
+    positions = torch.arange(20)[None]
+    base = torch.ones(1, 20)
+    question = torch.zeros(1, 20)
+    question[0, 8] = 1.0
+    question[0, 14] = 0.5
+    question[0, 2] = 50.0  # a sink: taken out before pooling, so it spills onto nothing
+    mixed = question_mix(base, question, positions, sinks=4, weight=0.75, pool="follow:4")
+    # keys 8..11 take 1.0 (key 8's), 12..13 none (8 is four back), 14..17 take 0.5: the pooled
+    # question sums to 4 x 1.0 + 4 x 0.5 = 6 over the 16 non-sink keys
+    expected = torch.full((20,), 0.25 / 16)
+    expected[8:12] += 0.75 * 1.0 / 6
+    expected[14:18] += 0.75 * 0.5 / 6
+    expected[:4] = 0
+    assert torch.allclose(mixed[0], expected)
+    # keys before the looked-at key take nothing from it (max:N would spread both ways)
+    assert torch.allclose(mixed[0, 4:8], torch.full((4,), 0.25 / 16))
+    # the engine's default is follow:15: key 10's attention goes to keys 10..19 (ten of the 16)
+    default = question_mix(base, question[:, :] * (torch.arange(20) == 8), positions, sinks=4, weight=0.75)
+    assert (default[0, 8:20] > 0.25 / 16).sum() == 12 and torch.allclose(default[0, 4:8], torch.full((4,), 0.25 / 16))
+    # width 1 is no pooling
+    one = question_mix(base, question, positions, sinks=4, weight=0.75, pool="follow:1")
+    assert torch.allclose(one, question_mix(base, question, positions, sinks=4, weight=0.75, pool="none"))
 
 
 def test_bad_question_pool_exits_before_the_model_loads(tmp_path):

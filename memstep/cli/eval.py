@@ -72,7 +72,7 @@ def register(sub) -> None:
                         "slots keep the answer's tokens) come with every run at no cost")
     p.add_argument("--question-pools", default=None,
                    help="memstep question-aware ablation: how the question's attention spreads over neighbouring "
-                        "keys, comma-separated max:N, mean:N or none (default: the engine's, max:15)")
+                        "keys, comma-separated max:N, mean:N, follow:N or none (default: the engine's, follow:15)")
     p.add_argument("--question-weights", default=None,
                    help="memstep question-aware ablation: the question's share of the score, comma-separated "
                         "values in (0, 1] (default: the engine's, 0.75)")
@@ -105,8 +105,9 @@ def register(sub) -> None:
 # the needle test, one heatmap per benchmark run: memstep.evaluation.niah.BENCHMARKS).
 PLOTS = ("intervals", "heatmaps", "tradeoff")
 NIAH_PLOTS = ("niah", "niah-multi")
-# memstep's table scripts save their rows beside the cells (benchmarks/span_ablation.py): a resume keeps them
-TABLES = ("span_ablation.json", "niah_table.json")
+# memstep's table scripts save their rows beside the cells (benchmarks/span_ablation.py, span_cost.py,
+# needle_trace.py): a resume keeps them
+TABLES = ("span_ablation.json", "niah_table.json", "span_cost.json", "needle_trace.json")
 
 
 LOGITS = "logits"  # memstep.evaluation.runner.LOGITS (that module imports torch: not needed to refuse)

@@ -71,7 +71,8 @@ def register(sub) -> None:
                    help="question-aware: the question's share of the score, in (0, 1] (default 0.75)")
     p.add_argument("--question-pool", type=_question_pool, default=QUESTION_POOL,
                    help="question-aware: how a key takes its neighbours' question attention: max:N, mean:N "
-                        f"(N odd) or none (default {QUESTION_POOL})")
+                        "(N odd, centred), follow:N (the strongest of itself and the N - 1 keys before it: the "
+                        f"words after those the question looks at) or none (default {QUESTION_POOL})")
     p.add_argument("--span", type=_span, default=None,
                    help="keep whole spans instead of single tokens: <bounds>[-max|-mean][-head|-layer], bounds fixedN "
                         "(N-token pieces), sentence[N] or clause[N] (split past N tokens, default 48); pooled by max "

@@ -14,6 +14,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 
 from memstep.errors import MemstepError
+from memstep.question_pool import QUESTION_POOL
 from memstep.schedules import GROWTHS
 
 # kvpress presses run by the peer (peers/kvpress_peer.py), named as kvpress names them; their
@@ -128,6 +129,12 @@ def upgrade_cell(cell: dict) -> dict:
         # run chunk by chunk before finch followed kvpress's registry (one top-k): that is finch-chunked
         # now, under a key of its own, so the registry's finch runs on these cases anew
         config, key = replace(config, scorer="finch-chunked"), key + "-chunked"
+    pool = (cell.get("settings") or {}).get("question_pool")
+    if config.kind == "memstep" and config.question_aware and config.question_pool is None and pool \
+            and pool != QUESTION_POOL:
+        # run at the engine's default pool of its day (max:15 before follow:15): it reads as that pool,
+        # under a key of its own, so today's default runs on these cases anew
+        config, key = replace(config, question_pool=pool), f"{key}-pool-{pool}"
     return {**cell, "key": key, "config": config.to_dict(), "label": config.label,
             "haystack": cell.get("haystack") or LEGACY_HAYSTACK}
 

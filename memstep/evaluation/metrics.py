@@ -11,6 +11,7 @@ from collections import defaultdict
 from statistics import mean
 
 from memstep.evaluation.stats import mean_interval, paired_difference_interval, wilson_interval
+from memstep.question_pool import EARLIER_POOLS
 
 REFERENCE = "memstep full"  # the NLL gap is measured against memstep's own full cache
 DEFAULT_SCORER = "chunk-attention"  # other scorers are contrasted with the paper's
@@ -83,6 +84,10 @@ def summarize(cells: list[dict]) -> dict:
             "retention_layers": _max(c.get("retention_layers") for c in group),
             "peer_settings": peer_settings(group),
         })
+    for length in sorted({r["length"] for r in rows}):  # the row each length's others are paired with
+        anchor = anchor_of(rows, length)
+        if anchor is not None:
+            anchor["anchor"] = True
     return {"rows": rows, "heatmaps": heatmaps(cells), "contrasts": contrasts(cells, rows), "goals": goals(rows),
             "dominated": dominated(rows), "paired": paired(cells, rows, answered)}
 
@@ -108,13 +113,15 @@ def peer_settings(group: list[dict]) -> dict | None:
 
 def anchor_of(rows: list[dict], length: int) -> dict | None:
     """What the other rows are paired with at a length: memstep's question-aware FM with the
-    engine's defaults (no pool or weight set), else its question-agnostic FM."""
-    for aware in (True, False):
+    engine's defaults (no pool or weight set); where that has not run, the same at an earlier
+    default pool (results from before the default changed, labelled with their pool); else its
+    question-agnostic FM."""
+    for aware, pools in ((True, (None,)), *((True, (pool,)) for pool in EARLIER_POOLS), (False, (None,))):
         for row in rows:
             c = row["config"]
             if row["length"] == length and c["kind"] == "memstep" and c["schedule"] == "fm" \
-                    and bool(c.get("question_aware")) == aware and not c.get("question_pool") \
-                    and c.get("question_weight") is None and not c.get("fidelity"):
+                    and bool(c.get("question_aware")) == aware and c.get("question_pool") in pools \
+                    and c.get("question_weight") is None and not c.get("fidelity") and not c.get("span"):
                 return row
     return None
 

@@ -5,6 +5,7 @@ and shown in the app's Evaluate tab (ui/niah_view.py). Plotly is imported inside
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 from statistics import mean
@@ -12,12 +13,18 @@ from statistics import mean
 from memstep.evaluation.niah import BENCHMARKS
 
 
+def depth_bin(depth: float) -> float:
+    """The nearest tenth (half up): a grid of 48 depths still draws as the harness's 11 rows."""
+    return math.floor(depth * 10 + 0.5 + 1e-9) / 10
+
+
 def niah_maps(cells: list[dict]) -> dict:
-    """{benchmark: {label: {depths, lengths, score[depth][length], cases}}} from finished cells."""
+    """{benchmark: {label: {depths, lengths, score[depth][length], cases}}} from finished cells;
+    depths to the nearest tenth, each row the mean over its cases."""
     grid: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for cell in cells:
         if cell.get("kind") in BENCHMARKS and cell.get("recall") is not None:
-            grid[cell["kind"]][cell["label"]][(cell["depth"], cell["length"])].append(cell["recall"])
+            grid[cell["kind"]][cell["label"]][(depth_bin(cell["depth"]), cell["length"])].append(cell["recall"])
     out: dict = {}
     for kind, labels in grid.items():
         out[kind] = {}
@@ -56,7 +63,9 @@ def niah_figure(maps: dict, kind: str = "niah", columns: int = 2):
             showscale=i == 0, colorbar={**FOOT, "title": {"text": what, "side": "top"}, "thickness": 10,
                                         "len": 0.6, "x": 0.5, "xanchor": "center"},
             text=[["" if v is None else str(v) for v in row] for row in z], texttemplate="%{text}",
-            hovertemplate=f"{label}<br>length %{{x}}<br>depth %{{y}}<br>{what} %{{z}}<extra></extra>"),
+            customdata=data["cases"],
+            hovertemplate=f"{label}<br>length %{{x}}<br>depth %{{y}} (nearest tenth)<br>{what} %{{z}} "
+                          f"of %{{customdata}} cases<extra></extra>"),
             row=i // columns + 1, col=i % columns + 1)
     fig.update_yaxes(autorange="reversed")
     fig.update_annotations(font_size=11)
