@@ -177,7 +177,8 @@ def finch_after(rows: list[dict]) -> list[str]:
             f"cases the full cache answers, KL {report.interval_text(registry, 'kl')}, and keeps every token of "
             f"the answer in {report.interval_text(registry, 'needle_whole', percent=True)} of the layer-head "
             "slots. Its score is the question's attention averaged over the window and normalized, with no "
-            "pooling over neighbouring keys (SnapKV average-pools over 5, memstep max-pools over 15), so it keeps "
+            "pooling over neighbouring keys (SnapKV average-pools over 5, memstep passes each key's attention to the "
+            "14 keys after it), so it keeps "
             "scattered tokens of the answer: the pooling ablation above shows the same loss for memstep's own "
             "memory without pooling.")
     if unrotated is not None:
@@ -433,10 +434,14 @@ def docs(summary: dict, cells: list[dict], earlier: dict | None, gemma3: Path | 
         "",
         "## Ablations (2048 tokens): where memstep's question-aware gains come from",
         "",
-        "Question pooling (how the question's attention spreads over neighbouring keys: max over 15, mean over "
-        "5, none), question weight (the question's share of the score), and one compression at the end (one "
-        "step reads the whole document, then cuts to M) against chunked question-awareness (c = 512). The first "
-        "row of each is the engine's default (max:15, weight 0.75, chunked), run in the headline grid.",
+        "Question pooling (how the question's attention spreads over neighbouring keys: follow:15+carry, the "
+        "default, passes each key's attention to the 14 keys after it and lets a memory entry keep the strongest "
+        "share it has had; follow:15 without carrying; max over 15 centred, the default before the public needle "
+        "test; mean over 5; none), question weight (the question's share of the score), and one compression at "
+        "the end (one step reads the whole document, then cuts to M) against chunked question-awareness "
+        "(c = 512). The default row (follow:15+carry, weight 0.75, chunked) is the headline grid's; the weight "
+        "and one-cut rows ran at the earlier default pool, max:15, as their labels say, and are paired with the "
+        "default row on the same cases.",
         "",
         report.fair_table(summary, ablation),
         "",

@@ -9,9 +9,11 @@ model, M and chunk as given, the question voting at every step with the first of
 - one cut after the whole document (``once``): exact KV, one global ranking;
 - one cut that keeps exactly FM's final set: exact KV, FM's choice of entries.
 If the last run answers as FM does, the chunked KV is not what loses the needle: the choice is.
-Then FM alone with each other pool (follow:15, today's default), on the same cases.
+Then FM alone with each other pool (e.g. follow:15), on the same cases.
 
     python benchmarks/needle_trace.py --depths 10,20,30,40,50,60,70,80,90 --block needle-trace
+    python benchmarks/needle_trace.py --length 4096 --question-pools follow:15 \
+        --output results/niah/needle_trace_4096.json --block needle-trace-4096
 """
 
 from __future__ import annotations
@@ -126,8 +128,8 @@ def table(saved: dict) -> str:
              f"The question pooled {first}: FM, FM with the answer's entries pinned in every cut, one cut after "
              "the whole document, and one cut keeping exactly FM's final entries (with the KV of a full prefill)"
              + (f"; then FM with the question pooled {', '.join(others)}." if others else "."), "",
-             f"| depth | {first}: FM retention | FM right | answer pinned | one cut | one cut, FM's set | "
-             + " | ".join(f"{o}: FM retention | FM right" for o in others) + (" |" if others else ""),
+             f"| depth | {first}: FM retention | FM right | answer pinned | one cut | one cut, FM's set |"
+             + "".join(f" {o}: FM retention | FM right |" for o in others),
              "|---:|---|---|---|---|---|" + "---|---|" * len(others)]
     for row in rows:
         cells = [f"{row['depth'] * 100:.0f}%", kept(row["fm"]["trace"]), mark(row["fm"]["right"]),

@@ -119,9 +119,10 @@ def main(argv=None) -> int:
                                                     "kvpress chunkkv M={M} question-aware"])
     p.add_argument("--kinds", default=None, help="needle kinds to count (default all)")
     p.add_argument("--lengths", default=None, help="lengths to show, comma-separated (default all)")
-    p.add_argument("--match", default=r"^fm chunk-attention M=\d+ compact question-aware( span=\S+)?$|^kvpress chunkkv",
+    p.add_argument("--match", default=r"^fm chunk-attention M=\d+ compact question-aware( pool=(max|follow):15)?( span=\S+)?$"
+                   r"|^kvpress chunkkv",
                    help="the configurations shown (a regular expression on the label; default: question-aware FM "
-                        "with and without spans, and kvpress ChunkKV)")
+                        "with and without spans, at the default pool and the earlier follow:15 and max:15, and kvpress ChunkKV)")
     p.add_argument("--block", default=None, help="write the table into this block of --doc")
     p.add_argument("--doc", type=Path, default=ROOT / "docs" / "spans-and-niah.md")
     p.add_argument("--json", default="span_ablation.json", help="file name of the rows, in the results folder")

@@ -3,7 +3,7 @@ question pool, as a ratio to the token top-k at the first pool, measured in one 
 torch thread, best of ``--repeat``) on one 2k case of the evaluation. Writes JSON
 (results/spans/span_cost.json) and prints a table.
 
-    OMP_NUM_THREADS=1 python benchmarks/span_cost.py --pools max:15,follow:15 --spans fixed20-mean-layer
+    OMP_NUM_THREADS=1 python benchmarks/span_cost.py --pools max:15,follow:15,follow:15+carry --spans fixed20-mean-layer
 """
 
 from __future__ import annotations

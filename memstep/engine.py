@@ -57,7 +57,7 @@ from memstep.errors import MemstepError
 from memstep.layers import GLOBAL, TYPE_LABELS
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
 from memstep.presets import ROPE_MODES, Fidelity
-from memstep.question_pool import QUESTION_POOL, parse_question_pool
+from memstep.question_pool import QUESTION_POOL, carries, parse_question_pool
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
@@ -95,18 +95,17 @@ def check_question_aware(scorer: Scorer, question_tokens: int, weight: float) ->
         raise MemstepError(f"the question weight must be in (0, 1] (got {weight})")
 
 
-def question_mix(base: torch.Tensor, question: torch.Tensor, positions: torch.Tensor, sinks: int,
-                 weight: float, pool: str = QUESTION_POOL) -> torch.Tensor:
-    """A question-aware score: (1 - weight) x the scorer's score + weight x the attention the
-    question's queries pay each key (pooled over its neighbours), each term divided by
-    its sum over the non-sink keys of the KV head, so that both are shares of one (the sinks
-    are kept anyway, and they draw most of the question's attention)."""
+def _share(scores: torch.Tensor, free: torch.Tensor) -> torch.Tensor:
+    """Scores as shares of one over the non-sink keys of each KV head."""
+    scores = scores.float().clamp(min=0) * free
+    return scores / scores.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
+
+
+def question_share(question: torch.Tensor, positions: torch.Tensor, sinks: int,
+                   pool: str = QUESTION_POOL) -> torch.Tensor:
+    """The attention the question's queries pay each key, pooled over its neighbours, as a share
+    of one over the non-sink keys (the sinks are kept anyway, and draw most of it)."""
     free = positions >= sinks
-
-    def share(scores):
-        scores = scores.float().clamp(min=0) * free
-        return scores / scores.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
-
     # a key the question looks at carries its neighbours (the number after "the lighthouse is"), as
     # SnapKV pools its window's scores: by default (follow:15) the keys after it, up to 14 on
     # (the sinks' share is taken out first: it would spill onto the keys next to them)
@@ -119,7 +118,24 @@ def question_mix(base: torch.Tensor, question: torch.Tensor, positions: torch.Te
                                 count_include_pad=False)[:, 0]
     elif kind == "follow":  # the keys after a looked-at key take its attention (scores are >= 0: zero padding)
         question = F.max_pool1d(F.pad(question[:, None], (width - 1, 0)), width, stride=1)[:, 0]
-    return (1 - weight) * share(base) + weight * share(question)
+    return _share(question, free)
+
+
+def carry_share(share: torch.Tensor, carried: torch.Tensor | None) -> torch.Tensor:
+    """``+carry``: each memory entry (the leading ``carried.shape[1]`` entries, in the order the
+    memory holds them) takes the larger of this step's question share and the one it carried."""
+    if carried is None:
+        return share
+    held = carried.shape[1]
+    return torch.cat([torch.maximum(share[:, :held], carried.to(share)), share[:, held:]], dim=1)
+
+
+def question_mix(base: torch.Tensor, question: torch.Tensor, positions: torch.Tensor, sinks: int,
+                 weight: float, pool: str = QUESTION_POOL, share: torch.Tensor | None = None) -> torch.Tensor:
+    """A question-aware score: (1 - weight) x the scorer's score + weight x the question's share
+    (``question_share``, or ``share`` when given), each a share of one over the non-sink keys."""
+    share = question_share(question, positions, sinks, pool) if share is None else share
+    return (1 - weight) * _share(base, positions >= sinks) + weight * share
 
 
 def ntk_factor(last_position: int, limit: int) -> int:
@@ -179,6 +195,7 @@ class ChunkedPrefill(StepContext):
         self.question_weight = float(question_weight)
         self.question_pool = question_pool
         parse_question_pool(question_pool)
+        self.question_carry = carries(question_pool)
         self.span = span  # span-preserving selection (memstep.spans); None: the token top-k
         self.span_table: torch.Tensor | None = None  # span id per position (sentence / clause: set by the caller)
         if question_ids is not None:
@@ -216,6 +233,7 @@ class ChunkedPrefill(StepContext):
         self._prefilling = self._padded_run = False
         self._question_step: list[int] = []  # question tokens carried by the current step
         self._question_rows = None
+        self._carried: dict[int, torch.Tensor] = {}  # +carry: each layer's memory entries' question shares
 
     # ---- hooks -------------------------------------------------------------------------
     def _remember_queries(self, module, args, output):
@@ -242,10 +260,14 @@ class ChunkedPrefill(StepContext):
             state = self._layer_state(module, kwargs, keys, values, positions)
             frozen = self._before[idx] if self._frozen else 0
             scores = self._score(state, positions, keep, frozen)
+            share = None
             if self._question_rows:
                 question = state.group(self._attended[2][self._question_rows][..., :entries])
+                share = question_share(question, positions, self.sinks, self.question_pool)
+                if self.question_carry:
+                    share = carry_share(share, self._carried.get(idx))
                 scores = question_mix(scores, question, positions, self.sinks, self.question_weight,
-                                      self.question_pool)
+                                      self.question_pool, share=share)
             if self.span is None:
                 kept = select_kept(scores, positions, keep, self.sinks, frozen)
             else:
@@ -254,7 +276,13 @@ class ChunkedPrefill(StepContext):
             layer.keys = keys.gather(2, index)
             layer.values = values.gather(2, index)
             positions = positions.gather(1, kept)
+            if self.question_carry and share is not None:  # in the order the memory now holds its entries
+                self._carried[idx] = share.gather(1, kept)
+            else:  # a cut without the question's vote: nothing carried lines up with the new memory
+                self._carried.pop(idx, None)
             del state
+        elif self.question_carry and idx in self._carried:  # no cut: the chunk joins with nothing carried yet
+            self._carried[idx] = F.pad(self._carried[idx], (0, entries - self._carried[idx].shape[1]))
         self.positions[idx] = positions
         self._queries = self._attended = None
 

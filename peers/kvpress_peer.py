@@ -45,6 +45,29 @@ AGNOSTIC_PRESSES = ("keydiff", "knorm", "streaming-llm")
 CHUNKKV_CHUNK = 20  # ChunkKV's paper and kvpress default
 KEYDIFF_BLOCK = 128  # kvpress BlockPress default, its KeyDiff docstring's recipe
 SNAPKV_KERNEL = 5  # kvpress and the SnapKV paper
+SNAPKV_MAX_KERNEL = 15  # snapkv-max15: the SnapKV code's max-pooling option, 15 keys wide
+
+
+def max_pooled_snapkv(kvpress, window: int, kernel: int):
+    """kvpress's SnapKVPress with its pooling switched from avg_pool1d to max_pool1d (the SnapKV
+    authors' code offers both); everything else as kvpress scores it."""
+    import torch.nn.functional as F
+
+    class MaxPooledSnapKVPress(kvpress.SnapKVPress):
+        def score(self, module, hidden_states, keys, values, attentions, kwargs):
+            batch, kv_heads, length, _ = keys.shape
+            groups = module.config.num_attention_heads // kv_heads
+            if attentions is not None:
+                weights = attentions[..., -self.window_size:, :-self.window_size]
+            else:
+                weights = self.compute_window_attention(module, hidden_states, keys, self.window_size,
+                                                        kwargs["position_embeddings"])
+            scores = F.max_pool1d(weights.mean(dim=-2), kernel_size=self.kernel_size,
+                                  padding=self.kernel_size // 2, stride=1)
+            scores = scores.view(batch, kv_heads, groups, length - self.window_size).mean(2)
+            return F.pad(scores, (0, self.window_size), value=scores.max().item() + 1)  # the window stays
+
+    return MaxPooledSnapKVPress(window_size=window, kernel_size=kernel)
 
 
 def make_press(name: str | None, aware: bool, question_tokens: int, window: int = 64, chunk: int = 512):
@@ -60,6 +83,11 @@ def make_press(name: str | None, aware: bool, question_tokens: int, window: int 
         return kvpress.SnapKVPress(window_size=observe, kernel_size=SNAPKV_KERNEL), {
             "press": "SnapKVPress", "window": observe, "window_is": "the question" if aware else "the context's end",
             "pooling": f"mean over the window's queries, avg_pool1d kernel {SNAPKV_KERNEL}"}
+    if name == "snapkv-max15":
+        return max_pooled_snapkv(kvpress, observe, SNAPKV_MAX_KERNEL), {
+            "press": "SnapKVPress, max-pooled", "window": observe,
+            "window_is": "the question" if aware else "the context's end",
+            "pooling": f"mean over the window's queries, max_pool1d kernel {SNAPKV_MAX_KERNEL}"}
     if name == "chunkkv":
         inner = kvpress.SnapKVPress(window_size=observe, kernel_size=SNAPKV_KERNEL)
         return kvpress.ChunkKVPress(press=inner, chunk_length=CHUNKKV_CHUNK), {

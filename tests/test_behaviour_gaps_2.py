@@ -66,9 +66,9 @@ def test_a_one_token_question_scores_with_its_own_attention(monkeypatch):
     seen = []
     mix = engine_module.question_mix
 
-    def spy(base, q, *rest):
+    def spy(base, q, *rest, **kwargs):
         seen.append(q.clone())
-        return mix(base, q, *rest)
+        return mix(base, q, *rest, **kwargs)
 
     monkeypatch.setattr(engine_module, "question_mix", spy)
     engine = ChunkedPrefill(model, ChunkAttention(), sinks=2, question_ids=question)

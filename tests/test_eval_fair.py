@@ -113,6 +113,27 @@ def test_peer_window_is_the_question_in_question_aware_mode(tokenizer, prose, mo
         peer.make_press("finch", False, 17)  # Finch reads the question: never run agnostic
 
 
+def test_snapkv_max15_max_pools_the_windows_scores(monkeypatch):
+    """snapkv-max15 is kvpress's SnapKV score with max_pool1d in place of avg_pool1d: by hand, two
+    query heads in one KV group, a window of 2 queries over 4 keys, kernel 3 (padding ignored).
+    Head 0's window looks at key 1 -> mean [0, 1, 0, 0] -> max-pooled [1, 1, 1, 0]; head 1's at key 3
+    (one query, weight 2) -> [0, 0, 0, 1] -> [0, 0, 1, 1]; the group's mean [.5, .5, 1, .5]; the
+    window's own 2 keys get the maximum + 1. (kvpress's avg-pool of 3 would give key 0 1/6, not 1/2.)"""
+    import torch
+
+    monkeypatch.setitem(sys.modules, "kvpress", _fake_kvpress())
+    peer = _peer_module()
+    press = peer.max_pooled_snapkv(sys.modules["kvpress"], window=2, kernel=3)
+    attentions = torch.zeros(1, 2, 6, 6)
+    attentions[0, 0, 4:, 1] = 1.0
+    attentions[0, 1, 4, 3] = 2.0
+    module = types.SimpleNamespace(config=types.SimpleNamespace(num_attention_heads=2))
+    scores = press.score(module, torch.zeros(1, 6, 8), torch.zeros(1, 1, 6, 4), None, attentions, {})
+    assert scores.tolist() == [[[0.5, 0.5, 1.0, 0.5, 2.0, 2.0]]]
+    built, settings = peer.make_press("snapkv-max15", True, 19)
+    assert peer.observed_window(built) == 19 and built.kernel_size == 15 and "max_pool1d kernel 15" in settings["pooling"]
+
+
 @pytest.mark.kvpress
 @pytest.mark.slow  # two kvpress imports in its own virtualenv: ~10 s quiet, ~40 s on a loaded machine
 @pytest.mark.skipif(not KVPRESS_PYTHON.exists(), reason="no .venv-kvpress (make kvpress-venv)")
@@ -221,9 +242,10 @@ def test_kl_is_zero_for_the_full_cache_and_positive_for_a_recency_memory(tiny, t
 
 # ---- cells from an earlier default pool ------------------------------------------------------
 def test_cells_run_at_an_earlier_default_pool_read_as_that_pool(tmp_path):
-    """The engine's default question pool was max:15; a stored cell that left the pool to the
-    default but recorded max:15 reads as pool=max:15, under a key of its own, so today's default
-    (follow:15) runs on that case anew; a cell that recorded today's default stays the default."""
+    """The engine's default question pool was max:15, then follow:15; a stored cell that left the
+    pool to the default but recorded an earlier one reads as that pool, under a key of its own, so
+    today's default runs on that case anew; one from before the pool was recorded ran at max:15; a
+    cell that recorded today's default stays the default."""
     aware = Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact", True)
     case = {"length": 2048, "depth": 0.5, "seed": 0, "haystack": "h.txt", "start": 0}
     key = "k" * 16
@@ -232,7 +254,10 @@ def test_cells_run_at_an_earlier_default_pool_read_as_that_pool(tmp_path):
     today = {**old, "key": "t" * 16, "settings": {"question_pool": QUESTION_POOL}}
     agnostic = Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact")
     plain = {**old, "key": "p" * 16, "config": agnostic.to_dict(), "label": agnostic.label}
-    (tmp_path / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in (old, today, plain)))
+    follow = {**old, "key": "f" * 16, "settings": {"question_pool": "follow:15"}}
+    unrecorded = {**old, "key": "u" * 16, "settings": None}
+    (tmp_path / "cells.jsonl").write_text("".join(json.dumps(c) + "\n"
+                                                  for c in (old, today, plain, follow, unrecorded)))
     store = ResultStore(tmp_path)
     cells = {c["key"]: c for c in store.cells()}
     assert key not in store and f"{key}-pool-max:15" in store
@@ -240,11 +265,13 @@ def test_cells_run_at_an_earlier_default_pool_read_as_that_pool(tmp_path):
     assert migrated["config"]["question_pool"] == "max:15" and migrated["label"].endswith("pool=max:15")
     assert "question_pool" not in cells["t" * 16]["config"] and cells["t" * 16]["label"] == aware.label
     assert cells["p" * 16]["label"] == agnostic.label  # not question-aware: no pool
+    assert cells["f" * 16 + "-pool-follow:15"]["label"].endswith("pool=follow:15")
+    assert cells["u" * 16 + "-pool-max:15"]["label"].endswith("pool=max:15")
 
 
 def test_the_anchor_is_todays_default_else_the_earlier_default_pool():
     """Rows are paired with question-aware FM at the engine's default pool; at a length where only
-    the earlier default (max:15) ran, with that one (not with the question-agnostic FM)."""
+    an earlier default (follow:15, then max:15) ran, with the newest of them (not the agnostic FM)."""
     from memstep.evaluation.metrics import anchor_of
 
     def row(length, **kw):
@@ -254,11 +281,34 @@ def test_the_anchor_is_todays_default_else_the_earlier_default_pool():
     rows = [row(2048, aware=False), row(2048, question_pool="max:15"), row(2048, question_pool="none"),
             row(2048, span="fixed20-mean-layer"), row(2048),
             row(4096, aware=False), row(4096, question_pool="max:15"), row(4096, question_pool="none"),
-            row(8192, aware=False), row(8192, question_pool="mean:5")]
+            row(4096, question_pool="follow:15"),
+            row(8192, aware=False), row(8192, question_pool="mean:5"), row(1024, question_pool="max:15")]
     assert anchor_of(rows, 2048)["config"] == Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact",
                                                       True).to_dict()
-    assert anchor_of(rows, 4096)["config"]["question_pool"] == "max:15"
+    assert anchor_of(rows, 4096)["config"]["question_pool"] == "follow:15"  # the newest earlier default first
+    assert anchor_of(rows, 1024)["config"]["question_pool"] == "max:15"
     assert not anchor_of(rows, 8192)["config"].get("question_aware")  # no default, no earlier default: agnostic
+
+
+def test_rows_pair_with_the_anchor_at_their_own_budget():
+    """Where one length ran at two budgets, each budget has its anchor, and a press is paired with
+    memstep's FM at its own M, never across budgets."""
+    from memstep.evaluation import metrics
+
+    full = Config("memstep", "full")
+    cells = []
+    for budget, memstep_right in ((256, False), (512, True)):
+        fm = Config("memstep", "fm", None, "chunk-attention", budget, 512, "compact", True)
+        press = Config("kvpress", "full", None, "chunkkv", budget, question_aware=True)
+        for i in range(6):
+            cells += [_fair_cell(fm, i / 6, memstep_right, 0.1), _fair_cell(press, i / 6, True, 0.1)]
+    cells += [_fair_cell(full, i / 6, True, 0.0) for i in range(6)]
+    summary = metrics.summarize(cells)
+    assert sorted(r["config"]["budget"] for r in summary["rows"] if r.get("anchor")) == [256, 512]
+    paired = {p["label"]: p["accuracy_difference"] for p in summary["paired"]}
+    assert paired["kvpress chunkkv M=256 question-aware"] == 1.0  # against FM at 256, which answers none
+    assert paired["kvpress chunkkv M=512 question-aware"] == 0.0  # against FM at 512, which answers all
+    assert "fm chunk-attention M=512 compact question-aware" not in paired  # not paired with the M=256 FM
 
 
 # ---- the ablation switches reach the kept sets ----------------------------------------------
@@ -404,6 +454,22 @@ def test_evaluate_tab_leads_with_the_takeaway_and_the_numbers():
     assert "0/6" in text and "paired difference +100 points" in text
 
 
+def test_takeaway_without_kl_for_memstep_says_so():
+    """A default row run for answers only (no KL): the takeaway says KL was not measured for it,
+    never "paired -", and claims nothing about fidelity."""
+    from memstep.evaluation import metrics, report
+
+    full = Config("memstep", "full")
+    anchor = Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact", True)
+    agnostic = Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact")
+    cells = []
+    for i in range(6):
+        cells += [_fair_cell(full, i / 6, True, 0.0), _fair_cell(agnostic, i / 6, False, 0.1),
+                  {**_fair_cell(anchor, i / 6, True, 0.1), "kl": None, "top1": None}]
+    text = report.recommendation(metrics.summarize(cells))
+    assert "KL not measured for it" in text and "paired -" not in text and "costs nothing measurable" not in text
+
+
 def test_takeaway_compares_longer_documents_with_the_press_that_answers_most():
     """Past the takeaway's length, one sentence per length: memstep's question-aware FM against
     the press answering most (not the one closest in KL), paired, with the interval's verdict."""
@@ -432,3 +498,11 @@ def test_takeaway_compares_longer_documents_with_the_press_that_answers_most():
     assert longer.endswith(f"{answering.label} answers more).") and close.label not in longer
     line = next(line for line in report.fair_takeaway(summary) if "4,096 tokens" in line)
     assert close.label in line and answering.label in line  # the closest in KL and the one answering most
+
+    # the press ran on other cases than memstep at 8,192 tokens: said so, not a "-" where the interval goes
+    for i in range(4):
+        for config, depth in ((full, i / 4), (full, i / 4 + 0.01), (anchor, i / 4), (answering, i / 4 + 0.01)):
+            cell = _fair_cell(config, depth, True, 0.1)
+            cells.append({**cell, "length": 8192, "key": cell["key"] + "-8192"})
+    tail = report.recommendation(metrics.summarize(cells)).split("at 8,192 tokens ")[1]
+    assert tail.endswith("(not paired: no counted case in common).") and "paired -" not in tail

@@ -5,6 +5,7 @@ the judge-free scoring rule, and the refusals before any model loads."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -172,6 +173,28 @@ def test_cli_refuses_a_length_past_the_essays_before_any_model_loads(tokenizer, 
     assert code == 2 and len(err) == 1 and "10000000-token context is longer" in err[0]
 
 
+def test_one_folder_holds_one_test(tmp_path, capsys):
+    """A configuration's row counts every cell of its label: the multi-needle variant into the
+    single-needle test's folder (or the suite's) is refused in one line, before anything loads;
+    the same test resumes."""
+    from memstep.cli import main
+    from memstep.cli.eval import results_files
+    from memstep.outputs import check_results_folder
+
+    folder = check_results_folder(tmp_path / "niah", results_files())
+    (folder / "cells.jsonl").write_text(json.dumps({"key": "k", "label": "memstep full", "length": 2048,
+                                                    "kind": "niah"}) + "\n" + "{cut by an interrupted run")
+    code = main(["eval", "--benchmark", "niah-multi", "--output", str(folder), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "holds results of --benchmark niah:" in err[0]
+    assert main(["eval", "--output", str(folder), "--quiet"]) == 2  # the suite neither
+    assert "holds results of --benchmark niah" in capsys.readouterr().err
+    from memstep.cli.eval import check_one_benchmark
+
+    check_one_benchmark(folder, "niah")  # the same test: no complaint
+    check_one_benchmark(tmp_path / "new", "niah-multi")
+
+
 def test_a_needle_results_folder_resumes_without_force(tmp_path):
     """The needle heatmaps memstep eval wrote, and the rows its table scripts saved beside the cells,
     are memstep's own: a resume into the folder is not refused (it was, for niah.html)."""
@@ -180,7 +203,7 @@ def test_a_needle_results_folder_resumes_without_force(tmp_path):
     from memstep.outputs import check_results_folder
 
     folder = check_results_folder(tmp_path / "niah", results_files())  # made and marked as memstep's
-    for name in ("cells.jsonl", "summary.json", "niah_table.json", "needle_trace.json", "span_cost.json",
+    for name in ("cells.jsonl", "summary.json", "niah_table.json", "needle_trace.json", "needle_trace_4096.json", "span_cost.json",
                  *(f"{kind}.{ext}" for kind in BENCHMARKS for ext in ("html", "png"))):
         (folder / name).write_text("{}")
     assert check_results_folder(folder, results_files()) == folder

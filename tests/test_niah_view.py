@@ -40,6 +40,19 @@ def test_depths_draw_to_the_nearest_tenth():
     assert found["score"] == [[0.5], [0.75], [1.0]] and found["cases"] == [[2], [2], [1]]
 
 
+def test_panels_open_on_the_full_cache_memsteps_default_and_the_presses():
+    """The eye goes to the first panels: the full cache, memstep at its defaults, the presses; the
+    ablations (an earlier pool, spans, IMDC) after them, whatever order the cells ran in."""
+    def cell(label, **config):
+        return {"label": label, "kind": "niah", "depth": 0.5, "length": 2048, "recall": 1.0, "config": config}
+
+    cells = [cell("fm pool=max:15", kind="memstep", schedule="fm", question_pool="max:15"),
+             cell("imdc", kind="memstep", schedule="imdc"), cell("chunkkv", kind="kvpress", schedule="full"),
+             cell("fm", kind="memstep", schedule="fm"), cell("full", kind="memstep", schedule="full"),
+             cell("fm span", kind="memstep", schedule="fm", span="fixed20-mean-layer")]
+    assert list(niah_maps(cells)["niah"]) == ["full", "fm", "chunkkv", "fm pool=max:15", "imdc", "fm span"]
+
+
 def test_one_panel_per_configuration():
     fig = niah_figure(niah_maps(cells()), "niah")
     assert [t.type for t in fig.data] == ["heatmap", "heatmap"]
@@ -60,3 +73,45 @@ def test_tab_section_reads_the_first_folder_with_needle_results(tmp_path):
     note, single, multi = niah_view((folder, maps))
     assert "Dolores Park" in note and len(single.data) == 2 and len(multi.data) == 1
     assert niah_results([plain]) is None
+
+
+def test_the_multi_needle_variant_from_a_folder_of_its_own(tmp_path):
+    """The multi-needle variant runs into its own folder (one test per folder): the section draws
+    the single needle from one folder and the variant from the other, and says where each is from."""
+    from ui.niah_view import niah_results, niah_view
+
+    single, multi = tmp_path / "niah", tmp_path / "niah-multi"
+    for folder, kind in ((single, "niah"), (multi, "niah-multi")):
+        folder.mkdir()
+        maps = niah_maps([c for c in cells() if c["kind"] == kind])
+        (folder / "summary.json").write_text(json.dumps({"rows": [], "niah": maps}))
+    assert niah_results([multi, single])[0] == single  # the first with single-needle maps
+    note, one, three = niah_view(niah_results([single]), niah_results([single, multi], kind="niah-multi"))
+    assert "From `niah`" in note and "Multi-needle from `niah-multi`" in note
+    assert len(one.data) == 2 and len(three.data) == 1
+
+
+def test_the_note_states_memsteps_standing_against_each_press():
+    """One line per length: memstep's anchor row and each press, counted, with memstep minus the press
+    (the paired entry holds the press minus memstep)."""
+    from ui.niah_view import standing
+
+    def row(label, kind, correct, counted, **config):
+        return {"label": label, "length": 2048, "kinds": ["niah"], "counted": counted, "counted_correct": correct,
+                "config": {"kind": kind, "budget": 256, **config}}
+
+    anchor = {**row("fm qa", "memstep", 45, 47, schedule="fm", question_aware=True), "anchor": True}
+    summary = {"rows": [anchor, row("fm qa pool=max:15", "memstep", 8, 50, schedule="fm", question_aware=True),
+                        row("kvpress chunkkv", "kvpress", 41, 50, scorer="chunkkv"),
+                        row("kvpress snapkv", "kvpress", 1, 23, scorer="snapkv"),
+                        {**row("passkey fm", "memstep", 3, 4, schedule="fm"), "kinds": ["passkey"]}],
+               "paired": [{"label": "kvpress chunkkv", "length": 2048, "accuracy_difference": -0.15,
+                           "accuracy_difference_low": -0.29, "accuracy_difference_high": -0.02}]}
+    assert standing(summary) == ["2,048 tokens, M = 256: memstep's question-aware FM answers 45/47 of the depths the "
+                                 "full cache answers; kvpress chunkkv 41/50 (memstep +15 points, 95% CI +2 to +29: memstep leads); "
+                                 "kvpress snapkv 1/23."]
+    summary["paired"][0].update(accuracy_difference=0.1, accuracy_difference_low=-0.05, accuracy_difference_high=0.3)
+    assert "(memstep -10 points, 95% CI -30 to +5: not told apart)" in standing(summary)[0]
+    summary["paired"][0].update(accuracy_difference_low=0.05)
+    assert "95% CI -30 to -5: memstep loses)" in standing(summary)[0]
+    assert standing({}) == []

@@ -160,12 +160,50 @@ def test_question_pool_follow_by_hand():
     assert torch.allclose(mixed[0], expected)
     # keys before the looked-at key take nothing from it (max:N would spread both ways)
     assert torch.allclose(mixed[0, 4:8], torch.full((4,), 0.25 / 16))
-    # the engine's default is follow:15: key 10's attention goes to keys 10..19 (ten of the 16)
+    # the engine's default pools as follow:15: key 8's attention goes to keys 8..19 (12 of the 16)
     default = question_mix(base, question[:, :] * (torch.arange(20) == 8), positions, sinks=4, weight=0.75)
     assert (default[0, 8:20] > 0.25 / 16).sum() == 12 and torch.allclose(default[0, 4:8], torch.full((4,), 0.25 / 16))
     # width 1 is no pooling
     one = question_mix(base, question, positions, sinks=4, weight=0.75, pool="follow:1")
     assert torch.allclose(one, question_mix(base, question, positions, sinks=4, weight=0.75, pool="none"))
+
+
+def test_carry_keeps_the_strongest_share_an_entry_had():
+    """+carry: the memory's entries (leading, in the memory's order) take the larger of this step's
+    question share and the one they carried; the chunk's entries take this step's."""
+    from memstep.engine import carry_share
+    from memstep.question_pool import carries, parse_question_pool
+
+    share = torch.tensor([[0.1, 0.2, 0.3, 0.2, 0.2]])
+    carried = torch.tensor([[0.5, 0.0, 0.1]])
+    assert torch.allclose(carry_share(share, carried), torch.tensor([[0.5, 0.2, 0.3, 0.2, 0.2]]))
+    assert carry_share(share, None) is share
+    assert parse_question_pool("follow:15+carry") == ("follow", 15) and carries("follow:15+carry")
+    assert not carries("follow:15")
+    for bad in ("follow:15+car", "+carry", "carry"):
+        with pytest.raises(MemstepError, match="optionally followed by \\+carry"):
+            parse_question_pool(bad)
+
+
+def test_carried_shares_follow_the_memory_step_by_step(tiny_model):
+    """The engine's carried shares line up with each layer's memory after every step (one per kept
+    entry, per KV head); the first cut, with nothing carried, keeps what the plain pool keeps, and
+    a later one differs. +carry is the engine's default."""
+    from memstep.question_pool import QUESTION_POOL
+
+    assert QUESTION_POOL == "follow:15+carry"
+    tokens = ids(300, seed=4)
+    schedule = make_schedule("fm", 300, 64, 40)
+    engine = ChunkedPrefill(tiny_model, make_scorer("chunk-attention"), sinks=4, question_ids=QUESTION,
+                            question_pool="follow:15+carry")
+    carried = []
+    for record in engine.run(tokens, schedule):
+        carried.append(record.kept_positions)
+        for idx, positions in enumerate(engine.positions):
+            assert engine._carried[idx].shape == positions.shape
+    _, plain = run(tiny_model, tokens, schedule, QUESTION, question_pool="follow:15")
+    assert np.array_equal(carried[0], plain[0].kept_positions)
+    assert any(not np.array_equal(a, b.kept_positions) for a, b in zip(carried[1:], plain[1:]))
 
 
 def test_bad_question_pool_exits_before_the_model_loads(tmp_path):

@@ -72,7 +72,8 @@ def register(sub) -> None:
                         "slots keep the answer's tokens) come with every run at no cost")
     p.add_argument("--question-pools", default=None,
                    help="memstep question-aware ablation: how the question's attention spreads over neighbouring "
-                        "keys, comma-separated max:N, mean:N, follow:N or none (default: the engine's, follow:15)")
+                        "keys, comma-separated max:N, mean:N, follow:N or none, each optionally +carry (carried from "
+                        "step to step: follow:15+carry) (default: the engine's, follow:15)")
     p.add_argument("--question-weights", default=None,
                    help="memstep question-aware ablation: the question's share of the score, comma-separated "
                         "values in (0, 1] (default: the engine's, 0.75)")
@@ -106,8 +107,8 @@ def register(sub) -> None:
 PLOTS = ("intervals", "heatmaps", "tradeoff")
 NIAH_PLOTS = ("niah", "niah-multi")
 # memstep's table scripts save their rows beside the cells (benchmarks/span_ablation.py, span_cost.py,
-# needle_trace.py): a resume keeps them
-TABLES = ("span_ablation.json", "niah_table.json", "span_cost.json", "needle_trace.json")
+# needle_trace.py, at 2,048 tokens and --length 4096): a resume keeps them
+TABLES = ("span_ablation.json", "niah_table.json", "span_cost.json", "needle_trace.json", "needle_trace_4096.json")
 
 
 LOGITS = "logits"  # memstep.evaluation.runner.LOGITS (that module imports torch: not needed to refuse)
@@ -161,11 +162,38 @@ def floats(text: str) -> list[float]:
         raise MemstepError(f"expected comma-separated numbers such as 0.25,0.5, got '{text}'") from None
 
 
+def benchmark_of(kind: str) -> str:
+    """The test a cell belongs to: its needle kind for the needle tests, else the suite."""
+    return kind if kind in ("niah", "niah-multi") else "suite"
+
+
+def check_one_benchmark(folder: Path, benchmark: str) -> None:
+    """A results folder holds one test: a configuration's row counts every cell of its label, so the
+    single-needle test, its multi-needle variant and the suite would mix in one row."""
+    path = Path(folder) / "cells.jsonl"
+    if not path.is_file():
+        return
+    found = set()
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                cell = json.loads(line)
+            except ValueError:
+                continue  # a line cut by an interrupted run
+            if isinstance(cell, dict):
+                found.add(benchmark_of(cell.get("kind", "passkey")))
+    other = sorted(found - {benchmark})
+    if other:
+        raise MemstepError(f"{folder} holds results of --benchmark {other[0]}: write --benchmark {benchmark} to a "
+                           "folder of its own (each configuration's row would mix the two tests)")
+
+
 def cmd_eval(args) -> int:
     from memstep.outputs import check_results_folder
 
     # never a file memstep did not write: refused at once, before anything loads
     check_results_folder(args.output, results_files(), args.force, legacy=written_by_eval, mark=False)
+    check_one_benchmark(args.output, args.benchmark)
     from tqdm import tqdm
     from transformers import AutoTokenizer
 

@@ -72,7 +72,9 @@ def register(sub) -> None:
     p.add_argument("--question-pool", type=_question_pool, default=QUESTION_POOL,
                    help="question-aware: how a key takes its neighbours' question attention: max:N, mean:N "
                         "(N odd, centred), follow:N (the strongest of itself and the N - 1 keys before it: the "
-                        f"words after those the question looks at) or none (default {QUESTION_POOL})")
+                        "words after those the question looks at) or none (default "
+                        f"{QUESTION_POOL}); + '+carry' (follow:15+carry): a memory entry keeps the strongest "
+                        "question share it has had since it was read, so long documents do not wear it away")
     p.add_argument("--span", type=_span, default=None,
                    help="keep whole spans instead of single tokens: <bounds>[-max|-mean][-head|-layer], bounds fixedN "
                         "(N-token pieces), sentence[N] or clause[N] (split past N tokens, default 48); pooled by max "

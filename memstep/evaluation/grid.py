@@ -14,13 +14,15 @@ import json
 from dataclasses import asdict, dataclass, replace
 
 from memstep.errors import MemstepError
-from memstep.question_pool import QUESTION_POOL
+from memstep.question_pool import EARLIER_POOLS, QUESTION_POOL
 from memstep.schedules import GROWTHS
 
 # kvpress presses run by the peer (peers/kvpress_peer.py), named as kvpress names them; their
 # settings (the authors') live in the peer script and are recorded with every cell.
 PRESSES = ("snapkv", "chunkkv", "finch", "keydiff", "knorm", "streaming-llm", "observed-attention",
-           "finch-chunked", "finch-unrotated")
+           "finch-chunked", "finch-unrotated", "snapkv-max15")
+# snapkv-max15: SnapKV with its window's scores max-pooled over 15 keys (the SnapKV code's
+# "maxpool" option, at the width of memstep's question pool) in place of kvpress's avg-pool of 5
 # Question-aware by design: they read the question at the end of the context they compress
 # (finch as kvpress's registry runs it; -chunked: per-chunk top-k, chunks of c; -unrotated: keys
 # left at their document positions: variants that tell Finch's parts apart).
@@ -129,10 +131,11 @@ def upgrade_cell(cell: dict) -> dict:
         # run chunk by chunk before finch followed kvpress's registry (one top-k): that is finch-chunked
         # now, under a key of its own, so the registry's finch runs on these cases anew
         config, key = replace(config, scorer="finch-chunked"), key + "-chunked"
-    pool = (cell.get("settings") or {}).get("question_pool")
-    if config.kind == "memstep" and config.question_aware and config.question_pool is None and pool \
+    # a question-aware cell from before the pool was recorded ran at the first one, max:15
+    pool = (cell.get("settings") or {}).get("question_pool") or EARLIER_POOLS[-1]
+    if config.kind == "memstep" and config.question_aware and config.question_pool is None \
             and pool != QUESTION_POOL:
-        # run at the engine's default pool of its day (max:15 before follow:15): it reads as that pool,
+        # run at the engine's default pool of its day (max:15, then follow:15): it reads as that pool,
         # under a key of its own, so today's default runs on these cases anew
         config, key = replace(config, question_pool=pool), f"{key}-pool-{pool}"
     return {**cell, "key": key, "config": config.to_dict(), "label": config.label,

@@ -84,8 +84,8 @@ def summarize(cells: list[dict]) -> dict:
             "retention_layers": _max(c.get("retention_layers") for c in group),
             "peer_settings": peer_settings(group),
         })
-    for length in sorted({r["length"] for r in rows}):  # the row each length's others are paired with
-        anchor = anchor_of(rows, length)
+    for length, budget in sorted({(r["length"], r["config"].get("budget") or 0) for r in rows}):
+        anchor = anchor_of(rows, length, budget or None)  # the row the others at its length and budget pair with
         if anchor is not None:
             anchor["anchor"] = True
     return {"rows": rows, "heatmaps": heatmaps(cells), "contrasts": contrasts(cells, rows), "goals": goals(rows),
@@ -111,14 +111,16 @@ def peer_settings(group: list[dict]) -> dict | None:
     return out
 
 
-def anchor_of(rows: list[dict], length: int) -> dict | None:
-    """What the other rows are paired with at a length: memstep's question-aware FM with the
-    engine's defaults (no pool or weight set); where that has not run, the same at an earlier
-    default pool (results from before the default changed, labelled with their pool); else its
-    question-agnostic FM."""
+def anchor_of(rows: list[dict], length: int, budget: int | None = None) -> dict | None:
+    """What the other rows are paired with at a length (and memory budget, when given: a row is
+    never paired across budgets): memstep's question-aware FM with the engine's defaults (no pool
+    or weight set); where that has not run, the same at an earlier default pool (results from
+    before the default changed, labelled with their pool); else its question-agnostic FM."""
     for aware, pools in ((True, (None,)), *((True, (pool,)) for pool in EARLIER_POOLS), (False, (None,))):
         for row in rows:
             c = row["config"]
+            if budget is not None and c.get("budget") != budget:
+                continue
             if row["length"] == length and c["kind"] == "memstep" and c["schedule"] == "fm" \
                     and bool(c.get("question_aware")) == aware and c.get("question_pool") in pools \
                     and c.get("question_weight") is None and not c.get("fidelity") and not c.get("span"):
@@ -136,7 +138,7 @@ def paired(cells: list[dict], rows: list[dict], answered: set) -> list[dict]:
         by_case[(cell["label"], cell["length"])][case_of(cell)] = cell
     out = []
     for row in rows:
-        anchor = anchor_of(rows, row["length"])
+        anchor = anchor_of(rows, row["length"], row["config"].get("budget"))
         if anchor is None or anchor["label"] == row["label"] or row["label"] == REFERENCE:
             continue
         mine, theirs = by_case[(row["label"], row["length"])], by_case[(anchor["label"], anchor["length"])]

@@ -18,17 +18,31 @@ def depth_bin(depth: float) -> float:
     return math.floor(depth * 10 + 0.5 + 1e-9) / 10
 
 
+def panel_rank(cell: dict) -> int:
+    """The order of the panels: the full cache, memstep at the engine's defaults, the presses, then
+    memstep's ablations (an earlier pool, spans, other schedules' settings)."""
+    config = cell.get("config") or {}
+    if config.get("kind") == "memstep" and config.get("schedule") == "full":
+        return 0
+    if config.get("kind") == "kvpress":
+        return 2
+    ablation = any(config.get(axis) is not None for axis in ("question_pool", "question_weight", "span", "fidelity"))
+    return 3 if ablation or config.get("schedule") != "fm" else 1
+
+
 def niah_maps(cells: list[dict]) -> dict:
     """{benchmark: {label: {depths, lengths, score[depth][length], cases}}} from finished cells;
-    depths to the nearest tenth, each row the mean over its cases."""
+    depths to the nearest tenth, each row the mean over its cases; panels in ``panel_rank`` order."""
     grid: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    rank: dict = {}
     for cell in cells:
         if cell.get("kind") in BENCHMARKS and cell.get("recall") is not None:
             grid[cell["kind"]][cell["label"]][(depth_bin(cell["depth"]), cell["length"])].append(cell["recall"])
+            rank.setdefault(cell["label"], panel_rank(cell))
     out: dict = {}
     for kind, labels in grid.items():
         out[kind] = {}
-        for label, values in labels.items():
+        for label, values in sorted(labels.items(), key=lambda item: rank[item[0]]):  # stable: first seen first
             depths = sorted({d for d, _ in values})
             lengths = sorted({n for _, n in values})
             out[kind][label] = {

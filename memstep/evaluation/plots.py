@@ -146,7 +146,9 @@ def intervals_figure(summary: dict, lengths: list[int] | None = None):
         if fair else (f"{n} tokens:<br>accuracy %<br>(95% Wilson)", f"{n} tokens:<br>NLL gap<br>(95% t)"))]
     # 36 px a row: two-line names at 10 px stay apart even when a phone's wrapped legend takes more
     # of the figure's height; between lengths, room for the next row's three-line titles
-    height = 260 + 36 * sum(counts) + 90 * len(lengths)
+    # (a name that wraps to three lines, e.g. with its pool, gets 13 px a line)
+    lines = max(_wrap(r["label"], 28).count("<br>") + 1 for r in rows)
+    height = 260 + max(36, 13 * lines + 10) * sum(counts) + 90 * len(lengths)
     fig = make_subplots(rows=len(lengths), cols=2, shared_yaxes=True, horizontal_spacing=0.08,
                         vertical_spacing=min(0.3, 120 / height) if len(lengths) > 1 else 0.0,
                         row_heights=counts, subplot_titles=titles)

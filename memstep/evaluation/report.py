@@ -407,17 +407,20 @@ def recommendation(summary: dict, length: int | None = None) -> str:
                "Question-aware FM is not told apart from the question-agnostic memory here")
             + f" ({settings_text(aware)}): it answers {counted_text(aware)} of the cases the full cache answers, "
               f"the agnostic memory {counted_text(agnostic)} (paired difference "
-              f"{_difference(versus, 'accuracy', -100, ' points', 0)}); KL from the full cache over the prose "
-              f"that follows {interval_text(aware, 'kl')} against {interval_text(agnostic, 'kl')} (paired "
-              f"{_difference(versus, 'kl', -1)}"
-            + ("" if _excludes_zero(versus, "kl") else ": the question costs nothing measurable in general fidelity")
-            + f"). {_question_cost(summary, aware)}")
+              f"{_difference(versus, 'accuracy', -100, ' points', 0)})"
+            + (f"; KL from the full cache over the prose that follows {interval_text(aware, 'kl')} against "
+               f"{interval_text(agnostic, 'kl')} (paired {_difference(versus, 'kl', -1)}"
+               + ("" if _excludes_zero(versus, "kl") else ": the question costs nothing measurable in general "
+                                                          "fidelity") + ")"
+               if versus.get("kl_difference") is not None else "; KL not measured for it")
+            + f". {_question_cost(summary, aware)}")
     best = _best_answering(_presses(summary, at))
     if best is not None:
         mine = paired.get(best["label"], {})
         text += (f" The best kvpress press here, {best['label']} ({settings_text(best)}), answers "
                  f"{counted_text(best)} (paired difference to memstep's {_difference(mine, 'accuracy', 100, ' points', 0)})"
-                 f", KL {interval_text(best, 'kl')} (paired {_difference(mine, 'kl')}).")
+                 f", KL {interval_text(best, 'kl')}"
+                 + (f" (paired {_difference(mine, 'kl')})." if mine.get("kl_difference") is not None else "."))
     return text + _longer(summary, at)
 
 
@@ -431,6 +434,10 @@ def _longer(summary: dict, shortest: int) -> str:
             continue
         mine = next((p for p in summary.get("paired") or [] if p["length"] == at and p["label"] == best["label"]), {})
         low, high = mine.get("accuracy_difference_low"), mine.get("accuracy_difference_high")
+        if mine.get("accuracy_difference") is None:  # they ran on different cases: nothing to pair
+            out.append(f"at {at:,} tokens memstep answers {counted_text(aware)}, {best['label']} "
+                       f"{counted_text(best)} (not paired: no counted case in common)")
+            continue
         verdict = ("the interval does not tell them apart" if low is None or low <= 0 <= high else
                    f"{best['label'] if low > 0 else 'memstep'} answers more")
         out.append(f"at {at:,} tokens memstep answers {counted_text(aware)}, {best['label']} {counted_text(best)} "
