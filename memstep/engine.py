@@ -266,8 +266,7 @@ class ChunkedPrefill(StepContext):
                 share = question_share(question, positions, self.sinks, self.question_pool)
                 if self.question_carry:
                     share = carry_share(share, self._carried.get(idx))
-                scores = question_mix(scores, question, positions, self.sinks, self.question_weight,
-                                      self.question_pool, share=share)
+                scores = question_mix(scores, question, positions, self.sinks, self.question_weight, share=share)
             if self.span is None:
                 kept = select_kept(scores, positions, keep, self.sinks, frozen)
             else:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from memstep.cli.common import fractions, ints, names
 from memstep.errors import MemstepError
+from memstep.question_pool import QUESTION_POOL
 
 DEFAULT_OUTPUT = "results/local"
 QUESTION_AWARE = {"no": (False,), "yes": (True,), "both": (False, True)}
@@ -73,7 +74,7 @@ def register(sub) -> None:
     p.add_argument("--question-pools", default=None,
                    help="memstep question-aware ablation: how the question's attention spreads over neighbouring "
                         "keys, comma-separated max:N, mean:N, follow:N or none, each optionally +carry (carried from "
-                        "step to step: follow:15+carry) (default: the engine's, follow:15)")
+                        f"step to step: follow:15+carry) (default: the engine's, {QUESTION_POOL})")
     p.add_argument("--question-weights", default=None,
                    help="memstep question-aware ablation: the question's share of the score, comma-separated "
                         "values in (0, 1] (default: the engine's, 0.75)")
@@ -105,7 +106,9 @@ def register(sub) -> None:
 # What memstep eval writes into its folder: the store's files and write_plots' figures (and, for
 # the needle test, one heatmap per benchmark run: memstep.evaluation.niah.BENCHMARKS).
 PLOTS = ("intervals", "heatmaps", "tradeoff")
-NIAH_PLOTS = ("niah", "niah-multi")
+# memstep.evaluation.niah.BENCHMARKS, named here (that module imports torch); each draws a plot of its name
+NIAH_BENCHMARKS = ("niah", "niah-multi")
+NIAH_PLOTS = NIAH_BENCHMARKS
 # memstep's table scripts save their rows beside the cells (benchmarks/span_ablation.py, span_cost.py,
 # needle_trace.py, at 2,048 tokens and --length 4096): a resume keeps them
 TABLES = ("span_ablation.json", "niah_table.json", "span_cost.json", "needle_trace.json", "needle_trace_4096.json")
@@ -164,7 +167,7 @@ def floats(text: str) -> list[float]:
 
 def benchmark_of(kind: str) -> str:
     """The test a cell belongs to: its needle kind for the needle tests, else the suite."""
-    return kind if kind in ("niah", "niah-multi") else "suite"
+    return kind if kind in NIAH_BENCHMARKS else "suite"
 
 
 def check_one_benchmark(folder: Path, benchmark: str) -> None:
