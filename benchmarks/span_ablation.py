@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -137,8 +138,9 @@ def main(argv=None) -> int:
     if args.block:
         from docs_block import write_block
 
-        write_block(args.block, table, args.command or f"python benchmarks/span_ablation.py {args.folder}",
-                    doc=args.doc)
+        # the command as given, so the table can be made again from the committed cells
+        given = shlex.join(["python", "benchmarks/span_ablation.py", *(sys.argv[1:] if argv is None else argv)])
+        write_block(args.block, table, args.command or given, doc=args.doc)
     return 0
 
 

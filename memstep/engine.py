@@ -57,7 +57,7 @@ from memstep.errors import MemstepError
 from memstep.layers import GLOBAL, TYPE_LABELS
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
 from memstep.presets import ROPE_MODES, Fidelity
-from memstep.question_pool import QUESTION_POOL, carries, parse_question_pool
+from memstep.question_pool import QUESTION_POOL, carry_kind, parse_question_pool, shares_heads
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
@@ -130,6 +130,21 @@ def carry_share(share: torch.Tensor, carried: torch.Tensor | None) -> torch.Tens
     return torch.cat([torch.maximum(share[:, :held], carried.to(share)), share[:, held:]], dim=1)
 
 
+def share_over_heads(share: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``+heads``: each entry takes the strongest share any KV head gives the same document position
+    (heads hold different memories: matched by position, not by index). share, positions: (kv_heads, entries)."""
+    where = positions.long()
+    best = share.new_zeros(int(where.max()) + 1).scatter_reduce(0, where.flatten(), share.flatten(), reduce="amax",
+                                                                 include_self=False)
+    return best[where]
+
+
+def even_keys(positions: torch.Tensor, sinks: int) -> torch.Tensor:
+    """``+lift``'s unit: the number of non-sink keys each KV head shares out (kv_heads, 1); a share
+    times it is the entry's lift over an even split, comparable between steps of any width."""
+    return (positions >= sinks).sum(dim=1, keepdim=True).float()
+
+
 def question_mix(base: torch.Tensor, question: torch.Tensor, positions: torch.Tensor, sinks: int,
                  weight: float, pool: str = QUESTION_POOL, share: torch.Tensor | None = None) -> torch.Tensor:
     """A question-aware score: (1 - weight) x the scorer's score + weight x the question's share
@@ -195,7 +210,8 @@ class ChunkedPrefill(StepContext):
         self.question_weight = float(question_weight)
         self.question_pool = question_pool
         parse_question_pool(question_pool)
-        self.question_carry = carries(question_pool)
+        self.question_carry = carry_kind(question_pool)  # None, "carry" (shares) or "lift" (shares x keys)
+        self.question_heads = shares_heads(question_pool)
         self.span = span  # span-preserving selection (memstep.spans); None: the token top-k
         self.span_table: torch.Tensor | None = None  # span id per position (sentence / clause: set by the caller)
         if question_ids is not None:
@@ -260,12 +276,18 @@ class ChunkedPrefill(StepContext):
             state = self._layer_state(module, kwargs, keys, values, positions)
             frozen = self._before[idx] if self._frozen else 0
             scores = self._score(state, positions, keep, frozen)
-            share = None
+            share = keys_now = None
             if self._question_rows:
                 question = state.group(self._attended[2][self._question_rows][..., :entries])
                 share = question_share(question, positions, self.sinks, self.question_pool)
+                keys_now = even_keys(positions, self.sinks) if self.question_carry == "lift" else None
                 if self.question_carry:
-                    share = carry_share(share, self._carried.get(idx))
+                    carried = self._carried.get(idx)
+                    if carried is not None and keys_now is not None:  # lifts back into this step's shares
+                        carried = carried / keys_now
+                    share = carry_share(share, carried)
+                if self.question_heads:
+                    share = share_over_heads(share, positions)
                 scores = question_mix(scores, question, positions, self.sinks, self.question_weight, share=share)
             if self.span is None:
                 kept = select_kept(scores, positions, keep, self.sinks, frozen)
@@ -276,7 +298,7 @@ class ChunkedPrefill(StepContext):
             layer.values = values.gather(2, index)
             positions = positions.gather(1, kept)
             if self.question_carry and share is not None:  # in the order the memory now holds its entries
-                self._carried[idx] = share.gather(1, kept)
+                self._carried[idx] = share.gather(1, kept) * (keys_now if keys_now is not None else 1)
             else:  # a cut without the question's vote: nothing carried lines up with the new memory
                 self._carried.pop(idx, None)
             del state

@@ -14,9 +14,10 @@ A setting is named ``<bounds>[-<pool>][-<share>]``:
   that ends in . ! ? or a line break) or ``clause[N]`` (also after , ; :); a sentence or
   clause longer than N tokens (default 48) is split into pieces of at most N;
 - pool: ``max`` (a span is as strong as its strongest token; default) or ``mean``;
-- share: ``head`` (each KV head ranks spans by its own scores; default) or ``layer`` (the
+- share: ``head`` (each KV head ranks spans by its own scores; default), ``layer`` (the
   heads' scores averaged: one set of spans for the whole layer, as ChunkKV keeps one set
-  of chunks per layer).
+  of chunks per layer) or ``any`` (one set for the layer too, each span as strong as the
+  head that wants it most: what one head reads, every head keeps).
 ``none`` is the token top-k.
 """
 
@@ -32,12 +33,12 @@ from memstep.errors import MemstepError
 SPAN_NONE = "none"
 BOUNDS = ("fixed", "sentence", "clause")
 POOLS = ("max", "mean")
-SHARES = ("head", "layer")
+SHARES = ("head", "layer", "any")
 DEFAULT_CAP = 48  # tokens: the longest sentence or clause span before it is split
 MAX_SPAN = 512
 SENTENCE_END = re.compile(r"[.!?]['\"”’)\]]*\s*$|\n\s*$")
 CLAUSE_END = re.compile(r"[.!?,;:]['\"”’)\]]*\s*$|\n\s*$")
-_NAME = re.compile(r"^(fixed|sentence|clause)(\d*)(?:-(max|mean))?(?:-(head|layer))?$")
+_NAME = re.compile(r"^(fixed|sentence|clause)(\d*)(?:-(max|mean))?(?:-(head|layer|any))?$")
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,9 @@ def parse_span(text: str | None) -> SpanSetting | None:
         return None
     match = _NAME.match(text.strip().lower())
     if not match:
-        raise MemstepError(f"unknown span setting '{text}': name it <bounds>[-max|-mean][-head|-layer] with bounds "
-                           "fixedN (N-token pieces, e.g. fixed20), sentence[N] or clause[N] (split past N tokens, "
-                           f"default {DEFAULT_CAP}); e.g. fixed20-mean-layer, sentence-max-head; or none")
+        raise MemstepError(f"unknown span setting '{text}': name it <bounds>[-max|-mean][-head|-layer|-any] with "
+                           "bounds fixedN (N-token pieces, e.g. fixed20), sentence[N] or clause[N] (split past N "
+                           f"tokens, default {DEFAULT_CAP}); e.g. fixed20-mean-layer, sentence-max-head; or none")
     bounds, digits, pool, share = match.groups()
     if bounds == "fixed" and not digits:
         raise MemstepError(f"span setting '{text}': a fixed span needs its length in tokens, e.g. fixed20")
@@ -130,6 +131,8 @@ def select_spans(scores: torch.Tensor, positions: torch.Tensor, keep: int, sinks
                                        neginf=-torch.finfo(torch.float32).max)
     if setting.share == "layer":  # one ranking for the layer: every head keeps the same spans
         scores = scores.mean(dim=0, keepdim=True).expand_as(scores)
+    elif setting.share == "any":  # one ranking for the layer, by the head that scores an entry highest
+        scores = scores.amax(dim=0, keepdim=True).expand_as(scores)
     heads, n = scores.shape
     protected = positions < sinks
     if frozen:

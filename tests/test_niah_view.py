@@ -51,6 +51,16 @@ def test_panels_open_on_the_full_cache_memsteps_default_and_the_presses():
              cell("fm", kind="memstep", schedule="fm"), cell("full", kind="memstep", schedule="full"),
              cell("fm span", kind="memstep", schedule="fm", span="fixed20-mean-layer")]
     assert list(niah_maps(cells)["niah"]) == ["full", "fm", "chunkkv", "fm pool=max:15", "imdc", "fm span"]
+    # several budgets: memstep's defaults by budget, then each press's budgets side by side
+    cells = [cell("chunkkv M=512", kind="kvpress", schedule="full", budget=512),
+             cell("fm M=512", kind="memstep", schedule="fm", budget=512),
+             cell("snapkv M=128", kind="kvpress", schedule="full", budget=128),
+             cell("fm M=128", kind="memstep", schedule="fm", budget=128),
+             cell("chunkkv M=128", kind="kvpress", schedule="full", budget=128),
+             cell("fm M=256 span", kind="memstep", schedule="fm", budget=256, span="fixed1-max-any"),
+             cell("fm M=512 document", kind="memstep", schedule="fm", budget=512, rope="document")]
+    assert list(niah_maps(cells)["niah"]) == ["fm M=128", "fm M=512", "chunkkv M=128", "chunkkv M=512", "snapkv M=128",
+                                              "fm M=256 span", "fm M=512 document"]
 
 
 def test_one_panel_per_configuration():

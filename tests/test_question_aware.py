@@ -206,6 +206,61 @@ def test_carried_shares_follow_the_memory_step_by_step(tiny_model):
     assert any(not np.array_equal(a, b.kept_positions) for a, b in zip(carried[1:], plain[1:]))
 
 
+def test_lift_carries_shares_against_an_even_split(tiny_model):
+    """+lift: an entry carries its share times its step's non-sink keys (its lift over an even
+    split) and is read back in a later step's units: a share of 0.5 among 4 keys is a lift of 2,
+    and stands for 0.25 among 8. In the engine the first step's carried values are +carry's times
+    the keys that step scored (FM's first step: the chunk alone)."""
+    from memstep.engine import carry_share, even_keys
+    from memstep.question_pool import carry_kind, parse_question_pool
+
+    assert carry_kind("follow:15+lift") == "lift" and carry_kind("follow:15+carry") == "carry"
+    assert carry_kind("follow:15") is None and parse_question_pool("mean:5+lift") == ("mean", 5)
+    step1 = torch.tensor([[0, 1, 2, 3, 4, 5]])  # 2 sinks, 4 keys shared out
+    lift = torch.tensor([[0.0, 0.0, 0.5, 0.1]]) * even_keys(step1, sinks=2)
+    assert torch.allclose(lift, torch.tensor([[0.0, 0.0, 2.0, 0.4]]))
+    step2 = torch.tensor([[0, 1, 4, 5, 6, 7, 8, 9, 10, 11]])  # 8 keys shared out
+    share = torch.full((1, 10), 0.1)
+    assert torch.allclose(carry_share(share, lift / even_keys(step2, sinks=2))[0, :4],
+                          torch.tensor([0.1, 0.1, 0.25, 0.1]))
+
+    tokens = ids(300, seed=4)
+    schedule = make_schedule("fm", 300, 64, 40)
+    carried = {}
+    for pool in ("follow:15+carry", "follow:15+lift"):
+        engine = ChunkedPrefill(tiny_model, make_scorer("chunk-attention"), sinks=4, question_ids=QUESTION,
+                                question_pool=pool)
+        next(iter(engine.run(tokens, schedule)))
+        carried[pool] = [engine._carried[idx].clone() for idx in range(len(engine.positions))]
+    keys = 64 - 4  # FM's first step scores the chunk alone: 64 entries, 4 of them sinks
+    for plain, lifted in zip(carried["follow:15+carry"], carried["follow:15+lift"]):
+        assert torch.allclose(lifted, plain * keys)
+
+
+def test_heads_share_the_question_vote_by_position(tiny_model):
+    """+heads: each entry takes the strongest share any KV head gives its document position (heads
+    hold different memories, so positions, not indices, are matched); in the engine every position
+    a layer's heads both hold carries one value."""
+    from memstep.engine import share_over_heads
+    from memstep.question_pool import carry_kind, parse_question_pool, shares_heads
+
+    share = torch.tensor([[0.1, 0.5, 0.2], [0.3, 0.0, 0.4]])
+    positions = torch.tensor([[4, 7, 9], [4, 9, 12]])
+    assert torch.allclose(share_over_heads(share, positions), torch.tensor([[0.3, 0.5, 0.2], [0.3, 0.2, 0.4]]))
+    assert parse_question_pool("follow:15+carry+heads") == ("follow", 15)
+    assert carry_kind("follow:15+carry+heads") == "carry" and shares_heads("follow:15+carry+heads")
+    assert not shares_heads("follow:15+carry")
+
+    engine = ChunkedPrefill(tiny_model, make_scorer("chunk-attention"), sinks=4, question_ids=QUESTION,
+                            question_pool="follow:15+carry+heads")
+    for _ in engine.run(ids(300, seed=4), make_schedule("fm", 300, 64, 40)):
+        for idx, held in enumerate(engine.positions):
+            values = {}
+            for head in range(held.shape[0]):
+                for position, value in zip(held[head].tolist(), engine._carried[idx][head].tolist()):
+                    assert values.setdefault(position, value) == pytest.approx(value)
+
+
 def test_bad_question_pool_exits_before_the_model_loads(tmp_path):
     doc = tmp_path / "doc.txt"
     doc.write_text("words " * 50)

@@ -110,6 +110,20 @@ def test_layer_share_gives_every_head_the_same_spans_and_head_share_does_not():
     assert shared.tolist() == [[0, 1], [0, 1]]  # mean over heads: 0.45 vs 0.15 vs 0.15
 
 
+def test_any_share_keeps_for_every_head_what_one_head_wants_most():
+    """-any: one ranking for the layer, each entry as strong as its strongest head. Spans of one
+    token: the heads' maxima are 0.9, 0.0, 0.5, 0.4, 0.8 (keep 0 and 4: each wanted by one head);
+    their mean, 0.45, 0.0, 0.5, 0.4, 0.4 (layer: keep 0 and 2)."""
+    assert parse_span("fixed1-max-any") == SpanSetting("fixed", 1, "max", "any")
+    scores = torch.tensor([[0.9, 0.0, 0.5, 0.4, 0.0], [0.0, 0.0, 0.5, 0.4, 0.8]])
+    positions = torch.arange(5).expand(2, -1)
+    table = span_table(SpanSetting("fixed", 1), [""] * 5, sinks=0)
+    shared = select_spans(scores, positions, 2, 0, table, SpanSetting("fixed", 1, "max", "any"))
+    assert shared.tolist() == [[0, 4], [0, 4]]
+    mean = select_spans(scores, positions, 2, 0, table, SpanSetting("fixed", 1, "max", "layer"))
+    assert mean.tolist() == [[0, 2], [0, 2]]
+
+
 def test_sinks_and_frozen_entries_stay_and_the_budget_is_exact():
     torch.manual_seed(0)
     scores = torch.rand(3, 40)

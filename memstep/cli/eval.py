@@ -73,8 +73,9 @@ def register(sub) -> None:
                         "slots keep the answer's tokens) come with every run at no cost")
     p.add_argument("--question-pools", default=None,
                    help="memstep question-aware ablation: how the question's attention spreads over neighbouring "
-                        "keys, comma-separated max:N, mean:N, follow:N or none, each optionally +carry (carried from "
-                        f"step to step: follow:15+carry) (default: the engine's, {QUESTION_POOL})")
+                        "keys, comma-separated max:N, mean:N, follow:N or none, each optionally +carry or +lift "
+                        "(carried from step to step: follow:15+carry), then +heads (shared by a layer's KV heads) "
+                        f"(default: the engine's, {QUESTION_POOL})")
     p.add_argument("--question-weights", default=None,
                    help="memstep question-aware ablation: the question's share of the score, comma-separated "
                         "values in (0, 1] (default: the engine's, 0.75)")
@@ -111,7 +112,8 @@ NIAH_BENCHMARKS = ("niah", "niah-multi")
 NIAH_PLOTS = NIAH_BENCHMARKS
 # memstep's table scripts save their rows beside the cells (benchmarks/span_ablation.py, span_cost.py,
 # needle_trace.py, at 2,048 tokens and --length 4096): a resume keeps them
-TABLES = ("span_ablation.json", "niah_table.json", "span_cost.json", "needle_trace.json", "needle_trace_4096.json")
+TABLES = ("span_ablation.json", "niah_table.json", "niah_ablation.json", "span_cost.json", "needle_trace.json",
+          "needle_trace_4096.json")
 
 
 LOGITS = "logits"  # memstep.evaluation.runner.LOGITS (that module imports torch: not needed to refuse)

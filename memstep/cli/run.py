@@ -74,11 +74,14 @@ def register(sub) -> None:
                         "(N odd, centred), follow:N (the strongest of itself and the N - 1 keys before it: the "
                         "words after those the question looks at) or none (default "
                         f"{QUESTION_POOL}); + '+carry' (follow:15+carry): a memory entry keeps the strongest "
-                        "question share it has had since it was read, so long documents do not wear it away")
+                        "question share it has had since it was read, so long documents do not wear it away; "
+                        "+ '+lift': the same, each share counted against an even split of its step's keys; then "
+                        "'+heads': a key takes the strongest share any KV head of its layer gives its position")
     p.add_argument("--span", type=_span, default=None,
-                   help="keep whole spans instead of single tokens: <bounds>[-max|-mean][-head|-layer], bounds fixedN "
-                        "(N-token pieces), sentence[N] or clause[N] (split past N tokens, default 48); pooled by max "
-                        "(default) or mean; ranked per KV head (default) or once per layer; none = token top-k")
+                   help="keep whole spans instead of single tokens: <bounds>[-max|-mean][-head|-layer|-any], "
+                        "bounds fixedN (N-token pieces), sentence[N] or clause[N] (split past N tokens, default 48); "
+                        "pooled by max (default) or mean; ranked per KV head (default), once per layer by the heads' "
+                        "mean (layer) or by the head that wants it most (any); none = token top-k")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--continuation-tokens", type=int, default=0)
     p.add_argument("--device", default="auto")

@@ -6,11 +6,13 @@ and shown in the app's Evaluate tab (ui/niah_view.py). Plotly is imported inside
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 
 from memstep.evaluation.niah import BENCHMARKS
+from memstep.presets import DEFAULTS
 
 
 def depth_bin(depth: float) -> float:
@@ -20,14 +22,21 @@ def depth_bin(depth: float) -> float:
 
 def panel_rank(cell: dict) -> int:
     """The order of the panels: the full cache, memstep at the engine's defaults, the presses, then
-    memstep's ablations (an earlier pool, spans, other schedules' settings)."""
+    memstep's ablations (an earlier pool, spans, other positions, other schedules' settings)."""
     config = cell.get("config") or {}
     if config.get("kind") == "memstep" and config.get("schedule") == "full":
         return 0
     if config.get("kind") == "kvpress":
         return 2
     ablation = any(config.get(axis) is not None for axis in ("question_pool", "question_weight", "span", "fidelity"))
-    return 3 if ablation or config.get("schedule") != "fm" else 1
+    other_positions = config.get("rope") not in (None, DEFAULTS["rope"])  # e.g. --ropes document
+    return 3 if ablation or other_positions or config.get("schedule") != "fm" else 1
+
+
+def _order(rank: tuple) -> tuple:
+    """memstep's defaults (rank 1) by budget alone; the presses and ablations by configuration, then budget."""
+    level, name, budget = rank
+    return (level, 0, budget) if level <= 1 else rank
 
 
 def niah_maps(cells: list[dict]) -> dict:
@@ -35,14 +44,18 @@ def niah_maps(cells: list[dict]) -> dict:
     depths to the nearest tenth, each row the mean over its cases; panels in ``panel_rank`` order."""
     grid: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     rank: dict = {}
+    family: dict = {}  # a configuration without its budget, numbered as first seen: its budgets side by side
     for cell in cells:
         if cell.get("kind") in BENCHMARKS and cell.get("recall") is not None:
             grid[cell["kind"]][cell["label"]][(depth_bin(cell["depth"]), cell["length"])].append(cell["recall"])
-            rank.setdefault(cell["label"], panel_rank(cell))
+            if cell["label"] not in rank:
+                name = family.setdefault(re.sub(r" M=\d+", "", cell["label"]), len(family))
+                rank[cell["label"]] = (panel_rank(cell), name, (cell.get("config") or {}).get("budget") or 0)
     out: dict = {}
     for kind, labels in grid.items():
         out[kind] = {}
-        for label, values in sorted(labels.items(), key=lambda item: rank[item[0]]):  # stable: first seen first
+        # by rank; then memstep's defaults by budget, each press's budgets together, ablations likewise
+        for label, values in sorted(labels.items(), key=lambda item: _order(rank[item[0]])):
             depths = sorted({d for d, _ in values})
             lengths = sorted({n for _, n in values})
             out[kind][label] = {
