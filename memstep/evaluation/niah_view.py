@@ -33,12 +33,6 @@ def panel_rank(cell: dict) -> int:
     return 3 if ablation or other_positions or config.get("schedule") != "fm" else 1
 
 
-def _order(rank: tuple) -> tuple:
-    """memstep's defaults (rank 1) by budget alone; the presses and ablations by configuration, then budget."""
-    level, name, budget = rank
-    return (level, 0, budget) if level <= 1 else rank
-
-
 def niah_maps(cells: list[dict]) -> dict:
     """{benchmark: {label: {depths, lengths, score[depth][length], cases}}} from finished cells;
     depths to the nearest tenth, each row the mean over its cases; panels in ``panel_rank`` order."""
@@ -49,13 +43,14 @@ def niah_maps(cells: list[dict]) -> dict:
         if cell.get("kind") in BENCHMARKS and cell.get("recall") is not None:
             grid[cell["kind"]][cell["label"]][(depth_bin(cell["depth"]), cell["length"])].append(cell["recall"])
             if cell["label"] not in rank:
+                # memstep's defaults by budget alone; the presses and ablations by configuration, then budget
+                level = panel_rank(cell)
                 name = family.setdefault(re.sub(r" M=\d+", "", cell["label"]), len(family))
-                rank[cell["label"]] = (panel_rank(cell), name, (cell.get("config") or {}).get("budget") or 0)
+                rank[cell["label"]] = (level, name if level > 1 else 0, (cell.get("config") or {}).get("budget") or 0)
     out: dict = {}
     for kind, labels in grid.items():
         out[kind] = {}
-        # by rank; then memstep's defaults by budget, each press's budgets together, ablations likewise
-        for label, values in sorted(labels.items(), key=lambda item: _order(rank[item[0]])):
+        for label, values in sorted(labels.items(), key=lambda item: rank[item[0]]):
             depths = sorted({d for d, _ in values})
             lengths = sorted({n for _, n in values})
             out[kind][label] = {
