@@ -434,12 +434,14 @@ def docs(summary: dict, cells: list[dict], earlier: dict | None, gemma3: Path | 
         "",
         "## Ablations (2048 tokens): where memstep's question-aware gains come from",
         "",
-        "Question pooling (how the question's attention spreads over neighbouring keys: follow:15+carry, the "
-        "default, passes each key's attention to the 14 keys after it and lets a memory entry keep the strongest "
-        "share it has had; follow:15 without carrying; max over 15 centred, the default before the public needle "
-        "test; mean over 5; none), question weight (the question's share of the score), and one compression at "
-        "the end (one step reads the whole document, then cuts to M) against chunked question-awareness "
-        "(c = 512). The default row (follow:15+carry, weight 0.75, chunked) is the headline grid's; the weight "
+        "Question pooling (how the question's attention spreads over neighbouring keys: follow:15+carry+heads@256, "
+        "the default, passes each key's attention to the 14 keys after it, lets a memory entry keep the strongest "
+        "share it has had, and from 256 entries per KV head up (here M = 512) gives each entry the strongest "
+        "share any KV head of its layer gives its position; follow:15+carry the same without sharing between "
+        "heads, the default before; follow:15 without carrying; max over 15 centred, the default before the "
+        "public needle test; mean over 5; none), question weight (the question's share of the score), and one "
+        "compression at the end (one step reads the whole document, then cuts to M) against chunked "
+        "question-awareness (c = 512). The default row (weight 0.75, chunked) is the headline grid's; the weight "
         "and one-cut rows ran at the earlier default pool, max:15, as their labels say, and are paired with the "
         "default row on the same cases.",
         "",

@@ -57,7 +57,7 @@ from memstep.errors import MemstepError
 from memstep.layers import GLOBAL, TYPE_LABELS
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
 from memstep.presets import ROPE_MODES, Fidelity
-from memstep.question_pool import QUESTION_POOL, carry_kind, parse_question_pool, shares_heads
+from memstep.question_pool import QUESTION_POOL, carry_kind, heads_from, parse_question_pool
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
@@ -211,7 +211,7 @@ class ChunkedPrefill(StepContext):
         self.question_pool = question_pool
         parse_question_pool(question_pool)
         self.question_carry = carry_kind(question_pool)  # None, "carry" (shares) or "lift" (shares x keys)
-        self.question_heads = shares_heads(question_pool)
+        self.question_heads = heads_from(question_pool)  # None, or the budget per head from which +heads shares
         self.span = span  # span-preserving selection (memstep.spans); None: the token top-k
         self.span_table: torch.Tensor | None = None  # span id per position (sentence / clause: set by the caller)
         if question_ids is not None:
@@ -286,7 +286,7 @@ class ChunkedPrefill(StepContext):
                     if carried is not None and keys_now is not None:  # lifts back into this step's shares
                         carried = carried / keys_now
                     share = carry_share(share, carried)
-                if self.question_heads:
+                if self.question_heads is not None and keep - self.sinks >= self.question_heads:
                     share = share_over_heads(share, positions)
                 scores = question_mix(scores, question, positions, self.sinks, self.question_weight, share=share)
             if self.span is None:

@@ -7,12 +7,15 @@ from __future__ import annotations
 from memstep.errors import MemstepError
 
 # each key takes the strongest question attention of itself and the 14 keys before it (see question_share),
-# and a memory entry keeps the strongest it has had in any step (+carry); max:15 (centred) until the public
-# needle test showed it cutting answers in two, then follow:15 until the same test at 4,096 tokens showed
-# answers worn away over the later cuts (docs/spans-and-niah.md)
-QUESTION_POOL = "follow:15+carry"
+# a memory entry keeps the strongest it has had in any step (+carry), and from 256 entries per KV head up
+# every head of a layer keeps what the question finds through any of them (+heads@256); max:15 (centred)
+# until the public needle test showed it cutting answers in two, then follow:15 until the same test at
+# 4,096 tokens showed answers worn away over the later cuts, then follow:15+carry until +heads kept more
+# of the answer at M = 256 and 512 (at M = 128 sharing left each head too little of its own: it lost
+# answers there) (docs/spans-and-niah.md)
+QUESTION_POOL = "follow:15+carry+heads@256"
 # the engine's earlier defaults, newest first: results that ran at one stand in for it
-EARLIER_POOLS = ("follow:15", "max:15")
+EARLIER_POOLS = ("follow:15+carry", "follow:15", "max:15")
 QUESTION_POOLS = ("max", "mean", "follow", "none")
 
 
@@ -23,18 +26,48 @@ LIFT = "+lift"
 
 
 # a last suffix: a key takes the strongest share any KV head of the layer gives its position, so what
-# the question finds through one head stays in every head (the scorer's part stays each head's own)
+# the question finds through one head stays in every head (the scorer's part stays each head's own);
+# +heads@N: only in a step that keeps at least N entries per head besides the sinks (a smaller memory
+# needs every slot for the head's own picks)
 HEADS = "+heads"
 
 
+def _split_heads(pool: str) -> tuple[str, int | None]:
+    """``pool`` without its +heads suffix, and from how many kept entries per head it shares
+    (0: always; None: no +heads, or a malformed one, which parse_question_pool refuses)."""
+    text = str(pool).strip()
+    base, mark, rest = text.rpartition(HEADS)
+    if not mark:
+        return text, None
+    if not rest:
+        return base, 0
+    if rest.startswith("@") and rest[1:].isdigit() and 1 <= int(rest[1:]) <= 1_000_000:
+        return base, int(rest[1:])
+    return text, None
+
+
+def heads_from(pool: str) -> int | None:
+    """The smallest number of kept entries per KV head (sinks not counted) from which ``pool``
+    shares the question's vote between a layer's heads: 0 for +heads, N for +heads@N, None without."""
+    return _split_heads(pool)[1]
+
+
 def shares_heads(pool: str) -> bool:
-    """Whether ``pool`` shares the question's vote between a layer's KV heads (``follow:15+carry+heads``)."""
-    return str(pool).strip().endswith(HEADS)
+    """Whether ``pool`` shares the question's vote between a layer's KV heads at any budget."""
+    return heads_from(pool) is not None
+
+
+def pool_at(pool: str, budget: int) -> str:
+    """What ``pool`` runs in a step that keeps ``budget`` entries per head besides the sinks:
+    +heads@N reads as +heads from N up and as the pool without it below."""
+    base, start = _split_heads(pool)
+    if start is None:
+        return str(pool).strip()
+    return base + HEADS if budget >= start else base
 
 
 def _unshared(pool: str) -> str:
-    text = str(pool).strip()
-    return text[:-len(HEADS)] if text.endswith(HEADS) else text
+    return _split_heads(pool)[0]
 
 
 def carry_kind(pool: str) -> str | None:
@@ -58,8 +91,12 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     step since it was read, so a fact the question looked at once is not worn away by the many
     cuts of a long document (see ChunkedPrefill); + '+lift': the same, each step's share counted
     against an even split of that step's keys. A last '+heads': each key takes the strongest share
-    any KV head of its layer gives its position."""
-    text = _unshared(pool)
+    any KV head of its layer gives its position; '+heads@N': the same in steps that keep N or more
+    entries per head (sinks not counted)."""
+    text, start = _split_heads(pool)
+    if start is None and HEADS in str(pool):
+        raise MemstepError(f"question pool '{pool}': +heads takes nothing after it, or @N (N from 1): "
+                           "follow:15+carry+heads@256")
     suffix = {"carry": CARRY, "lift": LIFT}.get(carry_kind(text), "")
     kind, _, width = text[:len(text) - len(suffix)].partition(":")
     if kind == "none" and not width:
@@ -69,4 +106,4 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     if kind == "follow" and width.isdigit() and 1 <= int(width) <= 255:
         return kind, int(width)
     raise MemstepError(f"question pool '{pool}' is not one of max:N, mean:N (N odd, 1-255), follow:N (1-255) or "
-                      "none, optionally followed by +carry or +lift, then +heads")
+                      "none, optionally followed by +carry or +lift, then +heads or +heads@N")

@@ -188,10 +188,10 @@ def test_carry_keeps_the_strongest_share_an_entry_had():
 def test_carried_shares_follow_the_memory_step_by_step(tiny_model):
     """The engine's carried shares line up with each layer's memory after every step (one per kept
     entry, per KV head); the first cut, with nothing carried, keeps what the plain pool keeps, and
-    a later one differs. +carry is the engine's default."""
-    from memstep.question_pool import QUESTION_POOL
+    a later one differs. +carry is part of the engine's default."""
+    from memstep.question_pool import QUESTION_POOL, carry_kind
 
-    assert QUESTION_POOL == "follow:15+carry"
+    assert carry_kind(QUESTION_POOL) == "carry"
     tokens = ids(300, seed=4)
     schedule = make_schedule("fm", 300, 64, 40)
     engine = ChunkedPrefill(tiny_model, make_scorer("chunk-attention"), sinks=4, question_ids=QUESTION,
@@ -259,6 +259,39 @@ def test_heads_share_the_question_vote_by_position(tiny_model):
             for head in range(held.shape[0]):
                 for position, value in zip(held[head].tolist(), engine._carried[idx][head].tolist()):
                     assert values.setdefault(position, value) == pytest.approx(value)
+
+
+def test_heads_share_from_a_budget_up(tiny_model):
+    """+heads@N shares the question's vote between a layer's KV heads in a step that keeps N or more
+    entries per head (sinks not counted) and not below; the engine's default shares from 256 up.
+    In the engine a budget of 40 runs +heads@40 as +heads and +heads@41 as the pool without it."""
+    from memstep.question_pool import QUESTION_POOL, heads_from, parse_question_pool, pool_at
+
+    assert QUESTION_POOL == "follow:15+carry+heads@256"
+    table = [("follow:15+carry+heads@256", 128, "follow:15+carry"), ("follow:15+carry+heads@256", 255, "follow:15+carry"),
+             ("follow:15+carry+heads@256", 256, "follow:15+carry+heads"),
+             ("follow:15+carry+heads@256", 512, "follow:15+carry+heads"),
+             ("follow:15+carry+heads", 1, "follow:15+carry+heads"), ("max:15", 512, "max:15")]
+    for pool, budget, runs in table:
+        assert pool_at(pool, budget) == runs, (pool, budget)
+    assert (heads_from("follow:15+carry+heads@256"), heads_from("follow:15+heads"), heads_from("follow:15")) == (256, 0, None)
+    assert parse_question_pool("follow:15+carry+heads@256") == ("follow", 15)
+    for bad in ("follow:15+carry+heads@0", "follow:15+heads@", "follow:15+heads@x", "follow:15+heads+carry",
+                "follow:15+heads256"):
+        with pytest.raises(MemstepError, match="\\+heads takes nothing after it, or @N"):
+            parse_question_pool(bad)
+
+    tokens, schedule = ids(300, seed=2), make_schedule("fm", 300, 64, 40)
+    kept = {pool: [r.kept_positions for r in run(tiny_model, tokens, schedule, QUESTION, question_pool=pool)[1]]
+            for pool in ("follow:15+carry", "follow:15+carry+heads", "follow:15+carry+heads@40",
+                         "follow:15+carry+heads@41")}
+
+    def same(a, b):
+        return all(np.array_equal(x, y) for x, y in zip(kept[a], kept[b]))
+
+    assert not same("follow:15+carry", "follow:15+carry+heads")  # sharing changes what this run keeps
+    assert same("follow:15+carry+heads@40", "follow:15+carry+heads")
+    assert same("follow:15+carry+heads@41", "follow:15+carry")
 
 
 def test_bad_question_pool_exits_before_the_model_loads(tmp_path):

@@ -76,7 +76,8 @@ def register(sub) -> None:
                         f"{QUESTION_POOL}); + '+carry' (follow:15+carry): a memory entry keeps the strongest "
                         "question share it has had since it was read, so long documents do not wear it away; "
                         "+ '+lift': the same, each share counted against an even split of its step's keys; then "
-                        "'+heads': a key takes the strongest share any KV head of its layer gives its position")
+                        "'+heads': a key takes the strongest share any KV head of its layer gives its position; '+heads@N': "
+                        "the same in steps that keep N or more entries per head")
     p.add_argument("--span", type=_span, default=None,
                    help="keep whole spans instead of single tokens: <bounds>[-max|-mean][-head|-layer|-any], "
                         "bounds fixedN (N-token pieces), sentence[N] or clause[N] (split past N tokens, default 48); "

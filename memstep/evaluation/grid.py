@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 
 from memstep.errors import MemstepError
-from memstep.question_pool import EARLIER_POOLS, QUESTION_POOL
+from memstep.question_pool import EARLIER_POOLS, QUESTION_POOL, pool_at
 from memstep.schedules import GROWTHS
 
 # kvpress presses run by the peer (peers/kvpress_peer.py), named as kvpress names them; their
@@ -131,15 +131,42 @@ def upgrade_cell(cell: dict) -> dict:
         # run chunk by chunk before finch followed kvpress's registry (one top-k): that is finch-chunked
         # now, under a key of its own, so the registry's finch runs on these cases anew
         config, key = replace(config, scorer="finch-chunked"), key + "-chunked"
-    # a question-aware cell from before the pool was recorded ran at the first one, max:15
-    pool = (cell.get("settings") or {}).get("question_pool") or EARLIER_POOLS[-1]
-    if config.kind == "memstep" and config.question_aware and config.question_pool is None \
-            and pool != QUESTION_POOL:
-        # run at the engine's default pool of its day (max:15, then follow:15): it reads as that pool,
-        # under a key of its own, so today's default runs on these cases anew
-        config, key = replace(config, question_pool=pool), f"{key}-pool-{pool}"
+    if config.kind == "memstep" and config.question_aware:
+        if config.question_pool is None:
+            # a cell from before the pool was recorded ran at the first one, max:15; one run at the
+            # default of its day reads as that pool, under a key of its own (so today's default runs on
+            # its cases anew), unless that pool runs what today's does (runs_as_default)
+            pool = (cell.get("settings") or {}).get("question_pool") or EARLIER_POOLS[-1]
+            if not runs_as_default(config, pool):
+                config, key = replace(config, question_pool=pool), f"{key}-pool-{pool}"
+        elif runs_as_default(config, config.question_pool):
+            # an explicit pool that runs what the default runs reads as the default; it keeps its key,
+            # and a run of the default finds it there (alike_keys)
+            config = replace(config, question_pool=None)
     return {**cell, "key": key, "config": config.to_dict(), "label": config.label,
             "haystack": cell.get("haystack") or LEGACY_HAYSTACK}
+
+
+def runs_as_default(config: Config, pool: str) -> bool:
+    """Whether memstep's question-aware ``config`` run at ``pool`` computes what it computes at the
+    engine's default pool: the same pool, or, under FM (one budget in every step and layer), the
+    same pool at its budget (+heads@N is +heads from N up and no +heads below)."""
+    if pool == QUESTION_POOL:
+        return True
+    return config.schedule == "fm" and config.growth is None and config.budget is not None \
+        and pool_at(pool, config.budget) == pool_at(QUESTION_POOL, config.budget)
+
+
+def alike_keys(config: Config, cell: dict, settings: dict) -> list[str]:
+    """The keys a finished cell of ``config`` on ``cell`` may sit under: its own, and, when it runs
+    what the default pool runs, those of the default and of the pools that run the same (cells run
+    before the default changed, or with the default's pool named), so no case runs twice."""
+    configs = [config]
+    if config.kind == "memstep" and config.question_aware \
+            and (config.question_pool is None or runs_as_default(config, config.question_pool)):
+        pools = [None, QUESTION_POOL] + ([pool_at(QUESTION_POOL, config.budget)] if config.budget is not None else [])
+        configs += [replace(config, question_pool=pool) for pool in pools if pool != config.question_pool]
+    return list(dict.fromkeys(cell_key(c, cell, settings) for c in configs))
 
 
 def cell_key(config: Config, cell: dict, settings: dict) -> str:

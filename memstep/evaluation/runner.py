@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memstep.errors import MemstepError
-from memstep.evaluation.grid import Config, cell_key
+from memstep.evaluation.grid import Config, alike_keys
 from memstep.evaluation.process import parse_line
 from memstep.evaluation.store import ResultStore
 from memstep.evaluation.suite import Case
@@ -176,8 +176,8 @@ def run_grid(configs: list[Config], cases: list[Case], settings: EvalSettings, s
     for length in sorted({c.length for c in cases}, reverse=True):
         group = [c for c in cases if c.length == length]
         for config in configs:
-            keys = [cell_key(config, c.cell, fields) for c in group]
-            todo = [(k, c) for k, c in zip(keys, group) if k not in store
+            keys = [alike_keys(config, c.cell, fields) for c in group]
+            todo = [(k[0], c) for k, c in zip(keys, group) if not any(key in store for key in k)
                     or (divergence and config == REFERENCE and not reference_path(store.folder, c, settings).exists())]
             report.skipped += len(group) - len(todo)
             if todo:
