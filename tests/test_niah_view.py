@@ -120,6 +120,11 @@ def test_the_note_states_memsteps_standing_against_each_press():
     assert standing(summary) == ["2,048 tokens, M = 256: memstep's question-aware FM answers 45/47 of the depths the "
                                  "full cache answers; kvpress chunkkv 41/50 (memstep +15 points, 95% CI +2 to +29: memstep leads); "
                                  "kvpress snapkv 1/23."]
+    anchor["retention"], summary["rows"][2]["retention"] = 0.456, 0.39
+    assert standing(summary)[0].startswith("2,048 tokens, M = 256: memstep's question-aware FM answers 45/47 of the "
+                                           "depths the full cache answers and keeps 0.46 of the answer's (KV head, "
+                                           "token) pairs; kvpress chunkkv 41/50 (memstep +15 points, 95% CI +2 to +29: "
+                                           "memstep leads), keeps 0.39; kvpress snapkv 1/23.")
     summary["paired"][0].update(accuracy_difference=0.1, accuracy_difference_low=-0.05, accuracy_difference_high=0.3)
     assert "(memstep -10 points, 95% CI -30 to +5: not told apart)" in standing(summary)[0]
     summary["paired"][0].update(accuracy_difference_low=0.05)

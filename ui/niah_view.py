@@ -59,10 +59,16 @@ def _counted(row: dict) -> str:
     return f"{row['counted_correct']}/{row['counted']}"
 
 
+def _kept(row: dict, lead: str) -> str:
+    """How much of the answer a row still holds at the end (answer retention), where measured."""
+    return "" if row.get("retention") is None else f"{lead}{row['retention']:.2f}"
+
+
 def standing(summary: dict) -> list[str]:
     """One line per (length, budget) of the single-needle test: memstep's question-aware FM (the row
     the others are paired with) and each kvpress press, counted on the depths the full cache
-    answers, with the paired interval of memstep minus each press."""
+    answers, with the paired interval of memstep minus each press, and how much of the answer
+    each still holds (answer retention, over every depth), which tells why one answers more."""
     rows = [r for r in summary.get("rows", []) if r.get("kinds") == ["niah"] and r.get("counted")]
     paired = {(p["label"], p["length"]): p for p in summary.get("paired", [])}
     lines = []
@@ -79,9 +85,11 @@ def standing(summary: dict) -> list[str]:
                 verdict = ("memstep leads" if low > 0 else "memstep loses" if high < 0 else "not told apart")
                 interval = (f" (memstep {-100 * found['accuracy_difference'] + 0.0:+.0f} points, 95% CI {low:+.0f} to "
                             f"{high:+.0f}: {verdict})")
-            parts.append(f"kvpress {press['config']['scorer']} {_counted(press)}{interval}")
+            parts.append(f"kvpress {press['config']['scorer']} {_counted(press)}{interval}{_kept(press, ', keeps ')}")
         lines.append(f"{length:,} tokens, M = {budget}: memstep's question-aware FM answers {_counted(anchor)} of the "
-                     "depths the full cache answers" + ("; " + "; ".join(parts) if parts else "") + ".")
+                     "depths the full cache answers" + _kept(anchor, " and keeps ")
+                     + (" of the answer's (KV head, token) pairs" if anchor.get("retention") is not None else "")
+                     + ("; " + "; ".join(parts) if parts else "") + ".")
     return lines
 
 
