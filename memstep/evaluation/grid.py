@@ -158,15 +158,20 @@ def runs_as_default(config: Config, pool: str) -> bool:
 
 
 def alike_keys(config: Config, cell: dict, settings: dict) -> list[str]:
-    """The keys a finished cell of ``config`` on ``cell`` may sit under: its own, and, when it runs
-    what the default pool runs, those of the default and of the pools that run the same (cells run
-    before the default changed, or with the default's pool named), so no case runs twice."""
+    """The keys a finished cell of ``config`` on ``cell`` may sit under: its own; when it runs what
+    the default pool runs, those of the default and of the pools that run the same (cells run before
+    the default changed, or with the default's pool named); and for a named pool, the key a cell run
+    when that pool was the default reads under (upgrade_cell), so no case runs twice."""
+    if config.kind != "memstep" or not config.question_aware:
+        return [cell_key(config, cell, settings)]
     configs = [config]
-    if config.kind == "memstep" and config.question_aware \
-            and (config.question_pool is None or runs_as_default(config, config.question_pool)):
+    if config.question_pool is None or runs_as_default(config, config.question_pool):
         pools = [None, QUESTION_POOL] + ([pool_at(QUESTION_POOL, config.budget)] if config.budget is not None else [])
         configs += [replace(config, question_pool=pool) for pool in pools if pool != config.question_pool]
-    return list(dict.fromkeys(cell_key(c, cell, settings) for c in configs))
+    keys = [cell_key(c, cell, settings) for c in configs]
+    if config.question_pool is not None:
+        keys.append(f"{cell_key(replace(config, question_pool=None), cell, settings)}-pool-{config.question_pool}")
+    return list(dict.fromkeys(keys))
 
 
 def cell_key(config: Config, cell: dict, settings: dict) -> str:
