@@ -30,6 +30,19 @@ def test_maps_hand_counted():
     assert maps["niah-multi"]["fm M=256"]["score"] == [[2 / 3]]
 
 
+def test_every_panel_has_the_same_depth_rows():
+    """The panels share their depth axis: a configuration run at late depths only (8,192 tokens, 60-100%)
+    gets the other panels' rows too, empty, so its values sit on their own depths, text included."""
+    rows = [{"label": "full", "kind": "niah", "depth": d, "length": 2048, "recall": 1.0} for d in (0.0, 0.5, 1.0)]
+    rows += [{"label": "late", "kind": "niah", "depth": d, "length": 8192, "recall": r} for d, r in ((0.6, 0.0), (1.0, 1.0))]
+    maps = niah_maps(rows)["niah"]
+    assert maps["late"]["depths"] == maps["full"]["depths"] == [0.0, 0.5, 0.6, 1.0]
+    assert maps["late"]["score"] == [[None], [None], [0.0], [1.0]] and maps["late"]["cases"] == [[0], [0], [1], [1]]
+    figure = niah_figure({"niah": maps})
+    late = figure.data[1]
+    assert list(late.y) == ["0%", "50%", "60%", "100%"] and [row[0] for row in late.text] == ["", "", "0", "100"]
+
+
 def test_depths_draw_to_the_nearest_tenth():
     """A fine grid of depths (memstep eval --depths 0,2,4,...) draws as the harness's rows of tenths,
     each the mean of its cases: 2% and 4% fall in the 0% row, 6% and 14% in the 10% row, 95% in 100%."""

@@ -35,7 +35,9 @@ def panel_rank(cell: dict) -> int:
 
 def niah_maps(cells: list[dict]) -> dict:
     """{benchmark: {label: {depths, lengths, score[depth][length], cases}}} from finished cells;
-    depths to the nearest tenth, each row the mean over its cases; panels in ``panel_rank`` order."""
+    depths to the nearest tenth, each row the mean over its cases; panels in ``panel_rank`` order.
+    Every panel of a benchmark has the same rows (a depth one configuration did not run is empty):
+    the figure shares its depth axis, and panels with rows of their own would not line up."""
     grid: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     rank: dict = {}
     family: dict = {}  # a configuration without its budget, numbered as first seen: its budgets side by side
@@ -50,8 +52,8 @@ def niah_maps(cells: list[dict]) -> dict:
     out: dict = {}
     for kind, labels in grid.items():
         out[kind] = {}
+        depths = sorted({d for values in labels.values() for d, _ in values})
         for label, values in sorted(labels.items(), key=lambda item: rank[item[0]]):
-            depths = sorted({d for d, _ in values})
             lengths = sorted({n for _, n in values})
             out[kind][label] = {
                 "depths": depths, "lengths": lengths,
