@@ -59,9 +59,9 @@ def _counted(row: dict) -> str:
     return f"{row['counted_correct']}/{row['counted']}"
 
 
-def _kept(row: dict, lead: str) -> str:
+def _kept(row: dict, lead: str, tail: str = "") -> str:
     """How much of the answer a row still holds at the end (answer retention), where measured."""
-    return "" if row.get("retention") is None else f"{lead}{row['retention']:.2f}"
+    return "" if row.get("retention") is None else f"{lead}{row['retention']:.2f}{tail}"
 
 
 def standing(summary: dict) -> list[str]:
@@ -87,8 +87,7 @@ def standing(summary: dict) -> list[str]:
                             f"{high:+.0f}: {verdict})")
             parts.append(f"kvpress {press['config']['scorer']} {_counted(press)}{interval}{_kept(press, ', keeps ')}")
         lines.append(f"{length:,} tokens, M = {budget}: memstep's question-aware FM answers {_counted(anchor)} of the "
-                     "depths the full cache answers" + _kept(anchor, " and keeps ")
-                     + (" of the answer's (KV head, token) pairs" if anchor.get("retention") is not None else "")
+                     "depths the full cache answers" + _kept(anchor, " and keeps ", " of the answer's (KV head, token) pairs")
                      + ("; " + "; ".join(parts) if parts else "") + ".")
     return lines
 

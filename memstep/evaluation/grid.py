@@ -138,13 +138,19 @@ def upgrade_cell(cell: dict) -> dict:
             # its cases anew), unless that pool runs what today's does (runs_as_default)
             pool = (cell.get("settings") or {}).get("question_pool") or EARLIER_POOLS[-1]
             if not runs_as_default(config, pool):
-                config, key = replace(config, question_pool=pool), f"{key}-pool-{pool}"
+                config, key = replace(config, question_pool=pool), pooled_key(key, pool)
         elif runs_as_default(config, config.question_pool):
             # an explicit pool that runs what the default runs reads as the default; it keeps its key,
             # and a run of the default finds it there (alike_keys)
             config = replace(config, question_pool=None)
     return {**cell, "key": key, "config": config.to_dict(), "label": config.label,
             "haystack": cell.get("haystack") or LEGACY_HAYSTACK}
+
+
+def pooled_key(key: str, pool: str) -> str:
+    """The key a cell run at an earlier default pool reads under (upgrade_cell), found again by
+    a run that names that pool (alike_keys)."""
+    return f"{key}-pool-{pool}"
 
 
 def runs_as_default(config: Config, pool: str) -> bool:
@@ -170,7 +176,7 @@ def alike_keys(config: Config, cell: dict, settings: dict) -> list[str]:
         configs += [replace(config, question_pool=pool) for pool in pools if pool != config.question_pool]
     keys = [cell_key(c, cell, settings) for c in configs]
     if config.question_pool is not None:
-        keys.append(f"{cell_key(replace(config, question_pool=None), cell, settings)}-pool-{config.question_pool}")
+        keys.append(pooled_key(cell_key(replace(config, question_pool=None), cell, settings), config.question_pool))
     return list(dict.fromkeys(keys))
 
 
