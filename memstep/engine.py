@@ -57,7 +57,7 @@ from memstep.errors import MemstepError
 from memstep.layers import GLOBAL, TYPE_LABELS
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
 from memstep.presets import ROPE_MODES, Fidelity
-from memstep.question_pool import QUESTION_POOL, carry_kind, heads_from, parse_question_pool
+from memstep.question_pool import QUESTION_POOL, carry_fade, carry_kind, heads_from, parse_question_pool
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
@@ -128,6 +128,17 @@ def carry_share(share: torch.Tensor, carried: torch.Tensor | None) -> torch.Tens
         return share
     held = carried.shape[1]
     return torch.cat([torch.maximum(share[:, :held], carried.to(share)), share[:, held:]], dim=1)
+
+
+def read_share(share: torch.Tensor, carried: torch.Tensor | None) -> torch.Tensor:
+    """``+read``: each entry's question share in the step it was read, the held entries' from
+    ``carried`` (in the order the memory holds them); an entry that joined in a step without a cut
+    (carried as 0) reads in this one."""
+    if carried is None:
+        return share
+    held = carried.shape[1]
+    read = torch.cat([carried.to(share), share[:, held:]], dim=1)
+    return torch.where(read > 0, read, share)
 
 
 def share_over_heads(share: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -210,7 +221,8 @@ class ChunkedPrefill(StepContext):
         self.question_weight = float(question_weight)
         self.question_pool = question_pool
         parse_question_pool(question_pool)
-        self.question_carry = carry_kind(question_pool)  # None, "carry" (shares) or "lift" (shares x keys)
+        self.question_carry = carry_kind(question_pool)  # None, "carry", "lift" (shares x keys), "read" or "fade"
+        self.question_fade = carry_fade(question_pool)  # what is left of a carried share one step on
         self.question_heads = heads_from(question_pool)  # None, or the budget per head from which +heads shares
         self.span = span  # span-preserving selection (memstep.spans); None: the token top-k
         self.span_table: torch.Tensor | None = None  # span id per position (sentence / clause: set by the caller)
@@ -276,7 +288,7 @@ class ChunkedPrefill(StepContext):
             state = self._layer_state(module, kwargs, keys, values, positions)
             frozen = self._before[idx] if self._frozen else 0
             scores = self._score(state, positions, keep, frozen)
-            share = keys_now = None
+            share = keys_now = read = None
             if self._question_rows:
                 question = state.group(self._attended[2][self._question_rows][..., :entries])
                 share = question_share(question, positions, self.sinks, self.question_pool)
@@ -285,7 +297,13 @@ class ChunkedPrefill(StepContext):
                     carried = self._carried.get(idx)
                     if carried is not None and keys_now is not None:  # lifts back into this step's shares
                         carried = carried / keys_now
-                    share = carry_share(share, carried)
+                    if carried is not None and self.question_fade < 1:
+                        carried = carried * self.question_fade
+                    if self.question_carry == "read":
+                        read = read_share(share, carried)
+                        share = torch.maximum(share, read)
+                    else:
+                        share = carry_share(share, carried)
                 if self.question_heads is not None and keep - self.sinks >= self.question_heads:
                     share = share_over_heads(share, positions)
                 scores = question_mix(scores, question, positions, self.sinks, self.question_weight, share=share)
@@ -298,7 +316,8 @@ class ChunkedPrefill(StepContext):
             layer.values = values.gather(2, index)
             positions = positions.gather(1, kept)
             if self.question_carry and share is not None:  # in the order the memory now holds its entries
-                self._carried[idx] = share.gather(1, kept) * (keys_now if keys_now is not None else 1)
+                held = share if read is None else read  # +read holds each entry's share of its reading step
+                self._carried[idx] = held.gather(1, kept) * (keys_now if keys_now is not None else 1)
             else:  # a cut without the question's vote: nothing carried lines up with the new memory
                 self._carried.pop(idx, None)
             del state

@@ -4,6 +4,8 @@ Kept free of torch so the command line can check the setting before any model lo
 
 from __future__ import annotations
 
+import re
+
 from memstep.errors import MemstepError
 
 # each key takes the strongest question attention of itself and the 14 keys before it (see question_share),
@@ -23,6 +25,25 @@ CARRY = "+carry"  # a pool's suffix: an entry keeps the strongest question share
 # the same, counted against an even split of its step's keys (share x keys): a step with fewer keys
 # (FM's first, the chunk alone) hands out larger shares, and a plain carry keeps that advantage for good
 LIFT = "+lift"
+# the larger of this step's share and the one the entry had in the step it was read: every entry
+# draws two shares, however long it has been held (a max over every step favours entries read early:
+# the longer held, the more draws for one to run high)
+READ = "+read"
+# +fade:F: +carry with each held share worth F (0 < F < 1) of itself one step on, so an entry's old
+# peak counts less the longer ago it was (a memory of the best shares ever seen raises the bar a
+# late fact must clear, step by step)
+FADE = "+fade"
+_CARRY = re.compile(r"\+(carry|lift|read|fade:(0\.\d*[1-9]\d*))$")
+
+
+def _split_carry(text: str) -> tuple[str, str | None, float]:
+    """``text`` (no +heads) without its carry suffix, the carry's kind and how much of a held share
+    is left one step on (1 but for +fade:F)."""
+    found = _CARRY.search(text)
+    if not found:
+        return text, None, 1.0
+    kind = found.group(1).partition(":")[0]
+    return text[:found.start()], kind, float(found.group(2)) if found.group(2) else 1.0
 
 
 # a last suffix: a key takes the strongest share any KV head of the layer gives its position, so what
@@ -72,13 +93,17 @@ def _unshared(pool: str) -> str:
 
 def carry_kind(pool: str) -> str | None:
     """How ``pool`` carries the question's vote from step to step: "carry" (``follow:15+carry``),
-    "lift" (``follow:15+lift``) or None."""
-    text = _unshared(pool)
-    return "carry" if text.endswith(CARRY) else "lift" if text.endswith(LIFT) else None
+    "lift" (``follow:15+lift``), "read" (``follow:15+read``), "fade" (``follow:15+fade:0.7``) or None."""
+    return _split_carry(_unshared(pool))[1]
+
+
+def carry_fade(pool: str) -> float:
+    """How much of a carried share is left one step on: F for ``+fade:F``, else 1."""
+    return _split_carry(_unshared(pool))[2]
 
 
 def carries(pool: str) -> bool:
-    """Whether ``pool`` carries the question's vote from step to step (+carry or +lift)."""
+    """Whether ``pool`` carries the question's vote from step to step (+carry, +lift, +read or +fade:F)."""
     return carry_kind(pool) is not None
 
 
@@ -90,15 +115,16 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     Any of them + '+carry': a memory entry's question share is the strongest it has had in any
     step since it was read, so a fact the question looked at once is not worn away by the many
     cuts of a long document (see ChunkedPrefill); + '+lift': the same, each step's share counted
-    against an even split of that step's keys. A last '+heads': each key takes the strongest share
+    against an even split of that step's keys; + '+read': the larger of this step's share and the
+    one it had in the step it was read; + '+fade:F': +carry with a held share worth F of itself one
+    step on. A last '+heads': each key takes the strongest share
     any KV head of its layer gives its position; '+heads@N': the same in steps that keep N or more
     entries per head (sinks not counted)."""
     text, start = _split_heads(pool)
     if start is None and HEADS in str(pool):
         raise MemstepError(f"question pool '{pool}': +heads takes nothing after it, or @N (N from 1): "
                            "follow:15+carry+heads@256")
-    suffix = {"carry": CARRY, "lift": LIFT}.get(carry_kind(text), "")
-    kind, _, width = text[:len(text) - len(suffix)].partition(":")
+    kind, _, width = _split_carry(text)[0].partition(":")
     if kind == "none" and not width:
         return "none", 1
     if kind in ("max", "mean") and width.isdigit() and int(width) % 2 == 1 and 1 <= int(width) <= 255:
@@ -106,4 +132,4 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     if kind == "follow" and width.isdigit() and 1 <= int(width) <= 255:
         return kind, int(width)
     raise MemstepError(f"question pool '{pool}' is not one of max:N, mean:N (N odd, 1-255), follow:N (1-255) or "
-                      "none, optionally followed by +carry or +lift, then +heads or +heads@N")
+                      "none, optionally followed by +carry, +lift, +read or +fade:F (0 < F < 1), then +heads or +heads@N")

@@ -237,6 +237,64 @@ def test_lift_carries_shares_against_an_even_split(tiny_model):
         assert torch.allclose(lifted, plain * keys)
 
 
+def test_read_keeps_the_share_of_the_reading_step():
+    """+read: a held entry weighs the larger of this step's share and the one it had when read (two
+    draws however long it is held); an entry carried as 0 (joined without a cut) reads now."""
+    from memstep.engine import read_share
+    from memstep.question_pool import carry_kind, carries, parse_question_pool
+
+    assert carry_kind("follow:15+read") == "read" and carries("follow:15+read+heads@256")
+    assert parse_question_pool("follow:15+read+heads@256") == ("follow", 15)
+    share = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5]])
+    carried = torch.tensor([[0.4, 0.0, 0.1]])  # three held entries; the second joined without a cut
+    read = read_share(share, carried)
+    assert torch.allclose(read, torch.tensor([[0.4, 0.2, 0.1, 0.4, 0.5]]))
+    assert torch.allclose(torch.maximum(share, read), torch.tensor([[0.4, 0.2, 0.3, 0.4, 0.5]]))
+    assert read_share(share, None) is share
+
+
+def test_fade_parses_and_refuses():
+    """+fade:F takes F strictly between 0 and 1; the rest is refused in one line."""
+    from memstep.question_pool import carry_fade, carry_kind, parse_question_pool
+
+    assert carry_kind("follow:15+fade:0.7+heads@256") == "fade" and carry_fade("follow:15+fade:0.7+heads@256") == 0.7
+    assert carry_fade("follow:15+carry") == 1.0 and parse_question_pool("max:15+fade:0.05") == ("max", 15)
+    for bad in ("follow:15+fade", "follow:15+fade:1", "follow:15+fade:0", "follow:15+fade:0.0", "follow:15+fade:1.5",
+                "follow:15+fade:.5", "follow:15+fade:0.7+carry"):
+        with pytest.raises(MemstepError, match="fade:F"):
+            parse_question_pool(bad)
+
+
+def test_carried_shares_step_by_step_by_kind():
+    """In the engine, step by step: +read's held value of an entry never changes once read; +carry's
+    never falls and grows with the steps it is held (its max over more draws); +fade:0.5's falls, but
+    never below half of the step before. Each lines up with the memory."""
+    model = make_tiny_model()
+    with torch.no_grad():  # sharper attention than random init's near-even split, so shares differ step to step
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight *= 30
+            layer.self_attn.k_proj.weight *= 30
+    rose, fell = {}, {}
+    for pool in ("follow:15+read", "follow:15+carry", "follow:15+fade:0.5"):
+        engine = ChunkedPrefill(model, make_scorer("chunk-attention"), sinks=4, question_ids=QUESTION,
+                                question_pool=pool)
+        seen, rose[pool], fell[pool] = {}, 0, 0
+        for _ in engine.run(ids(300, seed=4), make_schedule("fm", 300, 64, 40)):
+            for idx, held in enumerate(engine.positions):
+                assert engine._carried[idx].shape == held.shape
+                for head in range(held.shape[0]):
+                    for position, value in zip(held[head].tolist(), engine._carried[idx][head].tolist()):
+                        before = seen.get((idx, head, position), 0.0)
+                        if before > 0:  # held and scored before
+                            rose[pool] += value > before
+                            fell[pool] += value < before
+                            assert value >= 0.5 * before * (1 - 1e-6)
+                        seen[(idx, head, position)] = value
+    assert rose["follow:15+read"] == fell["follow:15+read"] == 0
+    assert rose["follow:15+carry"] > 0 and fell["follow:15+carry"] == 0
+    assert fell["follow:15+fade:0.5"] > 0
+
+
 def test_heads_share_the_question_vote_by_position(tiny_model):
     """+heads: each entry takes the strongest share any KV head gives its document position (heads
     hold different memories, so positions, not indices, are matched); in the engine every position
