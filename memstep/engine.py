@@ -222,7 +222,8 @@ class ChunkedPrefill(StepContext):
         self.question_pool = question_pool
         parse_question_pool(question_pool)
         self.question_carry = carry_kind(question_pool)  # None, "carry", "lift" (shares x keys), "read" or "fade"
-        self.question_fade = carry_fade(question_pool)  # what is left of a carried share one step on
+        # what is left of a carried share one step on, and from how many kept entries per head
+        self.question_fade, self.question_fade_from = carry_fade(question_pool)
         self.question_heads = heads_from(question_pool)  # None, or the budget per head from which +heads shares
         self.span = span  # span-preserving selection (memstep.spans); None: the token top-k
         self.span_table: torch.Tensor | None = None  # span id per position (sentence / clause: set by the caller)
@@ -297,7 +298,7 @@ class ChunkedPrefill(StepContext):
                     carried = self._carried.get(idx)
                     if carried is not None and keys_now is not None:  # lifts back into this step's shares
                         carried = carried / keys_now
-                    if carried is not None and self.question_fade < 1:
+                    if carried is not None and self.question_fade < 1 and keep - self.sinks >= self.question_fade_from:
                         carried = carried * self.question_fade
                     if self.question_carry == "read":
                         read = read_share(share, carried)

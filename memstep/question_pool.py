@@ -8,16 +8,21 @@ import re
 
 from memstep.errors import MemstepError
 
-# each key takes the strongest question attention of itself and the 14 keys before it (see question_share),
-# a memory entry keeps the strongest it has had in any step (+carry), and from 256 entries per KV head up
-# every head of a layer keeps what the question finds through any of them (+heads@256); max:15 (centred)
-# until the public needle test showed it cutting answers in two, then follow:15 until the same test at
-# 4,096 tokens showed answers worn away over the later cuts, then follow:15+carry until +heads kept more
-# of the answer at M = 256 and 512 (at M = 128 sharing left each head too little of its own: it lost
-# answers there) (docs/spans-and-niah.md)
-QUESTION_POOL = "follow:15+carry+heads@256"
+# each key takes the strongest question attention of itself and the 14 keys before it (see question_share);
+# below 256 entries per KV head a memory entry keeps the strongest share it has had in any step (+carry);
+# from 256 up that peak is worth 0.7 of itself one step on (+fade:0.7@256), and every head of a layer
+# keeps what the question finds through any of them (+heads@256). max:15 (centred) until the public
+# needle test showed it cutting answers in two, then follow:15 until the same test at 4,096 tokens
+# showed answers worn away over the later cuts, then follow:15+carry until +heads kept more of the
+# answer at M = 256 and 512 (at M = 128 sharing left each head too little of its own), then
+# follow:15+carry+heads@256 until at 8,192 tokens the carried peaks of 16 steps shut out the last
+# pages' needles (a full carry still holds more at M = 128) (docs/spans-and-niah.md)
+QUESTION_POOL = "follow:15+fade:0.7@256+heads@256"
 # the engine's earlier defaults, newest first: results that ran at one stand in for it
-EARLIER_POOLS = ("follow:15+carry", "follow:15", "max:15")
+EARLIER_POOLS = ("follow:15+carry+heads@256", "follow:15+carry", "follow:15", "max:15")
+# pools the default's cells were run under by name before it became the default (the evaluation
+# finds them as the default's where they run the same)
+RAN_AS = ("follow:15+fade:0.7+heads@256",)
 QUESTION_POOLS = ("max", "mean", "follow", "none")
 
 
@@ -31,19 +36,21 @@ LIFT = "+lift"
 READ = "+read"
 # +fade:F: +carry with each held share worth F (0 < F < 1) of itself one step on, so an entry's old
 # peak counts less the longer ago it was (a memory of the best shares ever seen raises the bar a
-# late fact must clear, step by step)
+# late fact must clear, step by step); +fade:F@N: only in steps that keep N or more entries per head
+# besides the sinks, +carry below (a small memory needs the full carry to hold a fact over many cuts)
 FADE = "+fade"
-_CARRY = re.compile(r"\+(carry|lift|read|fade:(0\.\d*[1-9]\d*))$")
+_CARRY = re.compile(r"\+(carry|lift|read|fade:(0\.\d*[1-9]\d*)(?:@([1-9]\d{0,6}))?)$")
 
 
-def _split_carry(text: str) -> tuple[str, str | None, float]:
-    """``text`` (no +heads) without its carry suffix, the carry's kind and how much of a held share
-    is left one step on (1 but for +fade:F)."""
+def _split_carry(text: str) -> tuple[str, str | None, float, int]:
+    """``text`` (no +heads) without its carry suffix, the carry's kind, how much of a held share
+    is left one step on (1 but for +fade:F) and from how many kept entries per head it fades."""
     found = _CARRY.search(text)
     if not found:
-        return text, None, 1.0
+        return text, None, 1.0, 0
     kind = found.group(1).partition(":")[0]
-    return text[:found.start()], kind, float(found.group(2)) if found.group(2) else 1.0
+    fade = float(found.group(2)) if found.group(2) else 1.0
+    return text[:found.start()], kind, fade, int(found.group(3) or 0)
 
 
 # a last suffix: a key takes the strongest share any KV head of the layer gives its position, so what
@@ -82,8 +89,11 @@ def pool_at(pool: str, budget: int) -> str:
     """What ``pool`` runs in a step that keeps ``budget`` entries per head besides the sinks:
     +heads@N reads as +heads from N up and as the pool without it below."""
     base, start = _split_heads(pool)
+    text, kind, fade, fade_from = _split_carry(base)
+    if kind == "fade" and fade_from:  # +fade:F@N reads as +fade:F from N up and as +carry below
+        base = text + (f"{FADE}:{fade:g}" if budget >= fade_from else CARRY)
     if start is None:
-        return str(pool).strip()
+        return base
     return base + HEADS if budget >= start else base
 
 
@@ -97,9 +107,10 @@ def carry_kind(pool: str) -> str | None:
     return _split_carry(_unshared(pool))[1]
 
 
-def carry_fade(pool: str) -> float:
-    """How much of a carried share is left one step on: F for ``+fade:F``, else 1."""
-    return _split_carry(_unshared(pool))[2]
+def carry_fade(pool: str) -> tuple[float, int]:
+    """How much of a carried share is left one step on (F for ``+fade:F``, else 1), and from how many
+    kept entries per head besides the sinks (N for ``+fade:F@N``, else 0)."""
+    return _split_carry(_unshared(pool))[2:]
 
 
 def carries(pool: str) -> bool:
@@ -117,13 +128,13 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     cuts of a long document (see ChunkedPrefill); + '+lift': the same, each step's share counted
     against an even split of that step's keys; + '+read': the larger of this step's share and the
     one it had in the step it was read; + '+fade:F': +carry with a held share worth F of itself one
-    step on. A last '+heads': each key takes the strongest share
+    step on ('+fade:F@N': in steps that keep N or more entries per head, +carry below). A last '+heads': each key takes the strongest share
     any KV head of its layer gives its position; '+heads@N': the same in steps that keep N or more
     entries per head (sinks not counted)."""
     text, start = _split_heads(pool)
     if start is None and HEADS in str(pool):
         raise MemstepError(f"question pool '{pool}': +heads takes nothing after it, or @N (N from 1): "
-                           "follow:15+carry+heads@256")
+                           "follow:15+fade:0.7@256+heads@256")
     kind, _, width = _split_carry(text)[0].partition(":")
     if kind == "none" and not width:
         return "none", 1
@@ -132,4 +143,4 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     if kind == "follow" and width.isdigit() and 1 <= int(width) <= 255:
         return kind, int(width)
     raise MemstepError(f"question pool '{pool}' is not one of max:N, mean:N (N odd, 1-255), follow:N (1-255) or "
-                      "none, optionally followed by +carry, +lift, +read or +fade:F (0 < F < 1), then +heads or +heads@N")
+                      "none, optionally followed by +carry, +lift, +read or +fade:F[@N] (0 < F < 1), then +heads or +heads@N")

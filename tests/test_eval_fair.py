@@ -270,12 +270,16 @@ def test_cells_run_at_an_earlier_default_pool_read_as_that_pool(tmp_path):
 
 
 def test_cells_at_a_pool_that_runs_as_the_default_read_as_the_default(tmp_path, monkeypatch):
-    """Under FM (one budget in every step) today's default, +heads@256, runs follow:15+carry below
-    M = 256 and follow:15+carry+heads from 256 up: a cell run at the earlier default below 256, or
-    with +heads named from 256 up, reads as the default, and a run of the default finds it (no case
-    runs twice). Elsewhere (M = 256 at the earlier default; +heads below 256; IMDC, whose budgets
-    grow through smaller steps) a cell keeps its own pool."""
-    from memstep.evaluation.grid import alike_keys, cell_key, runs_as_default
+    """Under FM (one budget in every step) today's default, follow:15+fade:0.7@256+heads@256, runs
+    follow:15+carry below M = 256 and follow:15+fade:0.7+heads from 256 up: a cell run at the earlier
+    default (follow:15+carry+heads@256) below 256, or with the fade named from 256 up, reads as the
+    default, and a run of the default finds it (no case runs twice). Elsewhere (M = 256 at the
+    earlier default; the fade named below 256; IMDC, whose budgets grow through smaller steps) a
+    cell keeps its own pool, and naming the earlier default finds its cells under either name."""
+    from memstep.evaluation.grid import alike_keys, cell_key, pooled_key, runs_as_default
+
+    earlier, fade = "follow:15+carry+heads@256", "follow:15+fade:0.7+heads@256"
+    assert QUESTION_POOL == "follow:15+fade:0.7@256+heads@256"
 
     def fm(budget, pool=None, schedule="fm"):
         return Config("memstep", schedule, "linear" if schedule == "imdc" else None, "chunk-attention", budget,
@@ -288,29 +292,33 @@ def test_cells_at_a_pool_that_runs_as_the_default_read_as_the_default(tmp_path, 
         return {"key": cell_key(config, case, settings), "config": config.to_dict(), "label": config.label, **case,
                 "settings": {"question_pool": recorded}}
 
-    cells = {"old-128": stored(fm(128), "follow:15+carry"), "old-256": stored(fm(256), "follow:15+carry"),
+    cells = {"old-128": stored(fm(128), earlier), "old-256": stored(fm(256), earlier),
+             "fade-256": stored(fm(256, fade), fade), "fade-128": stored(fm(128, fade), fade),
              "heads-256": stored(fm(256, "follow:15+carry+heads"), "follow:15+carry+heads"),
-             "heads-128": stored(fm(128, "follow:15+carry+heads"), "follow:15+carry+heads"),
-             "imdc-256": stored(fm(256, "follow:15+carry+heads", "imdc"), "follow:15+carry+heads")}
+             "imdc-256": stored(fm(256, fade, "imdc"), fade)}
     (tmp_path / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cells.values()))
     store = ResultStore(tmp_path)
     read = {name: next(c for c in store.cells() if c["key"].startswith(cell["key"])) for name, cell in cells.items()}
     assert read["old-128"]["label"] == fm(128).label and read["old-128"]["key"] == cells["old-128"]["key"]
-    assert read["old-256"]["label"].endswith("pool=follow:15+carry")
-    assert read["heads-256"]["label"] == fm(256).label and read["heads-256"]["key"] == cells["heads-256"]["key"]
-    assert read["heads-128"]["label"].endswith("pool=follow:15+carry+heads")
-    assert read["imdc-256"]["label"].endswith("pool=follow:15+carry+heads")
-    assert runs_as_default(fm(512), QUESTION_POOL) and not runs_as_default(fm(512, schedule="imdc"), "follow:15+carry+heads")
+    assert read["old-256"]["label"].endswith(f"pool={earlier}")
+    assert read["old-256"]["key"] == pooled_key(cells["old-256"]["key"], earlier)
+    assert read["fade-256"]["label"] == fm(256).label and read["fade-256"]["key"] == cells["fade-256"]["key"]
+    assert read["fade-128"]["label"].endswith(f"pool={fade}")
+    assert read["heads-256"]["label"].endswith("pool=follow:15+carry+heads")
+    assert read["imdc-256"]["label"].endswith(f"pool={fade}")
+    assert runs_as_default(fm(512), QUESTION_POOL) and not runs_as_default(fm(512, schedule="imdc"), fade)
 
-    assert any(key in store for key in alike_keys(fm(256), case, settings))  # the +heads cell stands in
+    assert any(key in store for key in alike_keys(fm(256), case, settings))  # the named fade stands in
     assert any(key in store for key in alike_keys(fm(128), case, settings))  # the earlier default's
     assert not any(key in store for key in alike_keys(fm(512), case, settings))
     assert alike_keys(fm(256, "mean:5"), case, settings)[0] == cell_key(fm(256, "mean:5"), case, settings)
     # naming the earlier default finds the cells run when it was the default (read under key-pool-...)
-    assert any(key in store for key in alike_keys(fm(256, "follow:15+carry"), case, settings))
+    # and those run with its pool at M = 256 named (+heads)
+    named = alike_keys(fm(256, earlier), case, settings)
+    assert read["old-256"]["key"] in named and cells["heads-256"]["key"] in named
     assert not any(key in store for key in alike_keys(fm(256, "mean:5"), case, settings))
-    # the other way round: naming +heads at M = 256 finds the default's cell
-    assert cell_key(fm(256), case, settings) in alike_keys(fm(256, "follow:15+carry+heads"), case, settings)
+    # the other way round: naming the fade at M = 256 finds the default's cell
+    assert cell_key(fm(256), case, settings) in alike_keys(fm(256, fade), case, settings)
     calls = []
     monkeypatch.setattr(runner, "run_group", lambda config, *args, **kwargs: calls.append(config.label))
     report = runner.run_grid([fm(128), fm(256), fm(512)], [types.SimpleNamespace(length=2048, cell=case)],

@@ -188,10 +188,10 @@ def test_carry_keeps_the_strongest_share_an_entry_had():
 def test_carried_shares_follow_the_memory_step_by_step(tiny_model):
     """The engine's carried shares line up with each layer's memory after every step (one per kept
     entry, per KV head); the first cut, with nothing carried, keeps what the plain pool keeps, and
-    a later one differs. +carry is part of the engine's default."""
-    from memstep.question_pool import QUESTION_POOL, carry_kind
+    a later one differs. The engine's default carries (+fade:0.7@256: in full below 256 entries per head)."""
+    from memstep.question_pool import QUESTION_POOL, carry_fade, carry_kind
 
-    assert carry_kind(QUESTION_POOL) == "carry"
+    assert carry_kind(QUESTION_POOL) == "fade" and carry_fade(QUESTION_POOL) == (0.7, 256)
     tokens = ids(300, seed=4)
     schedule = make_schedule("fm", 300, 64, 40)
     engine = ChunkedPrefill(tiny_model, make_scorer("chunk-attention"), sinks=4, question_ids=QUESTION,
@@ -257,12 +257,34 @@ def test_fade_parses_and_refuses():
     """+fade:F takes F strictly between 0 and 1; the rest is refused in one line."""
     from memstep.question_pool import carry_fade, carry_kind, parse_question_pool
 
-    assert carry_kind("follow:15+fade:0.7+heads@256") == "fade" and carry_fade("follow:15+fade:0.7+heads@256") == 0.7
-    assert carry_fade("follow:15+carry") == 1.0 and parse_question_pool("max:15+fade:0.05") == ("max", 15)
+    assert carry_kind("follow:15+fade:0.7+heads@256") == "fade"
+    assert carry_fade("follow:15+fade:0.7+heads@256") == (0.7, 0) and carry_fade("follow:15+fade:0.5@200") == (0.5, 200)
+    assert carry_fade("follow:15+carry") == (1.0, 0) and parse_question_pool("max:15+fade:0.05") == ("max", 15)
     for bad in ("follow:15+fade", "follow:15+fade:1", "follow:15+fade:0", "follow:15+fade:0.0", "follow:15+fade:1.5",
-                "follow:15+fade:.5", "follow:15+fade:0.7+carry"):
+                "follow:15+fade:.5", "follow:15+fade:0.7+carry", "follow:15+fade:0.7@0", "follow:15+fade:0.7@x"):
         with pytest.raises(MemstepError, match="fade:F"):
             parse_question_pool(bad)
+
+
+def test_fade_from_a_budget_up(tiny_model):
+    """+fade:F@N fades in steps keeping N or more entries per head besides the sinks and carries in
+    full below: by hand (pool_at), and in the engine (the same kept entries as +carry below N and as
+    +fade:F from N up; M = 40 keeps 40 per head besides the 4 sinks)."""
+    from memstep.question_pool import pool_at
+
+    pool = "follow:15+fade:0.7@256+heads@256"
+    assert [pool_at(pool, budget) for budget in (128, 255, 256, 512)] == \
+        ["follow:15+carry", "follow:15+carry", "follow:15+fade:0.7+heads", "follow:15+fade:0.7+heads"]
+    assert pool_at("follow:15+fade:0.5+heads@256", 128) == "follow:15+fade:0.5"
+
+    def kept(pool):
+        return [r.kept_positions for r in run(tiny_model, ids(300, seed=4), make_schedule("fm", 300, 64, 40),
+                                              QUESTION, question_pool=pool)[1]]
+
+    carry, fade = kept("follow:15+carry"), kept("follow:15+fade:0.3")
+    assert any(not np.array_equal(a, b) for a, b in zip(carry, fade))
+    for pool, same in (("follow:15+fade:0.3@41", carry), ("follow:15+fade:0.3@40", fade)):
+        assert all(np.array_equal(a, b) for a, b in zip(kept(pool), same)), pool
 
 
 def test_carried_shares_step_by_step_by_kind():
@@ -321,11 +343,13 @@ def test_heads_share_the_question_vote_by_position(tiny_model):
 
 def test_heads_share_from_a_budget_up(tiny_model):
     """+heads@N shares the question's vote between a layer's KV heads in a step that keeps N or more
-    entries per head (sinks not counted) and not below; the engine's default shares from 256 up.
-    In the engine a budget of 40 runs +heads@40 as +heads and +heads@41 as the pool without it."""
+    entries per head (sinks not counted) and not below; the engine's default shares (and fades its
+    carried vote) from 256 up. In the engine a budget of 40 runs +heads@40 as +heads and +heads@41 as the pool without it."""
     from memstep.question_pool import QUESTION_POOL, heads_from, parse_question_pool, pool_at
 
-    assert QUESTION_POOL == "follow:15+carry+heads@256"
+    assert QUESTION_POOL == "follow:15+fade:0.7@256+heads@256"
+    assert [pool_at(QUESTION_POOL, budget) for budget in (128, 255, 256, 512)] == \
+        ["follow:15+carry", "follow:15+carry", "follow:15+fade:0.7+heads", "follow:15+fade:0.7+heads"]
     table = [("follow:15+carry+heads@256", 128, "follow:15+carry"), ("follow:15+carry+heads@256", 255, "follow:15+carry"),
              ("follow:15+carry+heads@256", 256, "follow:15+carry+heads"),
              ("follow:15+carry+heads@256", 512, "follow:15+carry+heads"),

@@ -75,7 +75,10 @@ def register(sub) -> None:
                         "words after those the question looks at) or none (default "
                         f"{QUESTION_POOL}); + '+carry' (follow:15+carry): a memory entry keeps the strongest "
                         "question share it has had since it was read, so long documents do not wear it away; "
-                        "+ '+lift': the same, each share counted against an even split of its step's keys; then "
+                        "+ '+lift': the same, each share counted against an even split of its step's keys; "
+                        "+ '+read': the larger of this step's share and its reading step's; + '+fade:F': +carry with "
+                        "a held share worth F of itself one step on ('+fade:F@N': in steps that keep N or more "
+                        "entries per head, +carry below); then "
                         "'+heads': a key takes the strongest share any KV head of its layer gives its position; '+heads@N': "
                         "the same in steps that keep N or more entries per head")
     p.add_argument("--span", type=_span, default=None,

@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 
 from memstep.errors import MemstepError
-from memstep.question_pool import EARLIER_POOLS, QUESTION_POOL, pool_at
+from memstep.question_pool import EARLIER_POOLS, QUESTION_POOL, RAN_AS, pool_at
 from memstep.schedules import GROWTHS
 
 # kvpress presses run by the peer (peers/kvpress_peer.py), named as kvpress names them; their
@@ -153,30 +153,39 @@ def pooled_key(key: str, pool: str) -> str:
     return f"{key}-pool-{pool}"
 
 
-def runs_as_default(config: Config, pool: str) -> bool:
-    """Whether memstep's question-aware ``config`` run at ``pool`` computes what it computes at the
-    engine's default pool: the same pool, or, under FM (one budget in every step and layer), the
-    same pool at its budget (+heads@N is +heads from N up and no +heads below)."""
-    if pool == QUESTION_POOL:
+def runs_alike(config: Config, pool: str, other: str) -> bool:
+    """Whether memstep's question-aware ``config`` computes the same at ``pool`` and ``other``: the
+    same pool, or, under FM (one budget in every step and layer), the same pool at its budget
+    (+heads@N is +heads from N up and no +heads below; +fade:F@N is +fade:F from N up, +carry below)."""
+    if pool == other:
         return True
     return config.schedule == "fm" and config.growth is None and config.budget is not None \
-        and pool_at(pool, config.budget) == pool_at(QUESTION_POOL, config.budget)
+        and pool_at(pool, config.budget) == pool_at(other, config.budget)
+
+
+def runs_as_default(config: Config, pool: str) -> bool:
+    """Whether ``config`` run at ``pool`` computes what it computes at the engine's default pool."""
+    return runs_alike(config, pool, QUESTION_POOL)
 
 
 def alike_keys(config: Config, cell: dict, settings: dict) -> list[str]:
-    """The keys a finished cell of ``config`` on ``cell`` may sit under: its own; when it runs what
-    the default pool runs, those of the default and of the pools that run the same (cells run before
-    the default changed, or with the default's pool named); and for a named pool, the key a cell run
-    when that pool was the default reads under (upgrade_cell), so no case runs twice."""
+    """The keys a finished cell of ``config`` on ``cell`` may sit under: its own, and those of the
+    pools that run the same as its pool (runs_alike) among the default, the pools it ran under by
+    name and the earlier defaults: cells run before the default changed, or with a pool named that
+    runs what the default runs; and the key a cell run when an alike pool was the default reads under
+    (upgrade_cell), so no case runs twice."""
     if config.kind != "memstep" or not config.question_aware:
         return [cell_key(config, cell, settings)]
-    configs = [config]
-    if config.question_pool is None or runs_as_default(config, config.question_pool):
-        pools = [None, QUESTION_POOL] + ([pool_at(QUESTION_POOL, config.budget)] if config.budget is not None else [])
-        configs += [replace(config, question_pool=pool) for pool in pools if pool != config.question_pool]
-    keys = [cell_key(c, cell, settings) for c in configs]
-    if config.question_pool is not None:
-        keys.append(pooled_key(cell_key(replace(config, question_pool=None), cell, settings), config.question_pool))
+    pool = config.question_pool or QUESTION_POOL
+    known = [QUESTION_POOL, *RAN_AS, *EARLIER_POOLS]
+    if config.budget is not None:
+        known += [pool_at(pool, config.budget), pool_at(QUESTION_POOL, config.budget)]
+    alike = [other for other in dict.fromkeys([pool, *known]) if runs_alike(config, other, pool)]
+    pools = ([None] if runs_as_default(config, pool) else []) + alike
+    keys = [cell_key(config, cell, settings)] + [cell_key(replace(config, question_pool=other), cell, settings)
+                                                for other in pools]
+    unnamed = cell_key(replace(config, question_pool=None), cell, settings)
+    keys += [pooled_key(unnamed, other) for other in alike]
     return list(dict.fromkeys(keys))
 
 
