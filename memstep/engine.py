@@ -290,6 +290,7 @@ class ChunkedPrefill(StepContext):
             frozen = self._before[idx] if self._frozen else 0
             scores = self._score(state, positions, keep, frozen)
             share = keys_now = read = None
+            per_head = keep - self.sinks  # the entries this cut keeps per head besides the sinks (+fade@N, +heads@N)
             if self._question_rows:
                 question = state.group(self._attended[2][self._question_rows][..., :entries])
                 share = question_share(question, positions, self.sinks, self.question_pool)
@@ -298,14 +299,14 @@ class ChunkedPrefill(StepContext):
                     carried = self._carried.get(idx)
                     if carried is not None and keys_now is not None:  # lifts back into this step's shares
                         carried = carried / keys_now
-                    if carried is not None and self.question_fade < 1 and keep - self.sinks >= self.question_fade_from:
+                    if carried is not None and self.question_fade < 1 and per_head >= self.question_fade_from:
                         carried = carried * self.question_fade
                     if self.question_carry == "read":
                         read = read_share(share, carried)
                         share = torch.maximum(share, read)
                     else:
                         share = carry_share(share, carried)
-                if self.question_heads is not None and keep - self.sinks >= self.question_heads:
+                if self.question_heads is not None and per_head >= self.question_heads:
                     share = share_over_heads(share, positions)
                 scores = question_mix(scores, question, positions, self.sinks, self.question_weight, share=share)
             if self.span is None:
