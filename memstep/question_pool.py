@@ -39,18 +39,28 @@ READ = "+read"
 # late fact must clear, step by step); +fade:F@N: only in steps that keep N or more entries per head
 # besides the sinks, +carry below (a small memory needs the full carry to hold a fact over many cuts)
 FADE = "+fade"
-_CARRY = re.compile(r"\+(carry|lift|read|fade:(0\.\d*[1-9]\d*)(?:@([1-9]\d{0,6}))?)$")
+# @N after +fade:F or +heads, read the same way for both: N kept entries per head, 1 to AT_MOST
+AT_MOST = 1_000_000
+_AT = r"(?:@(\d{1,7}))?"
+_CARRY = re.compile(r"\+(carry|lift|read|fade:(0\.\d*[1-9]\d*)" + _AT + ")$")
+
+
+def _at(digits: str | None) -> int | None:
+    """The N of an @N suffix (0 without one); None for an N outside 1 to AT_MOST."""
+    if digits is None:
+        return 0
+    return int(digits) if 1 <= int(digits) <= AT_MOST else None
 
 
 def _split_carry(text: str) -> tuple[str, str | None, float, int]:
     """``text`` (no +heads) without its carry suffix, the carry's kind, how much of a held share
     is left one step on (1 but for +fade:F) and from how many kept entries per head it fades."""
     found = _CARRY.search(text)
-    if not found:
+    if not found or _at(found.group(3)) is None:
         return text, None, 1.0, 0
     kind = found.group(1).partition(":")[0]
     fade = float(found.group(2)) if found.group(2) else 1.0
-    return text[:found.start()], kind, fade, int(found.group(3) or 0)
+    return text[:found.start()], kind, fade, _at(found.group(3))
 
 
 # a last suffix: a key takes the strongest share any KV head of the layer gives its position, so what
@@ -58,31 +68,22 @@ def _split_carry(text: str) -> tuple[str, str | None, float, int]:
 # +heads@N: only in a step that keeps at least N entries per head besides the sinks (a smaller memory
 # needs every slot for the head's own picks)
 HEADS = "+heads"
+_HEADS = re.compile(r"\+heads" + _AT + "$")
 
 
 def _split_heads(pool: str) -> tuple[str, int | None]:
     """``pool`` without its +heads suffix, and from how many kept entries per head it shares
     (0: always; None: no +heads, or a malformed one, which parse_question_pool refuses)."""
     text = str(pool).strip()
-    base, mark, rest = text.rpartition(HEADS)
-    if not mark:
-        return text, None
-    if not rest:
-        return base, 0
-    if rest.startswith("@") and rest[1:].isdigit() and 1 <= int(rest[1:]) <= 1_000_000:
-        return base, int(rest[1:])
-    return text, None
+    found = _HEADS.search(text)
+    start = _at(found.group(1)) if found else None
+    return (text, None) if start is None else (text[:found.start()], start)
 
 
 def heads_from(pool: str) -> int | None:
     """The smallest number of kept entries per KV head (sinks not counted) from which ``pool``
     shares the question's vote between a layer's heads: 0 for +heads, N for +heads@N, None without."""
     return _split_heads(pool)[1]
-
-
-def shares_heads(pool: str) -> bool:
-    """Whether ``pool`` shares the question's vote between a layer's KV heads at any budget."""
-    return heads_from(pool) is not None
 
 
 def pool_at(pool: str, budget: int) -> str:
@@ -112,11 +113,6 @@ def carry_fade(pool: str) -> tuple[float, int]:
     """How much of a carried share is left one step on (F for ``+fade:F``, else 1), and from how many
     kept entries per head besides the sinks (N for ``+fade:F@N``, else 0)."""
     return _split_carry(_unshared(pool))[2:]
-
-
-def carries(pool: str) -> bool:
-    """Whether ``pool`` carries the question's vote from step to step (+carry, +lift, +read or +fade:F)."""
-    return carry_kind(pool) is not None
 
 
 def parse_question_pool(pool: str) -> tuple[str, int]:

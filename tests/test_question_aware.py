@@ -172,14 +172,14 @@ def test_carry_keeps_the_strongest_share_an_entry_had():
     """+carry: the memory's entries (leading, in the memory's order) take the larger of this step's
     question share and the one they carried; the chunk's entries take this step's."""
     from memstep.engine import carry_share
-    from memstep.question_pool import carries, parse_question_pool
+    from memstep.question_pool import carry_kind, parse_question_pool
 
     share = torch.tensor([[0.1, 0.2, 0.3, 0.2, 0.2]])
     carried = torch.tensor([[0.5, 0.0, 0.1]])
     assert torch.allclose(carry_share(share, carried), torch.tensor([[0.5, 0.2, 0.3, 0.2, 0.2]]))
     assert carry_share(share, None) is share
-    assert parse_question_pool("follow:15+carry") == ("follow", 15) and carries("follow:15+carry")
-    assert not carries("follow:15")
+    assert parse_question_pool("follow:15+carry") == ("follow", 15) and carry_kind("follow:15+carry") == "carry"
+    assert carry_kind("follow:15") is None
     for bad in ("follow:15+car", "+carry", "carry"):
         with pytest.raises(MemstepError, match="optionally followed by \\+carry"):
             parse_question_pool(bad)
@@ -241,9 +241,9 @@ def test_read_keeps_the_share_of_the_reading_step():
     """+read: a held entry weighs the larger of this step's share and the one it had when read (two
     draws however long it is held); an entry carried as 0 (joined without a cut) reads now."""
     from memstep.engine import read_share
-    from memstep.question_pool import carry_kind, carries, parse_question_pool
+    from memstep.question_pool import carry_kind, parse_question_pool
 
-    assert carry_kind("follow:15+read") == "read" and carries("follow:15+read+heads@256")
+    assert carry_kind("follow:15+read") == "read" and carry_kind("follow:15+read+heads@256") == "read"
     assert parse_question_pool("follow:15+read+heads@256") == ("follow", 15)
     share = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5]])
     carried = torch.tensor([[0.4, 0.0, 0.1]])  # three held entries; the second joined without a cut
@@ -260,8 +260,10 @@ def test_fade_parses_and_refuses():
     assert carry_kind("follow:15+fade:0.7+heads@256") == "fade"
     assert carry_fade("follow:15+fade:0.7+heads@256") == (0.7, 0) and carry_fade("follow:15+fade:0.5@200") == (0.5, 200)
     assert carry_fade("follow:15+carry") == (1.0, 0) and parse_question_pool("max:15+fade:0.05") == ("max", 15)
+    assert carry_fade("follow:15+fade:0.7@1000000+heads@1000000") == (0.7, 1_000_000)  # @N reads alike for both
     for bad in ("follow:15+fade", "follow:15+fade:1", "follow:15+fade:0", "follow:15+fade:0.0", "follow:15+fade:1.5",
-                "follow:15+fade:.5", "follow:15+fade:0.7+carry", "follow:15+fade:0.7@0", "follow:15+fade:0.7@x"):
+                "follow:15+fade:.5", "follow:15+fade:0.7+carry", "follow:15+fade:0.7@0", "follow:15+fade:0.7@x",
+                "follow:15+fade:0.7@1000001"):
         with pytest.raises(MemstepError, match="fade:F"):
             parse_question_pool(bad)
 
@@ -322,14 +324,14 @@ def test_heads_share_the_question_vote_by_position(tiny_model):
     hold different memories, so positions, not indices, are matched); in the engine every position
     a layer's heads both hold carries one value."""
     from memstep.engine import share_over_heads
-    from memstep.question_pool import carry_kind, parse_question_pool, shares_heads
+    from memstep.question_pool import carry_kind, heads_from, parse_question_pool
 
     share = torch.tensor([[0.1, 0.5, 0.2], [0.3, 0.0, 0.4]])
     positions = torch.tensor([[4, 7, 9], [4, 9, 12]])
     assert torch.allclose(share_over_heads(share, positions), torch.tensor([[0.3, 0.5, 0.2], [0.3, 0.2, 0.4]]))
     assert parse_question_pool("follow:15+carry+heads") == ("follow", 15)
-    assert carry_kind("follow:15+carry+heads") == "carry" and shares_heads("follow:15+carry+heads")
-    assert not shares_heads("follow:15+carry")
+    assert carry_kind("follow:15+carry+heads") == "carry" and heads_from("follow:15+carry+heads") == 0
+    assert heads_from("follow:15+carry") is None
 
     engine = ChunkedPrefill(tiny_model, make_scorer("chunk-attention"), sinks=4, question_ids=QUESTION,
                             question_pool="follow:15+carry+heads")
@@ -357,9 +359,10 @@ def test_heads_share_from_a_budget_up(tiny_model):
     for pool, budget, runs in table:
         assert pool_at(pool, budget) == runs, (pool, budget)
     assert (heads_from("follow:15+carry+heads@256"), heads_from("follow:15+heads"), heads_from("follow:15")) == (256, 0, None)
+    assert heads_from("follow:15+fade:0.7@1000000+heads@1000000") == 1_000_000
     assert parse_question_pool("follow:15+carry+heads@256") == ("follow", 15)
     for bad in ("follow:15+carry+heads@0", "follow:15+heads@", "follow:15+heads@x", "follow:15+heads+carry",
-                "follow:15+heads256"):
+                "follow:15+heads256", "follow:15+heads@1000001"):
         with pytest.raises(MemstepError, match="\\+heads takes nothing after it, or @N"):
             parse_question_pool(bad)
 

@@ -1,0 +1,125 @@
+"""Where memstep's question-aware FM stands against each kvpress press on the public needle test:
+per (length, budget), the answers counted on the depths the full cache answers, how much of the
+answer each keeps, and the paired 95% interval of memstep minus each press with its verdict.
+
+Read from a needle-test summary (``summarize``'s rows and paired entries). The Evaluate tab's
+standing lines and the README's needle table are both written from here, so they cannot disagree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# kvpress presses by their papers' names, in the order the table shows them
+PRESS_ORDER = ("chunkkv", "snapkv-max15", "snapkv", "finch")
+PRESS_TITLES = {"chunkkv": "ChunkKV", "snapkv-max15": "SnapKV, max-pool 15", "snapkv": "SnapKV, avg-pool 5",
+                "finch": "Finch"}
+
+
+@dataclass(frozen=True)
+class Versus:
+    """One press at the anchor's length and budget; ``lead`` and its interval in points, memstep
+    minus the press, on the depths both ran that the full cache answers (None: nothing to pair)."""
+    press: str
+    correct: int
+    counted: int
+    retention: float | None
+    lead: float | None = None
+    low: float | None = None
+    high: float | None = None
+
+    @property
+    def verdict(self) -> str | None:
+        if self.lead is None:
+            return None
+        return "leads" if self.low > 0 else "loses" if self.high < 0 else "ties"
+
+
+@dataclass(frozen=True)
+class Standing:
+    length: int
+    budget: int
+    correct: int
+    counted: int
+    retention: float | None
+    versus: tuple[Versus, ...]
+
+
+def _order(press: str) -> tuple:
+    return (PRESS_ORDER.index(press) if press in PRESS_ORDER else len(PRESS_ORDER), press)
+
+
+def standings(summary: dict) -> list[Standing]:
+    """One Standing per question-aware FM row the others are paired with (its "anchor"), by
+    length and budget; presses in PRESS_ORDER."""
+    rows = [r for r in summary.get("rows", []) if r.get("kinds") == ["niah"] and r.get("counted")]
+    paired = {(p["label"], p["length"]): p for p in summary.get("paired", [])}
+    out = []
+    for anchor in (r for r in rows if r.get("anchor") and r["config"].get("question_aware")):
+        length, budget = anchor["length"], anchor["config"].get("budget")
+        versus = []
+        for press in (r for r in rows if r["length"] == length and r["config"]["kind"] == "kvpress"
+                      and r["config"].get("budget") == budget):
+            found = paired.get((press["label"], length)) or {}
+            interval = {}
+            if found.get("accuracy_difference") is not None:
+                # the entry holds the press minus memstep; turned round here. + 0.0: never "-0"
+                interval = {"lead": -100 * found["accuracy_difference"] + 0.0,
+                            "low": -100 * found["accuracy_difference_high"] + 0.0,
+                            "high": -100 * found["accuracy_difference_low"] + 0.0}
+            versus.append(Versus(press["config"]["scorer"], press["counted_correct"], press["counted"],
+                                 press.get("retention"), **interval))
+        out.append(Standing(length, budget, anchor["counted_correct"], anchor["counted"], anchor.get("retention"),
+                            tuple(sorted(versus, key=lambda v: _order(v.press)))))
+    return sorted(out, key=lambda s: (s.length, s.budget))
+
+
+def _answered(correct: int, counted: int, retention: float | None) -> str:
+    return f"{correct}/{counted}" + ("" if retention is None else f" · {retention:.2f}")
+
+
+def _against(v: Versus) -> str:
+    return f"{v.verdict} {PRESS_TITLES.get(v.press, v.press)} ({v.lead:+.0f}, {v.low:+.0f} to {v.high:+.0f})"
+
+
+def standing_table(found: list[Standing]) -> str:
+    """A Markdown table: one row per length and budget, a column per press that ran anywhere (blank
+    where it did not run), and memstep's verdict against each press with the paired interval."""
+    presses = sorted({v.press for s in found for v in s.versus}, key=_order)
+    head = ["tokens", "M", "memstep"] + [PRESS_TITLES.get(p, p) for p in presses] + \
+        ["memstep against each press (points, 95% CI)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * 2 + "---:|" * (1 + len(presses)) + "---|"]
+    for s in found:
+        by_press = {v.press: v for v in s.versus}
+        cells = [f"{s.length:,}", str(s.budget), _answered(s.correct, s.counted, s.retention)]
+        cells += [_answered(v.correct, v.counted, v.retention) if (v := by_press.get(p)) else "" for p in presses]
+        cells.append("; ".join(_against(v) for v in s.versus if v.verdict) or "no press paired here")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _rows(n: int) -> str:
+    return f"{n} row" + ("" if n == 1 else "s")
+
+
+def needle_headline(found: list[Standing]) -> str:
+    """One plain sentence over every row: against each press, on how many rows memstep leads, ties
+    and loses (paired 95% intervals), and whether it keeps more of the answer wherever it leads
+    (the reason the measurements give). '' without a paired row."""
+    rows = [(s, v) for s in found for v in s.versus if v.verdict]
+    if not rows:
+        return ""
+    tally: dict[str, dict[str, int]] = {}
+    for _, v in rows:
+        tally.setdefault(v.press, {"leads": 0, "ties": 0, "loses": 0})[v.verdict] += 1
+    against = "; ".join(
+        f"leads {PRESS_TITLES.get(press, press)} on {c['leads']} of {_rows(sum(c.values()))}, ties it on "
+        f"{c['ties'] or 'none'} and loses to it on {c['loses'] or 'none'}"
+        for press, c in sorted(tally.items(), key=lambda item: _order(item[0])))
+    lengths, budgets = sorted({s.length for s in found}), sorted({s.budget for s in found})
+    led = [(s, v) for s, v in rows if v.verdict == "leads"]
+    kept = [s.retention > v.retention for s, v in led if s.retention is not None and v.retention is not None]
+    why = (" Wherever it leads, it keeps more of the answer's entries than the press." if kept and all(kept)
+           else f" Where it leads, it keeps more of the answer than the press on {sum(kept)} of {len(kept)} rows."
+           if kept else "")
+    return (f"On the public needle test ({len(found)} rows: {lengths[0]:,} to {lengths[-1]:,} tokens, M = "
+            f"{budgets[0]} to {budgets[-1]}; paired 95% intervals), memstep's question-aware FM {against}.{why}")
