@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from memstep.evaluation import report  # noqa: E402
+from memstep.evaluation.niah_standing import needle_headline, standing_table, standings  # noqa: E402
 from memstep.evaluation.metrics import REFERENCE, case_of, summarize  # noqa: E402
 from memstep.evaluation.stats import wilson_interval  # noqa: E402
 from memstep.evaluation.store import ResultStore, load_summary  # noqa: E402
@@ -37,6 +38,7 @@ COUNTED_TARGET = {2048: 24, 4096: 12, 8192: 12}  # counted cases each headline r
 
 README_START = "<!-- eval-summary:start -->"
 README_END = "<!-- eval-summary:end -->"
+NIAH_START, NIAH_END = "<!-- niah-standing:start -->", "<!-- niah-standing:end -->"
 
 
 def is_ablation(config: dict) -> bool:
@@ -500,12 +502,26 @@ def readme_block(summary: dict, gemma3: Path | None = None) -> str:
                                                        "[docs/evaluation.md](docs/evaluation.md)."])
 
 
-def replace_block(path: Path, block: str) -> None:
+def replace_block(path: Path, block: str, start: str = README_START, end: str = README_END) -> None:
     text = path.read_text(encoding="utf-8")
-    if README_START not in text or README_END not in text:
-        raise SystemExit(f"{path} has no {README_START} ... {README_END} block")
-    before, rest = text.split(README_START, 1)
-    path.write_text(f"{before}{README_START}\n{block}\n{README_END}{rest.split(README_END, 1)[1]}", encoding="utf-8")
+    if start not in text or end not in text:
+        raise SystemExit(f"{path} has no {start} ... {end} block")
+    before, rest = text.split(start, 1)
+    path.write_text(f"{before}{start}\n{block}\n{end}{rest.split(end, 1)[1]}", encoding="utf-8")
+
+
+def niah_block(folder: Path) -> str:
+    """The README's needle table, from the summary `memstep eval --benchmark niah` last wrote there."""
+    found = standings(load_summary(folder) or {})
+    if not found:
+        raise SystemExit(f"no needle-test rows in {folder}/summary.json: run `memstep eval --benchmark niah` first")
+    return "\n".join([needle_headline(found), "",
+        "Answered of the depths the full cache answers · answer retention (the share of the answer's "
+        "(KV head, token) pairs still held, over every depth run), at equal kept entries; then memstep minus "
+        "each press on the same "
+        "depths (paired, Newcombe's 95% interval): *leads* or *loses* where the interval excludes 0, else "
+        "*ties*.", "", standing_table(found), "",
+        f"*Written by `python benchmarks/eval_docs.py` from `{folder}/summary.json`.*"])
 
 
 def main(argv=None) -> int:
@@ -515,6 +531,8 @@ def main(argv=None) -> int:
     parser.add_argument("--gemma3", default="results/eval-gemma3", help="the Gemma 3 results folder ('' = none)")
     parser.add_argument("--docs", default="docs/evaluation.md")
     parser.add_argument("--readme", default=None)
+    parser.add_argument("--niah", default="results/niah",
+                        help="the needle test's results folder, for the README's needle table ('' = none)")
     args = parser.parse_args(argv)
     cells = ResultStore(args.results).cells()
     if not cells:
@@ -524,6 +542,8 @@ def main(argv=None) -> int:
     Path(args.docs).write_text(docs(summary, cells, load_summary(args.earlier), gemma3), encoding="utf-8")
     if args.readme:
         replace_block(Path(args.readme), readme_block(summary, gemma3))
+        if args.niah:
+            replace_block(Path(args.readme), niah_block(Path(args.niah)), NIAH_START, NIAH_END)
     print(f"wrote {args.docs}" + (f" and the block of {args.readme}" if args.readme else ""))
     return 0
 

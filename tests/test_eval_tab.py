@@ -203,4 +203,10 @@ def test_headline_says_which_side_an_interval_favours(summary):
     sentence = eval_tab.evaluation_headline({"rows": [aware, press], "paired": paired})
     assert sentence.startswith("At 2,048 tokens with a memory of 512 tokens, memstep's question-aware FM answers "
                                "9/10") and "kvpress SnapKV, the press that answers most, 2/10" in sentence
-    assert sentence.endswith("(-90 to -30 points) favours memstep.")
+    assert sentence.endswith("(memstep minus SnapKV: +30 to +90 points) favours memstep.")
+    paired[0].update(accuracy_difference_low=-0.1, accuracy_difference_high=0.3)  # an interval across 0
+    assert eval_tab.evaluation_headline({"rows": [aware, press], "paired": paired}).endswith(
+        "(memstep minus SnapKV: -30 to +10 points) does not tell them apart.")
+    paired[0].update(accuracy_difference_low=0.1, accuracy_difference_high=0.3)  # the press ahead
+    assert eval_tab.evaluation_headline({"rows": [aware, press], "paired": paired}).endswith(
+        "(memstep minus SnapKV: -30 to -10 points) favours kvpress SnapKV.")

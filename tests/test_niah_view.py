@@ -114,32 +114,69 @@ def test_the_multi_needle_variant_from_a_folder_of_its_own(tmp_path):
     assert len(one.data) == 2 and len(three.data) == 1
 
 
-def test_the_note_states_memsteps_standing_against_each_press():
-    """One line per length: memstep's anchor row and each press, counted, with memstep minus the press
-    (the paired entry holds the press minus memstep)."""
-    from ui.niah_view import standing
+def test_the_note_states_memsteps_standing_against_each_press(tmp_path):
+    """The section's note carries the README's table (one row per length and budget, from the
+    folder's summary): memstep's anchor row, each press counted, and memstep minus the press (the
+    paired entry holds the press minus memstep); rows of other tests and ablations stay out."""
+    from ui.niah_view import niah_view
 
     def row(label, kind, correct, counted, **config):
         return {"label": label, "length": 2048, "kinds": ["niah"], "counted": counted, "counted_correct": correct,
                 "config": {"kind": kind, "budget": 256, **config}}
 
-    anchor = {**row("fm qa", "memstep", 45, 47, schedule="fm", question_aware=True), "anchor": True}
+    anchor = {**row("fm qa", "memstep", 45, 47, schedule="fm", question_aware=True), "anchor": True, "retention": 0.456}
     summary = {"rows": [anchor, row("fm qa pool=max:15", "memstep", 8, 50, schedule="fm", question_aware=True),
-                        row("kvpress chunkkv", "kvpress", 41, 50, scorer="chunkkv"),
+                        {**row("kvpress chunkkv", "kvpress", 41, 50, scorer="chunkkv"), "retention": 0.39},
                         row("kvpress snapkv", "kvpress", 1, 23, scorer="snapkv"),
                         {**row("passkey fm", "memstep", 3, 4, schedule="fm"), "kinds": ["passkey"]}],
                "paired": [{"label": "kvpress chunkkv", "length": 2048, "accuracy_difference": -0.15,
-                           "accuracy_difference_low": -0.29, "accuracy_difference_high": -0.02}]}
-    assert standing(summary) == ["2,048 tokens, M = 256: memstep's question-aware FM answers 45/47 of the depths the "
-                                 "full cache answers; kvpress chunkkv 41/50 (memstep +15 points, 95% CI +2 to +29: memstep leads); "
-                                 "kvpress snapkv 1/23."]
-    anchor["retention"], summary["rows"][2]["retention"] = 0.456, 0.39
-    assert standing(summary)[0].startswith("2,048 tokens, M = 256: memstep's question-aware FM answers 45/47 of the "
-                                           "depths the full cache answers and keeps 0.46 of the answer's (KV head, "
-                                           "token) pairs; kvpress chunkkv 41/50 (memstep +15 points, 95% CI +2 to +29: "
-                                           "memstep leads), keeps 0.39; kvpress snapkv 1/23.")
-    summary["paired"][0].update(accuracy_difference=0.1, accuracy_difference_low=-0.05, accuracy_difference_high=0.3)
-    assert "(memstep -10 points, 95% CI -30 to +5: not told apart)" in standing(summary)[0]
-    summary["paired"][0].update(accuracy_difference_low=0.05)
-    assert "95% CI -30 to -5: memstep loses)" in standing(summary)[0]
-    assert standing({}) == []
+                           "accuracy_difference_low": -0.29, "accuracy_difference_high": -0.02}],
+               "niah": niah_maps([c for c in cells() if c["kind"] == "niah"])}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    note = niah_view((tmp_path, summary["niah"]), ())[0]
+    assert "| 2,048 | 256 | 45/47 · 0.46 | 41/50 · 0.39 | 1/23 | leads ChunkKV (+15, +2 to +29) |" in note
+    assert "8/50" not in note and "3/4" not in note
+    (tmp_path / "summary.json").write_text(json.dumps({**summary, "paired": []}))
+    assert "| 2,048 | 256 | 45/47 · 0.46 | 41/50 · 0.39 | 1/23 | no press paired here |" in niah_view(
+        (tmp_path, summary["niah"]), ())[0]
+
+
+def test_the_readme_table_puts_each_press_in_its_column_with_memsteps_verdict():
+    """The README's needle table (from the same standings as the tab): a column per press that ran
+    anywhere, blank where it did not run, and the verdict from memstep's side with its interval."""
+    from memstep.evaluation.niah_standing import needle_headline, standing_table, standings
+
+    def row(label, kind, length, budget, correct, counted, retention, **config):
+        return {"label": label, "length": length, "kinds": ["niah"], "counted": counted, "counted_correct": correct,
+                "retention": retention, "config": {"kind": kind, "budget": budget, **config}}
+
+    summary = {"rows": [{**row("fm 256", "memstep", 2048, 256, 49, 50, 0.456, question_aware=True), "anchor": True},
+                        row("snapkv-max15 256", "kvpress", 2048, 256, 46, 50, 0.27, scorer="snapkv-max15"),
+                        row("chunkkv 256", "kvpress", 2048, 256, 41, 50, 0.391, scorer="chunkkv"),
+                        {**row("fm 128", "memstep", 4096, 128, 14, 28, None, question_aware=True), "anchor": True},
+                        row("chunkkv 128", "kvpress", 4096, 128, 5, 28, 0.09, scorer="chunkkv")],
+               "paired": [{"label": "chunkkv 256", "length": 2048, "accuracy_difference": -0.16,
+                           "accuracy_difference_low": -0.29, "accuracy_difference_high": -0.05},
+                          {"label": "snapkv-max15 256", "length": 2048, "accuracy_difference": -0.06,
+                           "accuracy_difference_low": -0.17, "accuracy_difference_high": 0.03},
+                          {"label": "chunkkv 128", "length": 4096, "accuracy_difference": 0.1,
+                           "accuracy_difference_low": 0.02, "accuracy_difference_high": 0.2}]}
+    assert [(s.length, s.budget, [v.verdict for v in s.versus]) for s in standings(summary)] == [
+        (2048, 256, ["leads", "ties"]), (4096, 128, ["loses"])]
+    assert standing_table(standings(summary)).splitlines() == [
+        "| tokens | M | memstep | ChunkKV | SnapKV, max-pool 15 | memstep against each press (points, 95% CI) |",
+        "|---:|---:|---:|---:|---:|---|",
+        "| 2,048 | 256 | 49/50 · 0.46 | 41/50 · 0.39 | 46/50 · 0.27 | leads ChunkKV (+16, +5 to +29); "
+        "ties SnapKV, max-pool 15 (+6, -3 to +17) |",
+        "| 4,096 | 128 | 14/28 | 5/28 · 0.09 |  | loses ChunkKV (-10, -20 to -2) |"]
+
+    # the sentence over all rows: per press, how many rows each verdict; the leads keep more here
+    assert needle_headline(standings(summary)) == (
+        "On the public needle test (2 rows: 2,048 to 4,096 tokens, M = 128 to 256; paired 95% intervals), memstep's "
+        "question-aware FM leads ChunkKV on 1 of 2 rows, ties it on none and loses to it on 1; leads SnapKV, "
+        "max-pool 15 on 0 of 1 row, ties it on 1 and loses to it on none. Wherever it leads, it keeps more of "
+        "the answer's entries than the press.")
+    summary["rows"][2]["retention"] = 0.5  # ChunkKV now keeps more where memstep leads it
+    assert needle_headline(standings(summary)).endswith(
+        "Where it leads, it keeps more of the answer than the press on 0 of 1 rows.")
+    assert needle_headline(standings({})) == ""

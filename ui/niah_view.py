@@ -9,6 +9,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from memstep.evaluation.niah_standing import needle_headline, standing_table, standings
 from memstep.evaluation.niah_view import niah_figure
 from memstep.evaluation.store import load_summary
 
@@ -27,6 +28,13 @@ def niah_results(folders=None, kind: str = "niah") -> tuple[Path, dict] | None:
         if summary and (summary.get("niah") or {}).get(kind):
             return Path(folder), summary["niah"]
     return None
+
+
+def needle_sentence(found=None) -> str:
+    """Where memstep stands against each press over the needle test's rows, in one sentence
+    (needle_headline); '' without needle-test results."""
+    found = found if found is not None else niah_results()
+    return needle_headline(standings(load_summary(found[0]) or {})) if found else ""
 
 
 def _shown(folder: Path) -> str:
@@ -48,48 +56,12 @@ def niah_view(found=None, found_multi=None):
             + (f"Multi-needle from `{_shown(found_multi[0])}`. " if found_multi and found_multi is not found else "")
             + "Right = the answer names both key phrases ('sandwich', 'Dolores Park'); the multi-needle "
               "variant counts each pizza ingredient named. No judge model.")
-    lines = standing(load_summary(found[0]) or {}) if found else []
-    if lines:
-        note += "\n\n" + "\n".join(f"- {line}" for line in lines)
+    rows = standings(load_summary(found[0]) or {}) if found else []
+    if rows:  # the README's table: answered · retention per press, and memstep's verdict against each
+        note += ("\n\nAnswered of the depths the full cache answers · the share of the answer's (KV head, token) "
+                 "pairs still held; memstep minus each press, paired 95% interval:\n\n" + standing_table(rows))
     return (note, niah_figure(found[1] if found else {}, "niah"),
             niah_figure(found_multi[1] if found_multi else {}, "niah-multi"))
-
-
-def _counted(row: dict) -> str:
-    return f"{row['counted_correct']}/{row['counted']}"
-
-
-def _kept(row: dict, lead: str, tail: str = "") -> str:
-    """How much of the answer a row still holds at the end (answer retention), where measured."""
-    return "" if row.get("retention") is None else f"{lead}{row['retention']:.2f}{tail}"
-
-
-def standing(summary: dict) -> list[str]:
-    """One line per (length, budget) of the single-needle test: memstep's question-aware FM (the row
-    the others are paired with) and each kvpress press, counted on the depths the full cache
-    answers, with the paired interval of memstep minus each press, and how much of the answer
-    each still holds (answer retention, over every depth), which tells why one answers more."""
-    rows = [r for r in summary.get("rows", []) if r.get("kinds") == ["niah"] and r.get("counted")]
-    paired = {(p["label"], p["length"]): p for p in summary.get("paired", [])}
-    lines = []
-    for anchor in (r for r in rows if r.get("anchor") and r["config"].get("question_aware")):
-        length, budget = anchor["length"], anchor["config"].get("budget")
-        parts = []
-        for press in (r for r in rows if r["length"] == length and r["config"]["kind"] == "kvpress"
-                      and r["config"].get("budget") == budget):
-            found = paired.get((press["label"], length)) or {}
-            interval = ""
-            if found.get("accuracy_difference") is not None:
-                # memstep minus the press (the entry holds the press minus memstep); + 0.0: never "-0"
-                low, high = -100 * found["accuracy_difference_high"] + 0.0, -100 * found["accuracy_difference_low"] + 0.0
-                verdict = ("memstep leads" if low > 0 else "memstep loses" if high < 0 else "not told apart")
-                interval = (f" (memstep {-100 * found['accuracy_difference'] + 0.0:+.0f} points, 95% CI {low:+.0f} to "
-                            f"{high:+.0f}: {verdict})")
-            parts.append(f"kvpress {press['config']['scorer']} {_counted(press)}{interval}{_kept(press, ', keeps ')}")
-        lines.append(f"{length:,} tokens, M = {budget}: memstep's question-aware FM answers {_counted(anchor)} of the "
-                     "depths the full cache answers" + _kept(anchor, " and keeps ", " of the answer's (KV head, token) pairs")
-                     + ("; " + "; ".join(parts) if parts else "") + ".")
-    return lines
 
 
 def niah_section() -> dict:

@@ -87,15 +87,17 @@ def evaluation_headline(summary: dict) -> str:
     press = PRESS_NAMES.get(best["config"].get("scorer"), best["label"])
     paired = next((p for p in summary.get("paired") or [] if p["length"] == length and p["label"] == best["label"]),
                   {})
+    # the store pairs each press against memstep (press minus memstep); the sentence reads from
+    # memstep's side, so the interval is turned round: memstep minus the press
     low, high = paired.get("accuracy_difference_low"), paired.get("accuracy_difference_high")
     if low is None:
         verdict = ""
-    elif low <= 0 <= high:
-        verdict = (f"; the paired 95% interval of the difference ({100 * low:+.0f} to {100 * high:+.0f} points) "
-                   "does not tell them apart")
     else:
-        verdict = f"; the paired 95% interval ({100 * low:+.0f} to {100 * high:+.0f} points) favours " + (
-            f"kvpress {press}" if low > 0 else "memstep")
+        lead_low, lead_high = -high, -low
+        span = f"memstep minus {press}: {100 * lead_low:+.0f} to {100 * lead_high:+.0f} points"
+        verdict = (f"; the paired 95% interval of the difference ({span}) " + (
+            "does not tell them apart" if lead_low <= 0 <= lead_high else
+            "favours memstep" if lead_low > 0 else f"favours kvpress {press}"))
     budget = aware["config"].get("budget")
     return (f"At {length:,} tokens with a memory of {budget} tokens, memstep's question-aware FM answers "
             f"{aware['counted_correct']}/{aware['counted']} of the questions the full cache answers and kvpress "
@@ -227,8 +229,12 @@ def app_style(fig):
 
 
 def headline_markdown(summary: dict) -> str:
+    """The tab's first lines: the evaluation's headline, then where memstep stands on the public
+    needle test against each press (from the needle-test results, ui/niah_view.py)."""
+    from ui.niah_view import needle_sentence
+
     sentence = evaluation_headline(summary)
-    return f"### {sentence}" if sentence else ""
+    return "\n\n".join(part for part in (f"### {sentence}" if sentence else "", needle_sentence()) if part)
 
 
 def show(length=None):
