@@ -515,12 +515,12 @@ def niah_block(folder: Path) -> str:
     found = standings(load_summary(folder) or {})
     if not found:
         raise SystemExit(f"no needle-test rows in {folder}/summary.json: run `memstep eval --benchmark niah` first")
-    return "\n".join([needle_headline(found), "",
-        "Answered of the depths the full cache answers · answer retention (the share of the answer's "
-        "(KV head, token) pairs still held, over every depth run), at equal kept entries; then memstep minus "
-        "each press on the same "
-        "depths (paired, Newcombe's 95% interval): *leads* or *loses* where the interval excludes 0, else "
-        "*ties*.", "", standing_table(found), "",
+    return "\n".join([
+        needle_headline(found), "",
+        "Answered of the depths the full cache answers · answer retention (the share of the answer's (KV head, "
+        "token) pairs still held, over every depth run), at equal kept entries; then memstep minus each press on "
+        "the same depths (paired, Newcombe's 95% interval): *leads* or *loses* where the interval excludes 0, "
+        "else *ties*.", "", standing_table(found), "",
         f"*Written by `python benchmarks/eval_docs.py` from `{folder}/summary.json`.*"])
 
 

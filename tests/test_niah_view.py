@@ -4,8 +4,13 @@ and the Evaluate tab's section finding the results by their content."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from memstep.evaluation.niah_view import niah_figure, niah_maps
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def cells():
@@ -180,3 +185,27 @@ def test_the_readme_table_puts_each_press_in_its_column_with_memsteps_verdict():
     assert needle_headline(standings(summary)).endswith(
         "Where it leads, it keeps more of the answer than the press on 0 of 1 rows.")
     assert needle_headline(standings({})) == ""
+
+
+def test_eval_docs_writes_the_needle_table_between_its_markers_and_nothing_else(tmp_path):
+    """`make eval-docs` fills the README's needle block from the folder's summary and keeps the text
+    around it; a folder without needle rows stops it with one line, the README untouched."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("eval_docs_niah", ROOT / "benchmarks" / "eval_docs.py")
+    docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs)
+    anchor = {"label": "fm", "length": 2048, "kinds": ["niah"], "counted": 4, "counted_correct": 3, "anchor": True,
+              "config": {"kind": "memstep", "budget": 256, "question_aware": True}}
+    (tmp_path / "niah").mkdir()
+    (tmp_path / "niah" / "summary.json").write_text(json.dumps({"rows": [anchor], "paired": []}))
+    (tmp_path / "empty").mkdir()
+    readme = tmp_path / "README.md"
+    readme.write_text(f"before\n{docs.NIAH_START}\nold\n{docs.NIAH_END}\nafter\n")
+    docs.replace_block(readme, docs.niah_block(tmp_path / "niah"), docs.NIAH_START, docs.NIAH_END)
+    text = readme.read_text()
+    assert text.startswith(f"before\n{docs.NIAH_START}\n") and text.endswith(f"{docs.NIAH_END}\nafter\n")
+    assert "| 2,048 | 256 | 3/4 | no press paired here |" in text and "old" not in text
+    with pytest.raises(SystemExit, match="no needle-test rows"):
+        docs.niah_block(tmp_path / "empty")
+    assert readme.read_text() == text

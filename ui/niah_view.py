@@ -59,7 +59,7 @@ def niah_view(found=None, found_multi=None):
     rows = standings(load_summary(found[0]) or {}) if found else []
     if rows:  # the README's table: answered · retention per press, and memstep's verdict against each
         note += ("\n\nAnswered of the depths the full cache answers · the share of the answer's (KV head, token) "
-                 "pairs still held; memstep minus each press, paired 95% interval:\n\n" + standing_table(rows))
+                 "pairs still held, over every depth run; memstep minus each press, paired 95% interval:\n\n" + standing_table(rows))
     return (note, niah_figure(found[1] if found else {}, "niah"),
             niah_figure(found_multi[1] if found_multi else {}, "niah-multi"))
 

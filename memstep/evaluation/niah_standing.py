@@ -2,8 +2,9 @@
 per (length, budget), the answers counted on the depths the full cache answers, how much of the
 answer each keeps, and the paired 95% interval of memstep minus each press with its verdict.
 
-Read from a needle-test summary (``summarize``'s rows and paired entries). The Evaluate tab's
-standing lines and the README's needle table are both written from here, so they cannot disagree."""
+Read from a needle-test summary (``summarize``'s rows and paired entries). The Evaluate tab's first
+lines and needle section and the README's needle table are all written from here, so they cannot
+disagree."""
 
 from __future__ import annotations
 
