@@ -165,7 +165,11 @@ SAVE_THEN_WAIT = textwrap.dedent("""
         with staged_folder(sys.argv[1]) as partial:
             (partial / "model.safetensors").write_bytes(b"0" * 4096)
             print("saving", flush=True)
-            time.sleep(30)  # the save in progress when SIGTERM comes
+            # the save in progress when SIGTERM comes, in short steps as a save's writes are: one long
+            # sleep wakes for the handler only when the kernel hands the signal to the main thread
+            # (handed to another thread, it ran out the test's 30 s wait)
+            for _ in range(300):
+                time.sleep(0.1)
         return 0
 
     sys.exit(run_command(save))
