@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# kvpress presses by their papers' names, in the order the table shows them
+from memstep.evaluation.grid import PRESS_NAMES
+
+# the order the table shows the presses in; its titles name SnapKV's two poolings apart
 PRESS_ORDER = ("chunkkv", "snapkv-max15", "snapkv", "finch")
-PRESS_TITLES = {"chunkkv": "ChunkKV", "snapkv-max15": "SnapKV, max-pool 15", "snapkv": "SnapKV, avg-pool 5",
-                "finch": "Finch"}
+PRESS_TITLES = {**PRESS_NAMES, "snapkv-max15": "SnapKV, max-pool 15", "snapkv": "SnapKV, avg-pool 5"}
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from memstep.evaluation.grid import PRESS_NAMES
 from memstep.evaluation.plots import heatmap_figure, intervals_figure, tradeoff_figure
 from memstep.evaluation.report import _aware, _best_answering  # the rows the README's takeaway names
 from memstep.evaluation.report import (accuracy_text, contrasts_text, counted_text, entries_text, fair_takeaway,
@@ -65,12 +66,6 @@ def chosen_results(folders) -> tuple[Path, dict] | None:
             if isinstance(summary, dict) and isinstance(summary.get("rows"), list):
                 found.append((folder, summary))
     return next(((f, s) for f, s in found if is_fair(s)), found[0] if found else None)
-
-
-# kvpress's presses by their papers' names (the evaluation's scorer keys)
-PRESS_NAMES = {"chunkkv": "ChunkKV", "snapkv": "SnapKV", "finch": "Finch", "finch-unrotated": "Finch (unrotated)",
-               "keydiff": "KeyDiff", "streaming-llm": "StreamingLLM", "knorm": "Knorm", "tova": "TOVA",
-               "expected-attention": "ExpectedAttention", "observed-attention": "ObservedAttention"}
 
 
 def evaluation_headline(summary: dict) -> str:
