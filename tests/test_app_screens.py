@@ -45,7 +45,7 @@ def ran(app_url, browser, document, tmp_path_factory):
     set_number(page, "chunk", 256)
     set_number(page, "memory", 256)
     page.wait_for_function("() => /FM c256 M256/.test(document.querySelector('#sizes-plot').innerText)",
-                           timeout=15_000)
+                           timeout=60_000)  # a loaded machine takes seconds to redraw the preview
     page.locator("#run").click()
     wait_for_state(page, "done", timeout_s=600)
     for plot in ("retained-plot", "memory-plot", "seconds-plot"):

@@ -13,6 +13,7 @@ from conftest import netherfield
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 PHONE = {"width": 390, "height": 844}
+LAPTOP = {"width": 1440, "height": 1000}
 CHAPTER_CHARS = 3000  # about 700 tokens: a run takes seconds, and FM c16 has some 44 steps for Stop to land in
 
 
@@ -125,6 +126,39 @@ def _another_example(page) -> str:
     from ui.documents import DEFAULT_EXAMPLE, EXAMPLES
 
     return next(name for name in EXAMPLES if name != DEFAULT_EXAMPLE)
+
+
+def test_the_page_goes_quiet_once_the_controls_settle(app_url, browser, tmp_path):
+    """After a document, a schedule, two sizes and a size beyond the document (which the page moves
+    back), the page stops calling the server: it once previewed without end, some seven calls a
+    second while nobody touched it: a listener's own output (the chunk put back within the
+    document) changed a control while the other listeners of that control still ran, and they
+    re-triggered each other from then on. Waits for 2 s with no call, up to 60 s."""
+    import json
+
+    from ui.browser import choose_schedule, new_page, open_app, set_number, upload_document
+
+    page = new_page(browser, LAPTOP)  # (on a phone's page the same steps looped less often)
+    calls = []
+    page.on("request", lambda r: calls.append(json.loads(r.post_data or "{}").get("fn_index"))
+            if "queue/join" in r.url else None)
+    try:
+        open_app(page, app_url)
+        upload_document(page, netherfield(tmp_path, 1500))  # shorter than the first chunk: the page moves it
+        choose_schedule(page, "FM")
+        set_number(page, "chunk", 256)
+        set_number(page, "memory", 256)
+        set_number(page, "chunk", 100_000)  # beyond the document: the page moves it to the document's tokens
+        _settle(page, r"FM c(?!256)\d+ M256")
+        seen, quiet_since, waited = len(calls), 0.0, 0.0
+        while quiet_since < 2.0 and waited < 60.0:
+            page.wait_for_timeout(250)
+            waited += 0.25
+            quiet_since = quiet_since + 0.25 if len(calls) == seen else 0.0
+            seen = len(calls)
+        assert quiet_since >= 2.0, f"the page kept calling the server: {calls[-12:]} (last of {len(calls)})"
+    finally:
+        page.context.close()
 
 
 def test_the_evaluate_tab_leads_with_the_readme_comparison(phone):

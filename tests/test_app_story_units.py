@@ -144,9 +144,10 @@ def test_a_size_beyond_its_slider_is_named_and_put_back_in_use():
     doc = handlers.default_document()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        figure, note, run, chunk, memory = handlers.preview_page(doc, default_model(), "fm", "linear", 100_000,
-                                                                 1_000_000, 4, None)
+        figure, note, run, chunk, memory, end = handlers.preview_page(doc, default_model(), "fm", "linear",
+                                                                      100_000, 1_000_000, 4, None)
     tokens = chunk["maximum"]
+    assert end == tokens  # the slider's end the page holds now
     assert [str(w.message) for w in caught] == [
         f"Chunk size c: 100,000 is more than this document's tokens ({tokens:,}); using {tokens:,}.",
         "Memory size M: 1,000,000 is more than the largest memory this page runs (8,192); using 8,192."]
@@ -154,8 +155,123 @@ def test_a_size_beyond_its_slider_is_named_and_put_back_in_use():
     assert note.startswith("**Preview** · 1 steps") and f"over {tokens:,} tokens" in note
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        *_, chunk, memory = handlers.preview_page(doc, default_model(), "fm", "linear", 256, 256, 4, None)
+        *_, chunk, memory, _ = handlers.preview_page(doc, default_model(), "fm", "linear", 256, 256, 4, None)
     assert not caught and "value" not in chunk and "value" not in memory  # in range: the boxes are the user's
+
+
+def test_the_chunk_sliders_end_is_sent_only_when_it_moves():
+    """An update of a slider redraws it, and a redraw between the user's typing and Enter put the
+    old number back (under load: the typed chunk and memory both lost, no change sent). The end
+    goes out for a new document or limit, not with every preview."""
+    from memstep.models import default_model
+    from ui import handlers
+
+    doc, model = handlers.default_document(), default_model()
+    first = handlers.preview_page(doc, model, "fm", "linear", 256, 256, 4, None)
+    tokens = first[3]["maximum"]
+    again = handlers.preview_page(doc, model, "fm", "linear", 256, 256, 4, None, chunk_end=tokens)
+    assert again[3] == {"__type__": "update"} and again[5] == tokens  # gr.skip(): the slider is left alone
+    cut = handlers.preview_page(doc, model, "fm", "linear", 256, 256, 4, 300, chunk_end=tokens)
+    assert cut[3]["maximum"] == cut[5] < tokens  # a token limit moves the end: sent
+    over = handlers.preview_page(doc, model, "fm", "linear", 100_000, 256, 4, None, chunk_end=tokens)
+    assert over[3] == {"value": tokens, "__type__": "update"}  # the value comes back; the end stays
+
+
+def test_an_upload_shorter_than_the_chunk_brings_the_chunk_back_with_it(tmp_path, monkeypatch):
+    """The chunk slider ends at a short upload's tokens (a longer chunk comes back to them) in the
+    upload's own answer, with the document, so the preview that follows leaves the slider alone:
+    its update once redrew the box while the user typed the next chunk."""
+    import warnings
+
+    from conftest import netherfield
+    from memstep.models import default_model
+    from ui import handlers
+
+    folder = tmp_path / "gradio"
+    (folder / "upload").mkdir(parents=True)
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(folder))
+    path = netherfield(folder / "upload", 1500)
+    model = default_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        source, *_, chunk, end = handlers.choose_upload(str(path), handlers.default_document(), model, 512, None)
+    tokens = handlers.preview_tokens(source, model, None)
+    assert tokens < 512 and chunk == {"maximum": tokens, "value": tokens, "__type__": "update"} and end == tokens
+    assert [str(w.message) for w in caught] == [
+        f"Chunk size c: 512 is more than this document's tokens ({tokens:,}); using {tokens:,}."]
+    assert handlers.preview_page(source, model, "fm", "linear", tokens, 256, 4, None, chunk_end=end)[3] == {
+        "__type__": "update"}  # the preview that follows leaves the slider alone
+    *_, chunk, end = handlers.choose_upload(str(path), handlers.default_document(), model, 256, None)
+    assert chunk == {"maximum": tokens, "__type__": "update"}  # within the document: the user's chunk stays
+    *_, chunk, end = handlers.choose_upload(str(path), handlers.default_document(), model, 512, "many")
+    assert chunk == end == {"__type__": "update"}  # tokens not counted: the preview names the fault
+
+
+def test_after_a_new_document_the_preview_leaves_the_chunk_box_alone():
+    """Gradio reads the chunk slider for the preview that follows a new document as it was before
+    the document's handler put it within the document, and a chunk put back from that old value
+    landed over the one the user typed next. After a document or an example the preview still
+    uses a chunk within the document, but leaves the box (and its note) to the document's handler;
+    after the user's own chunk it puts it back, with its note."""
+    import warnings
+
+    import gradio as gr
+
+    from memstep.models import default_model
+    from ui import handlers
+
+    doc, model = handlers.default_document(), default_model()
+    tokens = handlers.preview_tokens(doc, model, None)
+
+    def changed(target):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = handlers.controls_changed(None, doc, model, "fm", "linear", 100_000, 256, 4, None, None, "compact",
+                                            None, False, "", None, tokens, event=gr.EventData(target, None))
+        return out, [str(w.message) for w in caught]
+
+    with gr.Blocks():
+        document, example, chunk = gr.State(), gr.Dropdown(elem_id="example"), gr.Slider(elem_id="chunk")
+    for target in (document, example):
+        (figure, note, run, box, *_), notes = changed(target)
+        assert box == {"__type__": "update"} and not notes and f"FM c{tokens} M256" in figure.layout.title.text
+    for target in (chunk, None):
+        (_, _, _, box, *_), notes = changed(target)
+        assert box == {"value": tokens, "__type__": "update"} and len(notes) == 1 and "100,000" in notes[0]
+
+
+def test_an_example_keeps_the_chunk_within_its_tokens():
+    from memstep.models import default_model
+    from ui import handlers
+    from ui.documents import DEFAULT_EXAMPLE, EXAMPLE_SETTINGS
+
+    model = default_model()
+    assert "chunk" not in EXAMPLE_SETTINGS.get(DEFAULT_EXAMPLE, {})
+    source, *_, chunk, memory, max_tokens, rope, end = handlers.choose_example(DEFAULT_EXAMPLE, model, 100_000, None)
+    tokens = handlers.preview_tokens(source, model, None)
+    assert chunk == {"maximum": tokens, "value": tokens, "__type__": "update"} and end == tokens
+    *_, chunk, memory, max_tokens, rope, end = handlers.choose_example(DEFAULT_EXAMPLE, model, 256, None)
+    assert chunk == {"maximum": tokens, "__type__": "update"}
+
+
+def test_the_controls_views_come_from_one_listener(app_server):
+    """Gradio re-sends a deferred change event to every listener of it when an 'always_last'
+    listener finishes, so two such listeners on one control re-trigger each other for as long as
+    they overlap (the page once previewed without end while nobody touched it). No trigger of the
+    built app has two; the Run tab's preview, stale-views line and share link share one."""
+    demo, _ = app_server
+    config = demo.get_config_file()
+    names = {c["id"]: c.get("props", {}).get("elem_id") or c["type"] for c in config["components"]}
+    waiting: dict[tuple, set] = {}
+    for dependency in config["dependencies"]:
+        if dependency.get("trigger_mode") == "always_last":
+            for target, event in dependency["targets"]:
+                waiting.setdefault((target, event), set()).add(dependency["id"])
+    assert {(names.get(target), target, event): ids for (target, event), ids in waiting.items() if len(ids) > 1} == {}
+    follow = [d for d in config["dependencies"] if ["chunk" in names.get(o, "") for o in d["outputs"]].count(True)
+              and any(names.get(o) == "share-link" for o in d["outputs"])]
+    assert len(follow) == 1 and {names[o] for o in follow[0]["outputs"]} >= {
+        "sizes-plot", "preview-note", "stale-note", "share-link", "chunk", "memory"}
 
 
 def test_step_axes_thin_their_labels_at_many_steps():

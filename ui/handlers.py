@@ -57,18 +57,23 @@ def default_document() -> DocumentSource:
 EXAMPLE_CONTROLS = ("chunk", "memory", "max_tokens", "rope")  # what an example may set (EXAMPLE_SETTINGS)
 
 
-def choose_example(name: str | None, model: str | None):
+def choose_example(name: str | None, model: str | None, chunk=None, max_tokens=None):
     """An example picked: it becomes the document, its question fills the question box, and the
-    settings it needs (the whole novel: chunk and memory 1,024, no max tokens) fill their controls."""
+    settings it needs (the whole novel: chunk and memory 1,024, no max tokens) fill their controls;
+    a chunk it leaves is kept within its tokens, as for an upload (choose_upload). The chunk
+    slider's end comes last."""
     if not name:
-        return (gr.skip(),) * (4 + len(EXAMPLE_CONTROLS))
+        return (gr.skip(),) * (5 + len(EXAMPLE_CONTROLS))
     try:
         source = example(name, preview_tokenizer(model)[0])
     except MemstepError as err:
         _fail(err)
     needs = EXAMPLE_SETTINGS.get(name, {})
+    chunk_update, end = (needs["chunk"], gr.skip()) if "chunk" in needs else _chunk_within(
+        source, model, chunk, needs.get("max_tokens", max_tokens))
+    controls = {**{key: needs[key] if key in needs else gr.skip() for key in EXAMPLE_CONTROLS}, "chunk": chunk_update}
     return (source, source.question, describe_document(source, model), None,
-            *(needs[key] if key in needs else gr.skip() for key in EXAMPLE_CONTROLS))
+            *(controls[key] for key in EXAMPLE_CONTROLS), end)
 
 
 def describe_document(source: DocumentSource, model) -> str:
@@ -82,16 +87,35 @@ def describe_document(source: DocumentSource, model) -> str:
     return describe(source, count, exact)
 
 
-def choose_upload(path: str | None, current: DocumentSource, model):
-    """A file uploaded: read and checked on the server; a bad file leaves the document as it was."""
+def choose_upload(path: str | None, current: DocumentSource, model, chunk=None, max_tokens=None):
+    """A file uploaded: read and checked on the server; a bad file leaves the document as it was.
+    The chunk slider ends at the new document's tokens (a longer chunk comes back to them, with a
+    note) here, with the document: the preview that follows a new document leaves the chunk box
+    alone (see controls_changed). The last two outputs: the chunk slider and its end."""
     if not path:
-        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return (gr.skip(),) * 7
     try:
         source = read_upload(uploaded_path(path))
     except MemstepError as err:
         gr.Warning(str(err), title=ERROR_TITLE)
-        return current, gr.skip(), describe_document(current, model), None, gr.skip()
-    return source, source.question, describe_document(source, model), gr.skip(), None
+        return current, gr.skip(), describe_document(current, model), None, gr.skip(), gr.skip(), gr.skip()
+    return (source, source.question, describe_document(source, model), gr.skip(), None,
+            *_chunk_within(source, model, chunk, max_tokens))
+
+
+def _chunk_within(doc: DocumentSource, model, chunk, max_tokens) -> tuple:
+    """(the chunk slider's update, its end) for ``doc``: ended at its tokens, and the value put
+    there (with a note) when it was beyond them; skipped when the tokens cannot be counted (the
+    preview says why)."""
+    try:
+        tokens = max(16, preview_tokens(doc, model, max_tokens))
+    except MemstepError:
+        return gr.skip(), gr.skip()
+    value, note = settle(chunk, "Chunk size c", 16, tokens, "this document's tokens")
+    if note:
+        gr.Warning(note, title=ERROR_TITLE)
+        return gr.update(maximum=tokens, value=value), tokens
+    return gr.update(maximum=tokens), tokens
 
 
 # ---- schedule preview ----------------------------------------------------------------
@@ -165,17 +189,21 @@ MEMORY_MAX = 8192  # the memory slider's end (the embedded model's context)
 
 
 def preview_page(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens, rope="compact",
-                 ways=None):
+                 ways=None, chunk_end=None, keep_chunk=False):
     """The preview, and the controls that follow it: Run only for a valid setting, the chunk
     slider no longer than the document (the same rule as the run). A size typed beyond its
-    slider's ends goes to the nearest end, with a note naming the field, and the box shows it."""
+    slider's ends goes to the nearest end, with a note naming the field, and the box shows it.
+    The slider's end is sent only when it differs from ``chunk_end`` (the end the page holds):
+    an update of the slider redraws it, and a redraw between the user's typing and Enter put
+    the old number back. Returns the end the page holds afterwards, last. ``keep_chunk``: the
+    chunk box is left as it is (the preview still uses a chunk within the document)."""
     memory, memory_note = settle(memory, "Memory size M", 0, MEMORY_MAX, "the largest memory this page runs")
     chunk, chunk_note = settle(chunk, "Chunk size c", 16, MAX_SIZE_TOKENS, "the least chunk this page runs")
     try:
         tokens = max(16, preview_tokens(doc, model, max_tokens,
                                         settings_from(schedule, chunk, memory, growth, None, sinks, rope)))
         chunk, note = settle(chunk, "Chunk size c", 16, tokens, "this document's tokens")
-        chunk_note = note or chunk_note
+        chunk_note = None if keep_chunk and note else note or chunk_note
     except MemstepError:
         tokens = None
     for note in (chunk_note, memory_note):
@@ -183,11 +211,11 @@ def preview_page(doc: DocumentSource, model, schedule, growth, chunk, memory, si
             gr.Warning(note, title=ERROR_TITLE)
     figure, text = preview(doc, model, schedule, growth, chunk, memory, sinks, max_tokens, rope, ways)
     valid = not text.startswith("⚠")
-    chunk_update = {} if tokens is None else {"maximum": tokens}
+    chunk_update = {} if tokens is None or tokens == chunk_end else {"maximum": tokens}
     if chunk_note:
         chunk_update["value"] = chunk
     return (figure, text, gr.update(interactive=valid), gr.update(**chunk_update) if chunk_update else gr.skip(),
-            gr.update(value=memory) if memory_note else gr.skip())
+            gr.update(value=memory) if memory_note else gr.skip(), chunk_end if tokens is None else tokens)
 
 
 def preview_tokens(doc: DocumentSource, model, max_tokens, settings=None) -> int:
@@ -489,6 +517,26 @@ def share_link(example_name, doc: DocumentSource, schedule, growth, chunk, memor
                            scorer, rope, question_aware, question, model,
                            default_question=getattr(doc, "question", ""), default_model=default_model())
     return link_html(query, uploaded=not bundled)
+
+
+def controls_changed(example_name, doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens,
+                     scorer, rope, ways, question_aware, question, view: RunView | None, chunk_end=None,
+                     event: gr.EventData = None):
+    """Every view that follows the Run tab's controls, from one listener: the preview (and the
+    controls it settles), the stale-views line and the share link. One listener, not three, since
+    Gradio re-sends a deferred change event to every listener of it when an 'always_last' listener
+    finishes: two such listeners on one control re-trigger each other for as long as they overlap.
+    After a new document (or example) the chunk box is left alone: that handler put the chunk
+    within the document already, and Gradio reads the slider here as it was before, so a chunk
+    put back from that old value landed over the one the user typed next."""
+    target = getattr(event, "target", None)
+    new_document = isinstance(target, gr.State) or getattr(target, "elem_id", None) == "example"
+    shown = preview_page(doc, model, schedule, growth, chunk, memory, sinks, max_tokens, rope, ways, chunk_end,
+                         keep_chunk=new_document)
+    stale = stale_note(view, schedule, growth, chunk, memory, scorer, sinks, rope, question_aware, question, ways)
+    share = share_link(example_name, doc, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope,
+                       question_aware, question, model)
+    return (*shown[:-1], stale, share, shown[-1])
 
 
 def open_link(request: gr.Request):

@@ -212,16 +212,12 @@ def build_tab() -> RunTab:
                 gr.Markdown(GUIDE)
 
 
-    preview_inputs = [doc_state, model, schedule, growth, chunk, memory, sinks, max_tokens, rope, ways]
-    gr.on([doc_state.change, model.change, schedule.change, growth.change, chunk.change, memory.change,
-           sinks.change, max_tokens.change, rope.change, ways.change],
-          handlers.preview_page, preview_inputs, [sizes_plot, preview_note, run, chunk, memory],
-          trigger_mode="always_last", concurrency_limit=None, show_progress="hidden", api_visibility="private")
-    example.input(handlers.choose_example, [example, model],
-                  [doc_state, question, doc_info, upload, chunk, memory, max_tokens, rope],
+    chunk_end = gr.State(None)  # the chunk slider's end as the page holds it (handlers.preview_page)
+    example.input(handlers.choose_example, [example, model, chunk, max_tokens],
+                  [doc_state, question, doc_info, upload, chunk, memory, max_tokens, rope, chunk_end],
                   concurrency_limit=None, api_visibility="private")
-    upload.upload(handlers.choose_upload, [upload, doc_state, model],
-                  [doc_state, question, doc_info, upload, example],
+    upload.upload(handlers.choose_upload, [upload, doc_state, model, chunk, max_tokens],
+                  [doc_state, question, doc_info, upload, example, chunk, chunk_end],
                   concurrency_limit=None, api_visibility="private")
 
     preset.input(handlers.choose_preset, [preset], [scorer, rope, sinks, ways], concurrency_limit=None,
@@ -230,9 +226,10 @@ def build_tab() -> RunTab:
                    view_state, run_views, run_hint, layers_plot, try_aware, run_json, steps_csv, run_charts]
     run_inputs = [doc_state, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens, question,
                   full_reference, rope, question_aware, ways, search]
-    # a new document: the last run's answer, map and numbers are of another text
+    # a new document: the last run's answer, map and numbers are of another text ("multiple": it
+    # never defers, so it never re-sends the change to the listener that follows the controls)
     doc_state.change(handlers.reset_views, None, [stats, answer, view_state, run_views, run_charts, run_hint,
-                                                  try_aware, run_json, steps_csv, text],
+                                                  try_aware, run_json, steps_csv, text], trigger_mode="multiple",
                      concurrency_limit=None, show_progress="hidden", api_visibility="private")
     searching = dict(trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
                      api_visibility="private")
@@ -240,20 +237,23 @@ def build_tab() -> RunTab:
                    api_visibility="private")
     failed = dict(fn=handlers.run_failed, inputs=None, outputs=[stats], api_visibility="private",
                   show_progress="hidden")
-    # the last run's views say so when the controls no longer match them
-    stale_inputs = [view_state, schedule, growth, chunk, memory, scorer, sinks, rope, question_aware, question, ways]
-    gr.on([c.change for c in stale_inputs], handlers.stale_note, stale_inputs, [stale], trigger_mode="always_last",
-          concurrency_limit=None, show_progress="hidden", api_visibility="private")
+    # The views that follow the controls (preview, stale-views line, share link) are one listener: see
+    # handlers.controls_changed. A run moving the views on (view_state) changes only the stale line.
+    follow_inputs = [example, doc_state, model, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope, ways,
+                     question_aware, question, view_state, chunk_end]
+    gr.on([c.change for c in follow_inputs if c not in (view_state, chunk_end)], handlers.controls_changed,
+          follow_inputs, [sizes_plot, preview_note, run, chunk, memory, stale, share, chunk_end],
+          trigger_mode="always_last", concurrency_limit=None, show_progress="hidden", api_visibility="private")
+    view_state.change(handlers.stale_note, [view_state, schedule, growth, chunk, memory, scorer, sinks, rope,
+                                            question_aware, question, ways], [stale],
+                      trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
+                      api_visibility="private")
     # on a phone the status sits below the controls: Run brings it into view
     run.click(handlers.run_document, run_inputs, run_outputs, js=SHOW_STATUS_JS, **running).failure(**failed)
     try_aware.click(handlers.try_question_aware, None, [question_aware], api_visibility="private").then(
         handlers.run_document, run_inputs, run_outputs, js=SHOW_STATUS_JS, **running).failure(**failed)
     search.change(handlers.search_text, [search, replay_step, view_state], [text], **searching)
     charts_png.click(None, None, None, js=CHARTS_PNG_JS)
-    link_inputs = [example, doc_state, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope,
-                   question_aware, question, model]
-    gr.on([c.change for c in link_inputs], handlers.share_link, link_inputs, [share], trigger_mode="always_last",
-          concurrency_limit=None, show_progress="hidden", api_visibility="private")
     stop.click(handlers.stop_run, None, None, concurrency_limit=None, api_visibility="private")
     replay_step.input(handlers.replay, [replay_step, view_state, search],
                       [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, layers_plot],
