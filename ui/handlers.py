@@ -536,7 +536,7 @@ def controls_changed(example_name, doc: DocumentSource, model, schedule, growth,
     stale = stale_note(view, schedule, growth, chunk, memory, scorer, sinks, rope, question_aware, question, ways)
     share = share_link(example_name, doc, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope,
                        question_aware, question, model)
-    return (*shown[:-1], stale, share, shown[-1])
+    return (*shown, stale, share)
 
 
 def open_link(request: gr.Request):

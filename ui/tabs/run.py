@@ -242,7 +242,7 @@ def build_tab() -> RunTab:
     follow_inputs = [example, doc_state, model, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope, ways,
                      question_aware, question, view_state, chunk_end]
     gr.on([c.change for c in follow_inputs if c not in (view_state, chunk_end)], handlers.controls_changed,
-          follow_inputs, [sizes_plot, preview_note, run, chunk, memory, stale, share, chunk_end],
+          follow_inputs, [sizes_plot, preview_note, run, chunk, memory, chunk_end, stale, share],
           trigger_mode="always_last", concurrency_limit=None, show_progress="hidden", api_visibility="private")
     view_state.change(handlers.stale_note, [view_state, schedule, growth, chunk, memory, scorer, sinks, rope,
                                             question_aware, question, ways], [stale],
