@@ -57,7 +57,7 @@ from memstep.errors import MemstepError
 from memstep.layers import GLOBAL, TYPE_LABELS
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
 from memstep.presets import ROPE_MODES, Fidelity
-from memstep.question_pool import QUESTION_POOL, carry_fade, carry_kind, heads_from, parse_question_pool
+from memstep.question_pool import QUESTION_POOL, carry_fade, carry_kind, fade_after, heads_from, parse_question_pool
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
@@ -128,6 +128,16 @@ def carry_share(share: torch.Tensor, carried: torch.Tensor | None) -> torch.Tens
         return share
     held = carried.shape[1]
     return torch.cat([torch.maximum(share[:, :held], carried.to(share)), share[:, held:]], dim=1)
+
+
+def fade_share(carried: torch.Tensor, fade: float, carried_for: torch.Tensor | None, after: int) -> torch.Tensor:
+    """``+fade:F``: each carried share worth ``fade`` of itself one step on; ``+fade:F/K``: only the
+    shares already carried through ``after`` cuts (``carried_for``, in the order of ``carried``)."""
+    if not after:
+        return carried * fade
+    if carried_for is None:  # the first cut: nothing has been carried through one yet
+        return carried
+    return torch.where(carried_for >= after, carried * fade, carried)
 
 
 def read_share(share: torch.Tensor, carried: torch.Tensor | None) -> torch.Tensor:
@@ -224,6 +234,7 @@ class ChunkedPrefill(StepContext):
         self.question_carry = carry_kind(question_pool)  # None, "carry", "lift" (shares x keys), "read" or "fade"
         # what is left of a carried share one step on, and from how many kept entries per head
         self.question_fade, self.question_fade_from = carry_fade(question_pool)
+        self.question_fade_after = fade_after(question_pool)  # +fade:F/K: cuts a vote is carried before it fades
         self.question_heads = heads_from(question_pool)  # None, or the budget per head from which +heads shares
         self.span = span  # span-preserving selection (memstep.spans); None: the token top-k
         self.span_table: torch.Tensor | None = None  # span id per position (sentence / clause: set by the caller)
@@ -263,6 +274,7 @@ class ChunkedPrefill(StepContext):
         self._question_step: list[int] = []  # question tokens carried by the current step
         self._question_rows = None
         self._carried: dict[int, torch.Tensor] = {}  # +carry: each layer's memory entries' question shares
+        self._carried_for: dict[int, torch.Tensor] = {}  # +fade:F/K: the cuts each of those shares has been carried through
 
     # ---- hooks -------------------------------------------------------------------------
     def _remember_queries(self, module, args, output):
@@ -300,7 +312,8 @@ class ChunkedPrefill(StepContext):
                     if carried is not None and keys_now is not None:  # lifts back into this step's shares
                         carried = carried / keys_now
                     if carried is not None and self.question_fade < 1 and per_head >= self.question_fade_from:
-                        carried = carried * self.question_fade
+                        carried = fade_share(carried, self.question_fade, self._carried_for.get(idx),
+                                             self.question_fade_after)
                     if self.question_carry == "read":
                         read = read_share(share, carried)
                         share = torch.maximum(share, read)
@@ -320,11 +333,17 @@ class ChunkedPrefill(StepContext):
             if self.question_carry and share is not None:  # in the order the memory now holds its entries
                 held = share if read is None else read  # +read holds each entry's share of its reading step
                 self._carried[idx] = held.gather(1, kept) * (keys_now if keys_now is not None else 1)
+                if self.question_fade_after:  # the chunk's entries join at 0 cuts; every kept entry has been through one more
+                    since = self._carried_for.get(idx, share.new_zeros(share.shape[0], 0, dtype=torch.int32))
+                    self._carried_for[idx] = F.pad(since, (0, entries - since.shape[1])).gather(1, kept) + 1
             else:  # a cut without the question's vote: nothing carried lines up with the new memory
                 self._carried.pop(idx, None)
+                self._carried_for.pop(idx, None)
             del state
         elif self.question_carry and idx in self._carried:  # no cut: the chunk joins with nothing carried yet
             self._carried[idx] = F.pad(self._carried[idx], (0, entries - self._carried[idx].shape[1]))
+            if idx in self._carried_for:
+                self._carried_for[idx] = F.pad(self._carried_for[idx], (0, entries - self._carried_for[idx].shape[1]))
         self.positions[idx] = positions
         self._queries = self._attended = None
 

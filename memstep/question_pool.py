@@ -37,12 +37,15 @@ READ = "+read"
 # +fade:F: +carry with each held share worth F (0 < F < 1) of itself one step on, so an entry's old
 # peak counts less the longer ago it was (a memory of the best shares ever seen raises the bar a
 # late fact must clear, step by step); +fade:F@N: only in steps that keep N or more entries per head
-# besides the sinks, +carry below (a small memory needs the full carry to hold a fact over many cuts)
+# besides the sinks, +carry below (a small memory needs the full carry to hold a fact over many cuts);
+# +fade:F/K: only the votes already carried through K cuts fade (a fact keeps its full vote for K
+# steps after it was read, however small the memory; an old peak still falls back after that)
 FADE = "+fade"
 # @N after +fade:F or +heads, read the same way for both: N kept entries per head, 1 to AT_MOST
 AT_MOST = 1_000_000
 _AT = r"(?:@(\d{1,7}))?"
-_CARRY = re.compile(r"\+(carry|lift|read|fade:(0\.\d*[1-9]\d*)" + _AT + ")$")
+_AFTER = r"(?:/(\d{1,7}))?"
+_CARRY = re.compile(r"\+(carry|lift|read|fade:(0\.\d*[1-9]\d*)" + _AT + _AFTER + ")$")
 
 
 def _at(digits: str | None) -> int | None:
@@ -52,15 +55,16 @@ def _at(digits: str | None) -> int | None:
     return int(digits) if 1 <= int(digits) <= AT_MOST else None
 
 
-def _split_carry(text: str) -> tuple[str, str | None, float, int]:
+def _split_carry(text: str) -> tuple[str, str | None, float, int, int]:
     """``text`` (no +heads) without its carry suffix, the carry's kind, how much of a held share
-    is left one step on (1 but for +fade:F) and from how many kept entries per head it fades."""
+    is left one step on (1 but for +fade:F), from how many kept entries per head it fades and
+    after how many cuts a vote has been carried through (the /K of +fade:F/K; 0 without)."""
     found = _CARRY.search(text)
-    if not found or _at(found.group(3)) is None:
-        return text, None, 1.0, 0
+    if not found or _at(found.group(3)) is None or _at(found.group(4)) is None:
+        return text, None, 1.0, 0, 0
     kind = found.group(1).partition(":")[0]
     fade = float(found.group(2)) if found.group(2) else 1.0
-    return text[:found.start()], kind, fade, _at(found.group(3))
+    return text[:found.start()], kind, fade, _at(found.group(3)), _at(found.group(4))
 
 
 # a last suffix: a key takes the strongest share any KV head of the layer gives its position, so what
@@ -89,11 +93,11 @@ def heads_from(pool: str) -> int | None:
 def pool_at(pool: str, budget: int) -> str:
     """What ``pool`` runs in a step that keeps ``budget`` entries per head besides the sinks:
     +heads@N reads as +heads from N up and as the pool without it below; +fade:F@N as +fade:F from
-    N up and as +carry below."""
+    N up and as +carry below (+fade:F@N/K as +fade:F/K and +carry)."""
     base, start = _split_heads(pool)
-    text, kind, fade, fade_from = _split_carry(base)
+    text, kind, fade, fade_from, after = _split_carry(base)
     if kind == "fade" and fade_from:  # +fade:F@N reads as +fade:F from N up and as +carry below
-        base = text + (f"{FADE}:{fade:g}" if budget >= fade_from else CARRY)
+        base = text + (f"{FADE}:{fade:g}" + (f"/{after}" if after else "") if budget >= fade_from else CARRY)
     if start is None:
         return base
     return base + HEADS if budget >= start else base
@@ -112,7 +116,13 @@ def carry_kind(pool: str) -> str | None:
 def carry_fade(pool: str) -> tuple[float, int]:
     """How much of a carried share is left one step on (F for ``+fade:F``, else 1), and from how many
     kept entries per head besides the sinks (N for ``+fade:F@N``, else 0)."""
-    return _split_carry(_unshared(pool))[2:]
+    return _split_carry(_unshared(pool))[2:4]
+
+
+def fade_after(pool: str) -> int:
+    """How many cuts a carried vote must have been carried through before it fades: K for
+    ``+fade:F/K``, else 0 (every carried vote fades)."""
+    return _split_carry(_unshared(pool))[4]
 
 
 def parse_question_pool(pool: str) -> tuple[str, int]:
@@ -140,4 +150,4 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     if kind == "follow" and width.isdigit() and 1 <= int(width) <= 255:
         return kind, int(width)
     raise MemstepError(f"question pool '{pool}' is not one of max:N, mean:N (N odd, 1-255), follow:N (1-255) or "
-                      "none, optionally followed by +carry, +lift, +read or +fade:F[@N] (0 < F < 1), then +heads or +heads@N")
+                      "none, optionally followed by +carry, +lift, +read or +fade:F[@N][/K] (0 < F < 1), then +heads or +heads@N")

@@ -289,6 +289,55 @@ def test_fade_from_a_budget_up(tiny_model):
         assert all(np.array_equal(a, b) for a, b in zip(kept(pool), same)), pool
 
 
+def test_fade_after_k_cuts_by_hand():
+    """+fade:F/K: a carried share fades only once it has been carried through K cuts; the others
+    keep their full vote; without /K every carried share fades; the first cut has nothing carried."""
+    from memstep.engine import fade_share
+    from memstep.question_pool import carry_fade, fade_after, parse_question_pool, pool_at
+
+    assert fade_after("follow:15+fade:0.7/8+heads@256") == 8 and carry_fade("follow:15+fade:0.7/8") == (0.7, 0)
+    assert fade_after("follow:15+fade:0.7@256/8") == 8 and carry_fade("follow:15+fade:0.7@256/8") == (0.7, 256)
+    assert fade_after("follow:15+fade:0.7") == 0 and fade_after("follow:15+carry+heads") == 0
+    assert [pool_at("follow:15+fade:0.7@256/8+heads@256", b) for b in (128, 256)] == \
+        ["follow:15+carry", "follow:15+fade:0.7/8+heads"]
+    assert pool_at("follow:15+fade:0.5/3+heads@256", 128) == "follow:15+fade:0.5/3"
+    carried = torch.tensor([[0.4, 0.2, 0.1], [0.3, 0.0, 0.6]])
+    cuts = torch.tensor([[1, 2, 3], [3, 2, 1]], dtype=torch.int32)
+    assert torch.allclose(fade_share(carried, 0.5, cuts, 2), torch.tensor([[0.4, 0.1, 0.05], [0.15, 0.0, 0.6]]))
+    assert torch.allclose(fade_share(carried, 0.5, cuts, 4), carried)
+    assert torch.allclose(fade_share(carried, 0.5, None, 0), carried * 0.5)
+    assert fade_share(carried, 0.5, None, 2) is carried
+    for bad in ("follow:15+fade:0.7/0", "follow:15+fade:0.7/x", "follow:15+fade:0.7/1000001", "follow:15+carry/8",
+                "follow:15+fade:0.7/8@256", "follow:15+fade:0.7/"):
+        with pytest.raises(MemstepError, match="fade:F"):
+            parse_question_pool(bad)
+
+
+def test_fade_after_k_cuts_in_the_engine(tiny_model):
+    """In the engine, +fade:F/1 is +fade:F (every carried share has been through a cut) and
+    +fade:F/K past the last cut is +carry; in between it keeps a set of its own. The cuts each
+    carried share has been through line up with the memory and count the steps since it was read."""
+    tokens, schedule = ids(300, seed=4), make_schedule("fm", 300, 64, 40)
+
+    def kept(pool):
+        return [r.kept_positions for r in run(tiny_model, tokens, schedule, QUESTION, question_pool=pool)[1]]
+
+    carry, fade = kept("follow:15+carry"), kept("follow:15+fade:0.3")
+    assert all(np.array_equal(a, b) for a, b in zip(kept("follow:15+fade:0.3/1"), fade))
+    assert all(np.array_equal(a, b) for a, b in zip(kept("follow:15+fade:0.3/1000"), carry))
+    engine = ChunkedPrefill(tiny_model, make_scorer("chunk-attention"), sinks=4, question_ids=QUESTION,
+                            question_pool="follow:15+fade:0.3/2")
+    steps = 0
+    for record in engine.run(tokens, schedule):
+        steps += 1
+        for idx, positions in enumerate(engine.positions):
+            since = engine._carried_for[idx]
+            assert since.shape == positions.shape == engine._carried[idx].shape
+            # FM reads 64 positions a step from 0 on: an entry read at step r has been through steps - r cuts
+            assert torch.equal(since, (steps - positions // 64).to(since.dtype))
+    assert steps >= 4
+
+
 def test_carried_shares_step_by_step_by_kind():
     """In the engine, step by step: +read's held value of an entry never changes once read; +carry's
     never falls and grows with the steps it is held (its max over more draws); +fade:0.5's falls, but

@@ -78,7 +78,7 @@ def register(sub) -> None:
                         "+ '+lift': the same, each share counted against an even split of its step's keys; "
                         "+ '+read': the larger of this step's share and its reading step's; + '+fade:F': +carry with "
                         "a held share worth F of itself one step on ('+fade:F@N': in steps that keep N or more "
-                        "entries per head, +carry below); then "
+                        "entries per head, +carry below; '+fade:F/K': only the shares already carried through K cuts); then "
                         "'+heads': a key takes the strongest share any KV head of its layer gives its position; '+heads@N': "
                         "the same in steps that keep N or more entries per head")
     p.add_argument("--span", type=_span, default=None,
