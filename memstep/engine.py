@@ -57,7 +57,7 @@ from memstep.errors import MemstepError
 from memstep.layers import GLOBAL, TYPE_LABELS
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
 from memstep.presets import ROPE_MODES, Fidelity
-from memstep.question_pool import QUESTION_POOL, carry_fade, carry_kind, fade_after, heads_from, parse_question_pool
+from memstep.question_pool import QUESTION_POOL, carry_fade, carry_kind, fade_after, heads_from, heads_weight, parse_question_pool
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
@@ -151,13 +151,14 @@ def read_share(share: torch.Tensor, carried: torch.Tensor | None) -> torch.Tenso
     return torch.where(read > 0, read, share)
 
 
-def share_over_heads(share: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def share_over_heads(share: torch.Tensor, positions: torch.Tensor, weight: float = 1.0) -> torch.Tensor:
     """``+heads``: each entry takes the strongest share any KV head gives the same document position
-    (heads hold different memories: matched by position, not by index). share, positions: (kv_heads, entries)."""
+    (heads hold different memories: matched by position, not by index); ``+heads:W`` (weight W < 1):
+    the larger of its own share and W times that. share, positions: (kv_heads, entries)."""
     where = positions.long()
     best = share.new_zeros(int(where.max()) + 1).scatter_reduce(0, where.flatten(), share.flatten(), reduce="amax",
                                                                  include_self=False)
-    return best[where]
+    return best[where] if weight >= 1 else torch.maximum(share, weight * best[where])
 
 
 def even_keys(positions: torch.Tensor, sinks: int) -> torch.Tensor:
@@ -236,6 +237,7 @@ class ChunkedPrefill(StepContext):
         self.question_fade, self.question_fade_from = carry_fade(question_pool)
         self.question_fade_after = fade_after(question_pool)  # +fade:F/K: cuts a vote is carried before it fades
         self.question_heads = heads_from(question_pool)  # None, or the budget per head from which +heads shares
+        self.question_heads_weight = heads_weight(question_pool)  # +heads:W: another head's share weighs W
         self.span = span  # span-preserving selection (memstep.spans); None: the token top-k
         self.span_table: torch.Tensor | None = None  # span id per position (sentence / clause: set by the caller)
         if question_ids is not None:
@@ -320,7 +322,7 @@ class ChunkedPrefill(StepContext):
                     else:
                         share = carry_share(share, carried)
                 if self.question_heads is not None and per_head >= self.question_heads:
-                    share = share_over_heads(share, positions)
+                    share = share_over_heads(share, positions, self.question_heads_weight)
                 scores = question_mix(scores, question, positions, self.sinks, self.question_weight, share=share)
             if self.span is None:
                 kept = select_kept(scores, positions, keep, self.sinks, frozen)

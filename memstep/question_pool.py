@@ -70,18 +70,23 @@ def _split_carry(text: str) -> tuple[str, str | None, float, int, int]:
 # a last suffix: a key takes the strongest share any KV head of the layer gives its position, so what
 # the question finds through one head stays in every head (the scorer's part stays each head's own);
 # +heads@N: only in a step that keeps at least N entries per head besides the sinks (a smaller memory
-# needs every slot for the head's own picks)
+# needs every slot for the head's own picks); +heads:W: a key takes the larger of its own head's share
+# and W (0 < W < 1) times the strongest any head gives its position (the others' finds weigh less
+# than the head's own)
 HEADS = "+heads"
-_HEADS = re.compile(r"\+heads" + _AT + "$")
+_HEADS = re.compile(r"\+heads(?::(0\.\d*[1-9]\d*))?" + _AT + "$")
 
 
-def _split_heads(pool: str) -> tuple[str, int | None]:
-    """``pool`` without its +heads suffix, and from how many kept entries per head it shares
-    (0: always; None: no +heads, or a malformed one, which parse_question_pool refuses)."""
+def _split_heads(pool: str) -> tuple[str, int | None, float]:
+    """``pool`` without its +heads suffix, from how many kept entries per head it shares (0: always;
+    None: no +heads, or a malformed one, which parse_question_pool refuses), and what another head's
+    share weighs (W of +heads:W, else 1)."""
     text = str(pool).strip()
     found = _HEADS.search(text)
-    start = _at(found.group(1)) if found else None
-    return (text, None) if start is None else (text[:found.start()], start)
+    start = _at(found.group(2)) if found else None
+    if start is None:
+        return text, None, 1.0
+    return text[:found.start()], start, float(found.group(1)) if found.group(1) else 1.0
 
 
 def heads_from(pool: str) -> int | None:
@@ -90,17 +95,23 @@ def heads_from(pool: str) -> int | None:
     return _split_heads(pool)[1]
 
 
+def heads_weight(pool: str) -> float:
+    """What the strongest share of a layer's heads weighs against a head's own under +heads:W (W;
+    1 for +heads: the strongest share outright)."""
+    return _split_heads(pool)[2]
+
+
 def pool_at(pool: str, budget: int) -> str:
     """What ``pool`` runs in a step that keeps ``budget`` entries per head besides the sinks:
     +heads@N reads as +heads from N up and as the pool without it below; +fade:F@N as +fade:F from
     N up and as +carry below (+fade:F@N/K as +fade:F/K and +carry)."""
-    base, start = _split_heads(pool)
+    base, start, weight = _split_heads(pool)
     text, kind, fade, fade_from, after = _split_carry(base)
     if kind == "fade" and fade_from:  # +fade:F@N reads as +fade:F from N up and as +carry below
         base = text + (f"{FADE}:{fade:g}" + (f"/{after}" if after else "") if budget >= fade_from else CARRY)
     if start is None:
         return base
-    return base + HEADS if budget >= start else base
+    return base + HEADS + (f":{weight:g}" if weight < 1 else "") if budget >= start else base
 
 
 def _unshared(pool: str) -> str:
@@ -135,12 +146,13 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     cuts of a long document (see ChunkedPrefill); + '+lift': the same, each step's share counted
     against an even split of that step's keys; + '+read': the larger of this step's share and the
     one it had in the step it was read; + '+fade:F': +carry with a held share worth F of itself one
-    step on ('+fade:F@N': in steps that keep N or more entries per head, +carry below). A last '+heads': each key takes the strongest share
-    any KV head of its layer gives its position; '+heads@N': the same in steps that keep N or more
-    entries per head (sinks not counted)."""
-    text, start = _split_heads(pool)
+    step on ('+fade:F@N': in steps that keep N or more entries per head, +carry below; '+fade:F/K': only
+    the shares already carried through K cuts). A last '+heads': each key takes the strongest share
+    any KV head of its layer gives its position ('+heads:W': the larger of its own and W times that);
+    '+heads@N': in steps that keep N or more entries per head (sinks not counted)."""
+    text, start, _ = _split_heads(pool)
     if start is None and HEADS in str(pool):
-        raise MemstepError(f"question pool '{pool}': +heads takes nothing after it, or @N (N from 1): "
+        raise MemstepError(f"question pool '{pool}': +heads takes nothing after it, or :W (0 < W < 1), @N (N from 1) or both: "
                            "follow:15+fade:0.7@256+heads@256")
     kind, _, width = _split_carry(text)[0].partition(":")
     if kind == "none" and not width:
@@ -150,4 +162,4 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     if kind == "follow" and width.isdigit() and 1 <= int(width) <= 255:
         return kind, int(width)
     raise MemstepError(f"question pool '{pool}' is not one of max:N, mean:N (N odd, 1-255), follow:N (1-255) or "
-                      "none, optionally followed by +carry, +lift, +read or +fade:F[@N][/K] (0 < F < 1), then +heads or +heads@N")
+                      "none, optionally followed by +carry, +lift, +read or +fade:F[@N][/K] (0 < F < 1), then +heads[:W][@N]")

@@ -392,6 +392,37 @@ def test_heads_share_the_question_vote_by_position(tiny_model):
                     assert values.setdefault(position, value) == pytest.approx(value)
 
 
+def test_heads_weighted_by_hand_and_in_the_engine(tiny_model):
+    """+heads:W: each entry takes the larger of its own head's share and W times the strongest any
+    head gives its position; by hand, in pool_at and the parser, and in the engine: W near 1 keeps
+    what +heads keeps, and a small W what the pool without +heads keeps."""
+    from memstep.engine import share_over_heads
+    from memstep.question_pool import heads_from, heads_weight, parse_question_pool, pool_at
+
+    share = torch.tensor([[0.1, 0.5, 0.2], [0.3, 0.0, 0.4]])
+    positions = torch.tensor([[4, 7, 9], [4, 9, 12]])  # the strongest: position 4 0.3, 7 0.5, 9 0.2, 12 0.4
+    assert torch.allclose(share_over_heads(share, positions, 0.5), torch.tensor([[0.15, 0.5, 0.2], [0.3, 0.1, 0.4]]))
+    assert torch.equal(share_over_heads(share, positions, 1.0), share_over_heads(share, positions))
+    assert (heads_weight("follow:15+carry+heads:0.5@256"), heads_from("follow:15+carry+heads:0.5@256")) == (0.5, 256)
+    assert heads_weight("follow:15+carry+heads") == 1.0 and parse_question_pool("follow:15+carry+heads:0.25") == ("follow", 15)
+    assert [pool_at("follow:15+carry+heads:0.5@256", b) for b in (128, 256)] == \
+        ["follow:15+carry", "follow:15+carry+heads:0.5"]
+    for bad in ("follow:15+carry+heads:1", "follow:15+carry+heads:0", "follow:15+carry+heads:.5",
+                "follow:15+carry+heads:0.5@", "follow:15+carry+heads@256:0.5", "follow:15+carry+heads:x"):
+        with pytest.raises(MemstepError, match="\\+heads takes nothing after it, or :W"):
+            parse_question_pool(bad)
+
+    tokens, schedule = ids(300, seed=2), make_schedule("fm", 300, 64, 40)
+
+    def kept(pool):
+        return [r.kept_positions for r in run(tiny_model, tokens, schedule, QUESTION, question_pool=pool)[1]]
+
+    own, shared = kept("follow:15+carry"), kept("follow:15+carry+heads")
+    assert any(not np.array_equal(a, b) for a, b in zip(own, shared))
+    assert all(np.array_equal(a, b) for a, b in zip(kept("follow:15+carry+heads:0.9999999"), shared))
+    assert all(np.array_equal(a, b) for a, b in zip(kept("follow:15+carry+heads:0.0000001"), own))
+
+
 def test_heads_share_from_a_budget_up(tiny_model):
     """+heads@N shares the question's vote between a layer's KV heads in a step that keeps N or more
     entries per head (sinks not counted) and not below; the engine's default shares (and fades its
@@ -412,7 +443,7 @@ def test_heads_share_from_a_budget_up(tiny_model):
     assert parse_question_pool("follow:15+carry+heads@256") == ("follow", 15)
     for bad in ("follow:15+carry+heads@0", "follow:15+heads@", "follow:15+heads@x", "follow:15+heads+carry",
                 "follow:15+heads256", "follow:15+heads@1000001"):
-        with pytest.raises(MemstepError, match="\\+heads takes nothing after it, or @N"):
+        with pytest.raises(MemstepError, match="\\+heads takes nothing after it, or :W"):
             parse_question_pool(bad)
 
     tokens, schedule = ids(300, seed=2), make_schedule("fm", 300, 64, 40)
