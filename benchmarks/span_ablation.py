@@ -44,6 +44,11 @@ def load(*folders: Path) -> list[dict]:
     return list(cells.values())
 
 
+def _retention(cell: dict) -> float:
+    """The share of the answer's (layer, KV head, token) entries a cell's memory holds, over its layers."""
+    return sum(cell["retention"]) / len(cell["retention"])
+
+
 def rows_of(cells: list[dict], versus: list[str], kind_filter=None) -> list[dict]:
     """One row per (length, budget, configuration), counted on the cases the full cache answers."""
     cells = [c for c in cells if kind_filter is None or c.get("kind") in kind_filter]
@@ -59,8 +64,7 @@ def rows_of(cells: list[dict], versus: list[str], kind_filter=None) -> list[dict
         low, high = wilson_interval(k, n)
         row = {"length": length, "budget": budget, "label": label, "answered": k, "cases": n,
                "low": low, "high": high,
-               "retention": mean_interval([sum(c["retention"]) / len(c["retention"]) for c in group.values()
-                                           if c.get("retention")]),
+               "retention": mean_interval([_retention(c) for c in group.values() if c.get("retention")]),
                "whole": mean_interval([c["needle_whole"] for c in group.values() if c.get("needle_whole") is not None]),
                "entries": sorted({c.get("memory_entries") for c in group.values()} - {None}),
                "paired": {}}
@@ -75,8 +79,12 @@ def rows_of(cells: list[dict], versus: list[str], kind_filter=None) -> list[dict
                       sum(b and not a for a, b in pairs), sum(not a and not b for a, b in pairs))
             if shared:
                 diff, lo, hi = paired_difference_interval(*counts)
+                # the answer's retention, case by case: this configuration's minus the other's (t interval)
+                kept = mean_interval([_retention(group[s]) - _retention(other[s]) for s in shared
+                                      if group[s].get("retention") and other[s].get("retention")])
                 row["paired"][other_label] = {"cases": len(shared), "difference": diff, "low": lo, "high": hi,
-                                              "only_this": counts[1], "only_other": counts[2]}
+                                              "only_this": counts[1], "only_other": counts[2],
+                                              "retention_difference": kept}
         rows.append(row)
     return rows
 
@@ -95,6 +103,13 @@ def _entries(values: list[int]) -> str:
     return str(values[0]) if len(values) == 1 else f"{values[0]}-{values[-1]}"
 
 
+def _kept(paired: dict) -> str:
+    found = paired.get("retention_difference")
+    if not found or found["low"] is None:
+        return ""
+    return f"; retention {found['mean']:+.2f} [{found['low']:+.2f}, {found['high']:+.2f}]"
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| length | M | configuration | answered (95% CI) | answer retention | whole-answer slots | entries | "
              "paired difference in answered (95% CI) |",
@@ -102,7 +117,7 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         paired = "; ".join(f"vs {other.split(' compact')[0].replace(' chunk-attention', '')}: "
                            f"{100 * p['difference']:+.0f} pts [{100 * p['low']:+.0f}, {100 * p['high']:+.0f}] "
-                           f"({p['only_this']} only here, {p['only_other']} only there)"
+                           f"({p['only_this']} only here, {p['only_other']} only there{_kept(p)})"
                            for other, p in r["paired"].items()) or "-"
         lines.append(f"| {r['length']} | {r['budget']} | {r['label']} | {r['answered']}/{r['cases']} "
                      f"({100 * r['low']:.0f}-{100 * r['high']:.0f}%) | {_mi(r['retention'])} | {_mi(r['whole'])} | "
