@@ -57,7 +57,7 @@ from memstep.errors import MemstepError
 from memstep.layers import GLOBAL, TYPE_LABELS
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
 from memstep.presets import ROPE_MODES, Fidelity
-from memstep.question_pool import QUESTION_POOL, carry_fade, carry_kind, fade_after, heads_from, heads_weight, parse_question_pool
+from memstep.question_pool import QUESTION_POOL, carry_fade, carry_kind, fade_at, heads_at, parse_question_pool
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
@@ -153,7 +153,7 @@ def read_share(share: torch.Tensor, carried: torch.Tensor | None) -> torch.Tenso
 
 def share_over_heads(share: torch.Tensor, positions: torch.Tensor, weight: float = 1.0) -> torch.Tensor:
     """``+heads``: each entry takes the strongest share any KV head gives the same document position
-    (heads hold different memories: matched by position, not by index); ``+heads:W`` (weight W < 1):
+    (heads hold different memories: matched by position, not by index); ``+heads/W`` (weight W < 1):
     the larger of its own share and W times that. share, positions: (kv_heads, entries)."""
     where = positions.long()
     best = share.new_zeros(int(where.max()) + 1).scatter_reduce(0, where.flatten(), share.flatten(), reduce="amax",
@@ -233,11 +233,8 @@ class ChunkedPrefill(StepContext):
         self.question_pool = question_pool
         parse_question_pool(question_pool)
         self.question_carry = carry_kind(question_pool)  # None, "carry", "lift" (shares x keys), "read" or "fade"
-        # what is left of a carried share one step on, and from how many kept entries per head
-        self.question_fade, self.question_fade_from = carry_fade(question_pool)
-        self.question_fade_after = fade_after(question_pool)  # +fade:F/K: cuts a vote is carried before it fades
-        self.question_heads = heads_from(question_pool)  # None, or the budget per head from which +heads shares
-        self.question_heads_weight = heads_weight(question_pool)  # +heads:W: another head's share weighs W
+        self.question_fade = carry_fade(question_pool)[0]  # what is left of a carried share one step on
+        self._count_cuts = bool(fade_at(question_pool, 0))  # +fade:F/K: some step fades only votes K cuts old
         self.span = span  # span-preserving selection (memstep.spans); None: the token top-k
         self.span_table: torch.Tensor | None = None  # span id per position (sentence / clause: set by the caller)
         if question_ids is not None:
@@ -313,16 +310,17 @@ class ChunkedPrefill(StepContext):
                     carried = self._carried.get(idx)
                     if carried is not None and keys_now is not None:  # lifts back into this step's shares
                         carried = carried / keys_now
-                    if carried is not None and self.question_fade < 1 and per_head >= self.question_fade_from:
-                        carried = fade_share(carried, self.question_fade, self._carried_for.get(idx),
-                                             self.question_fade_after)
+                    after = fade_at(self.question_pool, per_head) if self.question_fade < 1 else None
+                    if carried is not None and after is not None:
+                        carried = fade_share(carried, self.question_fade, self._carried_for.get(idx), after)
                     if self.question_carry == "read":
                         read = read_share(share, carried)
                         share = torch.maximum(share, read)
                     else:
                         share = carry_share(share, carried)
-                if self.question_heads is not None and per_head >= self.question_heads:
-                    share = share_over_heads(share, positions, self.question_heads_weight)
+                weight = heads_at(self.question_pool, per_head)  # +heads: 1, W, or None in this step
+                if weight is not None:
+                    share = share_over_heads(share, positions, weight)
                 scores = question_mix(scores, question, positions, self.sinks, self.question_weight, share=share)
             if self.span is None:
                 kept = select_kept(scores, positions, keep, self.sinks, frozen)
@@ -335,7 +333,7 @@ class ChunkedPrefill(StepContext):
             if self.question_carry and share is not None:  # in the order the memory now holds its entries
                 held = share if read is None else read  # +read holds each entry's share of its reading step
                 self._carried[idx] = held.gather(1, kept) * (keys_now if keys_now is not None else 1)
-                if self.question_fade_after:  # the chunk's entries join at 0 cuts; every kept entry has been through one more
+                if self._count_cuts:  # the chunk's entries join at 0 cuts; every kept entry has been through one more
                     since = self._carried_for.get(idx, share.new_zeros(share.shape[0], 0, dtype=torch.int32))
                     self._carried_for[idx] = F.pad(since, (0, entries - since.shape[1])).gather(1, kept) + 1
             else:  # a cut without the question's vote: nothing carried lines up with the new memory

@@ -36,20 +36,21 @@ LIFT = "+lift"
 READ = "+read"
 # +fade:F: +carry with each held share worth F (0 < F < 1) of itself one step on, so an entry's old
 # peak counts less the longer ago it was (a memory of the best shares ever seen raises the bar a
-# late fact must clear, step by step); +fade:F@N: only in steps that keep N or more entries per head
-# besides the sinks, +carry below (a small memory needs the full carry to hold a fact over many cuts);
-# +fade:F/K: only the votes already carried through K cuts fade (a fact keeps its full vote for K
-# steps after it was read, however small the memory; an old peak still falls back after that)
+# late fact must clear, step by step); /K: only the votes already carried through K cuts fade (a
+# fact keeps its full vote for K steps after it was read; an old peak still falls back after that)
 FADE = "+fade"
-# @N after +fade:F or +heads, read the same way for both: N kept entries per head, 1 to AT_MOST
+# +fade:F and +heads read @N and /X alike: @N, the whole rule in steps that keep N or more entries
+# per KV head besides the sinks (1 to AT_MOST); /X, the milder rule everywhere else (below N, or in
+# every step without @N); @N without /X: nothing below N. A small memory needs the full carry to hold
+# a fact over many cuts, and every slot for the head's own picks.
 AT_MOST = 1_000_000
 _AT = r"(?:@(\d{1,7}))?"
-_AFTER = r"(?:/(\d{1,7}))?"
-_CARRY = re.compile(r"\+(carry|lift|read|fade:(0\.\d*[1-9]\d*)" + _AT + _AFTER + ")$")
+_SHARE = r"(0\.\d*[1-9]\d*)"  # a number strictly between 0 and 1
+_CARRY = re.compile(r"\+(carry|lift|read|fade:" + _SHARE + _AT + r"(?:/(\d{1,7}))?)$")
 
 
 def _at(digits: str | None) -> int | None:
-    """The N of an @N suffix (0 without one); None for an N outside 1 to AT_MOST."""
+    """The N of an @N suffix, or the K of a /K (0 without one); None outside 1 to AT_MOST."""
     if digits is None:
         return 0
     return int(digits) if 1 <= int(digits) <= AT_MOST else None
@@ -57,8 +58,9 @@ def _at(digits: str | None) -> int | None:
 
 def _split_carry(text: str) -> tuple[str, str | None, float, int, int]:
     """``text`` (no +heads) without its carry suffix, the carry's kind, how much of a held share
-    is left one step on (1 but for +fade:F), from how many kept entries per head it fades and
-    after how many cuts a vote has been carried through (the /K of +fade:F/K; 0 without)."""
+    is left one step on (1 but for +fade:F), from how many kept entries per head every carried
+    vote fades (the @N of +fade:F@N; 0 without) and through how many cuts a vote must have been
+    carried to fade elsewhere (the /K; 0 without)."""
     found = _CARRY.search(text)
     if not found or _at(found.group(3)) is None or _at(found.group(4)) is None:
         return text, None, 1.0, 0, 0
@@ -69,49 +71,68 @@ def _split_carry(text: str) -> tuple[str, str | None, float, int, int]:
 
 # a last suffix: a key takes the strongest share any KV head of the layer gives its position, so what
 # the question finds through one head stays in every head (the scorer's part stays each head's own);
-# +heads@N: only in a step that keeps at least N entries per head besides the sinks (a smaller memory
-# needs every slot for the head's own picks); +heads:W: a key takes the larger of its own head's share
-# and W (0 < W < 1) times the strongest any head gives its position (the others' finds weigh less
-# than the head's own)
+# /W: the larger of its own head's share and W (0 < W < 1) times that strongest one (the others'
+# finds weigh less than the head's own); @N as for +fade
 HEADS = "+heads"
-_HEADS = re.compile(r"\+heads(?::(0\.\d*[1-9]\d*))?" + _AT + "$")
+_HEADS = re.compile(r"\+heads" + _AT + r"(?:/" + _SHARE + ")?$")
 
 
 def _split_heads(pool: str) -> tuple[str, int | None, float]:
-    """``pool`` without its +heads suffix, from how many kept entries per head it shares (0: always;
-    None: no +heads, or a malformed one, which parse_question_pool refuses), and what another head's
-    share weighs (W of +heads:W, else 1)."""
+    """``pool`` without its +heads suffix, from how many kept entries per head it shares in full
+    (0: always, or without @N; None: no +heads, or a malformed one, which parse_question_pool
+    refuses), and what the strongest share weighs elsewhere (the W of /W; 0 without)."""
     text = str(pool).strip()
     found = _HEADS.search(text)
-    start = _at(found.group(2)) if found else None
+    start = _at(found.group(1)) if found else None
     if start is None:
-        return text, None, 1.0
-    return text[:found.start()], start, float(found.group(1)) if found.group(1) else 1.0
+        return text, None, 0.0
+    return text[:found.start()], start, float(found.group(2)) if found.group(2) else 0.0
 
 
 def heads_from(pool: str) -> int | None:
     """The smallest number of kept entries per KV head (sinks not counted) from which ``pool``
-    shares the question's vote between a layer's heads: 0 for +heads, N for +heads@N, None without."""
+    shares the question's vote between a layer's heads in full: 0 for +heads, N for +heads@N, None
+    without +heads."""
     return _split_heads(pool)[1]
 
 
-def heads_weight(pool: str) -> float:
-    """What the strongest share of a layer's heads weighs against a head's own under +heads:W (W;
-    1 for +heads: the strongest share outright)."""
-    return _split_heads(pool)[2]
+def heads_at(pool: str, budget: int) -> float | None:
+    """What the strongest share of a layer's heads weighs against a head's own in a step that keeps
+    ``budget`` entries per head besides the sinks: 1 (shared in full), W (+heads/W, or +heads@N/W
+    below N), or None (no sharing)."""
+    _, start, weight = _split_heads(pool)
+    if start is None:
+        return None
+    if weight and not start:
+        return weight
+    return 1.0 if budget >= start else (weight or None)
+
+
+def fade_at(pool: str, budget: int) -> int | None:
+    """Through how many cuts a carried vote must have been carried to fade in a step that keeps
+    ``budget`` entries per head besides the sinks: 0 (every carried vote fades), K (+fade:F/K, or
+    +fade:F@N/K below N), or None (none fades)."""
+    _, kind, _, start, after = _split_carry(_unshared(pool))
+    if kind != "fade":
+        return None
+    if after and not start:
+        return after
+    return 0 if budget >= start else (after or None)
 
 
 def pool_at(pool: str, budget: int) -> str:
-    """What ``pool`` runs in a step that keeps ``budget`` entries per head besides the sinks:
-    +heads@N reads as +heads from N up and as the pool without it below; +fade:F@N as +fade:F from
-    N up and as +carry below (+fade:F@N/K as +fade:F/K and +carry)."""
-    base, start, weight = _split_heads(pool)
-    text, kind, fade, fade_from, after = _split_carry(base)
-    if kind == "fade" and fade_from:  # +fade:F@N reads as +fade:F from N up and as +carry below
-        base = text + (f"{FADE}:{fade:g}" + (f"/{after}" if after else "") if budget >= fade_from else CARRY)
-    if start is None:
+    """What ``pool`` runs in a step that keeps ``budget`` entries per head besides the sinks, without
+    its @N: +heads@N/W reads as +heads from N up and as +heads/W below (no +heads without /W);
+    +fade:F@N/K as +fade:F from N up and as +fade:F/K below (+carry without /K)."""
+    base = _unshared(pool)
+    text, kind, fade, _, _ = _split_carry(base)
+    if kind == "fade":
+        after = fade_at(pool, budget)
+        base = text + (CARRY if after is None else f"{FADE}:{fade:g}" + (f"/{after}" if after else ""))
+    weight = heads_at(pool, budget)
+    if weight is None:
         return base
-    return base + HEADS + (f":{weight:g}" if weight < 1 else "") if budget >= start else base
+    return base + HEADS + (f"/{weight:g}" if weight < 1 else "")
 
 
 def _unshared(pool: str) -> str:
@@ -126,14 +147,8 @@ def carry_kind(pool: str) -> str | None:
 
 def carry_fade(pool: str) -> tuple[float, int]:
     """How much of a carried share is left one step on (F for ``+fade:F``, else 1), and from how many
-    kept entries per head besides the sinks (N for ``+fade:F@N``, else 0)."""
+    kept entries per head besides the sinks every carried vote fades (N for ``+fade:F@N``, else 0)."""
     return _split_carry(_unshared(pool))[2:4]
-
-
-def fade_after(pool: str) -> int:
-    """How many cuts a carried vote must have been carried through before it fades: K for
-    ``+fade:F/K``, else 0 (every carried vote fades)."""
-    return _split_carry(_unshared(pool))[4]
 
 
 def parse_question_pool(pool: str) -> tuple[str, int]:
@@ -146,13 +161,13 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     cuts of a long document (see ChunkedPrefill); + '+lift': the same, each step's share counted
     against an even split of that step's keys; + '+read': the larger of this step's share and the
     one it had in the step it was read; + '+fade:F': +carry with a held share worth F of itself one
-    step on ('+fade:F@N': in steps that keep N or more entries per head, +carry below; '+fade:F/K': only
-    the shares already carried through K cuts). A last '+heads': each key takes the strongest share
-    any KV head of its layer gives its position ('+heads:W': the larger of its own and W times that);
-    '+heads@N': in steps that keep N or more entries per head (sinks not counted)."""
+    step on ('+fade:F/K': only the shares already carried through K cuts). A last '+heads': each key
+    takes the strongest share any KV head of its layer gives its position ('+heads/W': the larger of
+    its own and W times that). '@N' after +fade:F or +heads: the rule in steps that keep N or more
+    entries per head (sinks not counted), and its /K or /W form, or nothing, below."""
     text, start, _ = _split_heads(pool)
     if start is None and HEADS in str(pool):
-        raise MemstepError(f"question pool '{pool}': +heads takes nothing after it, or :W (0 < W < 1), @N (N from 1) or both: "
+        raise MemstepError(f"question pool '{pool}': +heads takes nothing after it but @N (N from 1), /W (0 < W < 1) or both: "
                            "follow:15+fade:0.7@256+heads@256")
     kind, _, width = _split_carry(text)[0].partition(":")
     if kind == "none" and not width:
@@ -162,4 +177,4 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     if kind == "follow" and width.isdigit() and 1 <= int(width) <= 255:
         return kind, int(width)
     raise MemstepError(f"question pool '{pool}' is not one of max:N, mean:N (N odd, 1-255), follow:N (1-255) or "
-                      "none, optionally followed by +carry, +lift, +read or +fade:F[@N][/K] (0 < F < 1), then +heads[:W][@N]")
+                      "none, optionally followed by +carry, +lift, +read or +fade:F[@N][/K] (0 < F < 1), then +heads[@N][/W]")

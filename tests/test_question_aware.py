@@ -291,15 +291,21 @@ def test_fade_from_a_budget_up(tiny_model):
 
 def test_fade_after_k_cuts_by_hand():
     """+fade:F/K: a carried share fades only once it has been carried through K cuts; the others
-    keep their full vote; without /K every carried share fades; the first cut has nothing carried."""
+    keep their full vote; without /K every carried share fades; the first cut has nothing carried.
+    With @N, every carried share fades from N entries per head up and /K (or nothing) holds below."""
     from memstep.engine import fade_share
-    from memstep.question_pool import carry_fade, fade_after, parse_question_pool, pool_at
+    from memstep.question_pool import carry_fade, fade_at, parse_question_pool, pool_at
 
-    assert fade_after("follow:15+fade:0.7/8+heads@256") == 8 and carry_fade("follow:15+fade:0.7/8") == (0.7, 0)
-    assert fade_after("follow:15+fade:0.7@256/8") == 8 and carry_fade("follow:15+fade:0.7@256/8") == (0.7, 256)
-    assert fade_after("follow:15+fade:0.7") == 0 and fade_after("follow:15+carry+heads") == 0
+    # (pool, budget) -> through how many cuts a vote must have been carried to fade (None: none fades)
+    table = [("follow:15+fade:0.7/8+heads@256", 128, 8), ("follow:15+fade:0.7/8+heads@256", 512, 8),
+             ("follow:15+fade:0.7@256/8", 255, 8), ("follow:15+fade:0.7@256/8", 256, 0),
+             ("follow:15+fade:0.7@256", 255, None), ("follow:15+fade:0.7@256", 256, 0),
+             ("follow:15+fade:0.7", 1, 0), ("follow:15+carry+heads", 512, None), ("max:15", 512, None)]
+    for pool, budget, after in table:
+        assert fade_at(pool, budget) == after, (pool, budget)
+    assert carry_fade("follow:15+fade:0.7/8") == (0.7, 0) and carry_fade("follow:15+fade:0.7@256/8") == (0.7, 256)
     assert [pool_at("follow:15+fade:0.7@256/8+heads@256", b) for b in (128, 256)] == \
-        ["follow:15+carry", "follow:15+fade:0.7/8+heads"]
+        ["follow:15+fade:0.7/8", "follow:15+fade:0.7+heads"]
     assert pool_at("follow:15+fade:0.5/3+heads@256", 128) == "follow:15+fade:0.5/3"
     carried = torch.tensor([[0.4, 0.2, 0.1], [0.3, 0.0, 0.6]])
     cuts = torch.tensor([[1, 2, 3], [3, 2, 1]], dtype=torch.int32)
@@ -393,34 +399,42 @@ def test_heads_share_the_question_vote_by_position(tiny_model):
 
 
 def test_heads_weighted_by_hand_and_in_the_engine(tiny_model):
-    """+heads:W: each entry takes the larger of its own head's share and W times the strongest any
-    head gives its position; by hand, in pool_at and the parser, and in the engine: W near 1 keeps
-    what +heads keeps, and a small W what the pool without +heads keeps."""
+    """+heads/W: each entry takes the larger of its own head's share and W times the strongest any
+    head gives its position; +heads@N/W shares in full from N entries per head up and at W below.
+    By hand, in the parser and pool_at, and in the engine: W near 1 keeps what +heads keeps, a small
+    W what the pool without +heads keeps, and @N/W switches between the two at N."""
     from memstep.engine import share_over_heads
-    from memstep.question_pool import heads_from, heads_weight, parse_question_pool, pool_at
+    from memstep.question_pool import heads_at, heads_from, parse_question_pool, pool_at
 
     share = torch.tensor([[0.1, 0.5, 0.2], [0.3, 0.0, 0.4]])
     positions = torch.tensor([[4, 7, 9], [4, 9, 12]])  # the strongest: position 4 0.3, 7 0.5, 9 0.2, 12 0.4
     assert torch.allclose(share_over_heads(share, positions, 0.5), torch.tensor([[0.15, 0.5, 0.2], [0.3, 0.1, 0.4]]))
     assert torch.equal(share_over_heads(share, positions, 1.0), share_over_heads(share, positions))
-    assert (heads_weight("follow:15+carry+heads:0.5@256"), heads_from("follow:15+carry+heads:0.5@256")) == (0.5, 256)
-    assert heads_weight("follow:15+carry+heads") == 1.0 and parse_question_pool("follow:15+carry+heads:0.25") == ("follow", 15)
-    assert [pool_at("follow:15+carry+heads:0.5@256", b) for b in (128, 256)] == \
-        ["follow:15+carry", "follow:15+carry+heads:0.5"]
-    for bad in ("follow:15+carry+heads:1", "follow:15+carry+heads:0", "follow:15+carry+heads:.5",
-                "follow:15+carry+heads:0.5@", "follow:15+carry+heads@256:0.5", "follow:15+carry+heads:x"):
-        with pytest.raises(MemstepError, match="\\+heads takes nothing after it, or :W"):
+    # (pool, budget) -> what the strongest share weighs (None: no sharing)
+    table = [("follow:15+carry+heads@256/0.5", 255, 0.5), ("follow:15+carry+heads@256/0.5", 256, 1.0),
+             ("follow:15+carry+heads/0.25", 512, 0.25), ("follow:15+carry+heads@256", 255, None),
+             ("follow:15+carry+heads", 1, 1.0), ("follow:15+carry", 512, None)]
+    for pool, budget, weight in table:
+        assert heads_at(pool, budget) == weight, (pool, budget)
+    assert heads_from("follow:15+carry+heads@256/0.5") == 256 and parse_question_pool("follow:15+carry+heads/0.25") == ("follow", 15)
+    assert [pool_at("follow:15+fade:0.7@256/8+heads@256/0.5", b) for b in (128, 256)] == \
+        ["follow:15+fade:0.7/8+heads/0.5", "follow:15+fade:0.7+heads"]
+    for bad in ("follow:15+carry+heads/1", "follow:15+carry+heads/0", "follow:15+carry+heads/.5",
+                "follow:15+carry+heads@256/", "follow:15+carry+heads/0.5@256", "follow:15+carry+heads:0.5"):
+        with pytest.raises(MemstepError, match="\\+heads takes nothing after it but @N"):
             parse_question_pool(bad)
 
-    tokens, schedule = ids(300, seed=2), make_schedule("fm", 300, 64, 40)
+    tokens, schedule = ids(300, seed=2), make_schedule("fm", 300, 64, 40)  # M = 40: 40 entries per head besides sinks
 
     def kept(pool):
         return [r.kept_positions for r in run(tiny_model, tokens, schedule, QUESTION, question_pool=pool)[1]]
 
-    own, shared = kept("follow:15+carry"), kept("follow:15+carry+heads")
+    own, shared, half = kept("follow:15+carry"), kept("follow:15+carry+heads"), kept("follow:15+carry+heads/0.5")
     assert any(not np.array_equal(a, b) for a, b in zip(own, shared))
-    assert all(np.array_equal(a, b) for a, b in zip(kept("follow:15+carry+heads:0.9999999"), shared))
-    assert all(np.array_equal(a, b) for a, b in zip(kept("follow:15+carry+heads:0.0000001"), own))
+    assert all(np.array_equal(a, b) for a, b in zip(kept("follow:15+carry+heads/0.9999999"), shared))
+    assert all(np.array_equal(a, b) for a, b in zip(kept("follow:15+carry+heads/0.0000001"), own))
+    for pool, same in (("follow:15+carry+heads@40/0.5", shared), ("follow:15+carry+heads@41/0.5", half)):
+        assert all(np.array_equal(a, b) for a, b in zip(kept(pool), same)), pool
 
 
 def test_heads_share_from_a_budget_up(tiny_model):
@@ -443,7 +457,7 @@ def test_heads_share_from_a_budget_up(tiny_model):
     assert parse_question_pool("follow:15+carry+heads@256") == ("follow", 15)
     for bad in ("follow:15+carry+heads@0", "follow:15+heads@", "follow:15+heads@x", "follow:15+heads+carry",
                 "follow:15+heads256", "follow:15+heads@1000001"):
-        with pytest.raises(MemstepError, match="\\+heads takes nothing after it, or :W"):
+        with pytest.raises(MemstepError, match="\\+heads takes nothing after it but @N"):
             parse_question_pool(bad)
 
     tokens, schedule = ids(300, seed=2), make_schedule("fm", 300, 64, 40)

@@ -74,8 +74,8 @@ def register(sub) -> None:
     p.add_argument("--question-pools", default=None,
                    help="memstep question-aware ablation: how the question's attention spreads over neighbouring "
                         "keys, comma-separated max:N, mean:N, follow:N or none, each optionally +carry, +lift, +read or "
-                        "+fade:F[@N][/K] (carried from step to step: follow:15+carry), then +heads (shared by a layer's KV heads) or "
-                        "+heads@N (shared in steps that keep N or more entries per head) "
+                        "+fade:F[@N][/K] (carried from step to step: follow:15+carry), then +heads[@N][/W] (shared by a layer's KV "
+                        "heads; @N: in steps that keep N or more entries per head, the /K or /W form below) "
                         f"(default: the engine's, {QUESTION_POOL})")
     p.add_argument("--question-weights", default=None,
                    help="memstep question-aware ablation: the question's share of the score, comma-separated "

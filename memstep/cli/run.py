@@ -77,10 +77,10 @@ def register(sub) -> None:
                         "question share it has had since it was read, so long documents do not wear it away; "
                         "+ '+lift': the same, each share counted against an even split of its step's keys; "
                         "+ '+read': the larger of this step's share and its reading step's; + '+fade:F': +carry with "
-                        "a held share worth F of itself one step on ('+fade:F@N': in steps that keep N or more "
-                        "entries per head, +carry below; '+fade:F/K': only the shares already carried through K cuts); then "
-                        "'+heads': a key takes the strongest share any KV head of its layer gives its position; '+heads@N': "
-                        "the same in steps that keep N or more entries per head")
+                        "a held share worth F of itself one step on ('+fade:F/K': only the shares already carried through K "
+                        "cuts); then '+heads': a key takes the strongest share any KV head of its layer gives its position "
+                        "('+heads/W': the larger of its own and W times that); '@N' after +fade:F or +heads: the rule in "
+                        "steps that keep N or more entries per head, its /K or /W form (or nothing) below")
     p.add_argument("--span", type=_span, default=None,
                    help="keep whole spans instead of single tokens: <bounds>[-max|-mean][-head|-layer|-any], "
                         "bounds fixedN (N-token pieces), sentence[N] or clause[N] (split past N tokens, default 48); "

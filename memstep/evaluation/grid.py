@@ -160,7 +160,8 @@ def pooled_key(key: str, pool: str) -> str:
 def runs_alike(config: Config, pool: str, other: str) -> bool:
     """Whether memstep's question-aware ``config`` computes the same at ``pool`` and ``other``: the
     same pool, or, under FM (one budget in every step and layer), the same pool at its budget
-    (+heads@N is +heads from N up and no +heads below; +fade:F@N is +fade:F from N up, +carry below)."""
+    (+heads@N/W is +heads from N up and +heads/W below; +fade:F@N/K is +fade:F from N up, +fade:F/K
+    below; without /W or /K, no +heads and +carry below)."""
     if pool == other:
         return True
     return config.schedule == "fm" and config.growth is None and config.budget is not None \
