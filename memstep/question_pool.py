@@ -9,17 +9,20 @@ import re
 from memstep.errors import MemstepError
 
 # each key takes the strongest question attention of itself and the 14 keys before it (see question_share);
-# below 256 entries per KV head a memory entry keeps the strongest share it has had in any step (+carry);
-# from 256 up that peak is worth 0.7 of itself one step on (+fade:0.7@256), and every head of a layer
-# keeps what the question finds through any of them (+heads@256). max:15 (centred) until the public
-# needle test showed it cutting answers in two, then follow:15 until the same test at 4,096 tokens
-# showed answers worn away over the later cuts, then follow:15+carry until +heads kept more of the
-# answer at M = 256 and 512 (at M = 128 sharing left each head too little of its own), then
-# follow:15+carry+heads@256 until at 8,192 tokens the carried peaks of 16 steps shut out the last
-# pages' needles (a full carry still holds more at M = 128) (docs/spans-and-niah.md)
-QUESTION_POOL = "follow:15+fade:0.7@256+heads@256"
+# a memory entry keeps the strongest share it has had in any step, worth 0.7 of itself one step on: from
+# 256 entries per KV head up every carried peak fades, below only one carried through 8 cuts or more
+# (+fade:0.7@256/8); from 256 up every head of a layer keeps what the question finds through any of them
+# (+heads@256). max:15 (centred) until the public needle test showed it cutting answers in two, then
+# follow:15 until the same test at 4,096 tokens showed answers worn away over the later cuts, then
+# follow:15+carry until +heads kept more of the answer at M = 256 and 512 (at M = 128 sharing left each
+# head too little of its own), then follow:15+carry+heads@256 until at 8,192 tokens the carried peaks
+# of 16 steps shut out the last pages' needles, then follow:15+fade:0.7@256+heads@256 until the same
+# showed at M = 128, where fading every peak wore away early facts at 4,096 tokens but fading those
+# held 8 cuts did not (docs/spans-and-niah.md)
+QUESTION_POOL = "follow:15+fade:0.7@256/8+heads@256"
 # the engine's earlier defaults, newest first: results that ran at one stand in for it
-EARLIER_POOLS = ("follow:15+carry+heads@256", "follow:15+carry", "follow:15", "max:15")
+EARLIER_POOLS = ("follow:15+fade:0.7@256+heads@256", "follow:15+carry+heads@256", "follow:15+carry", "follow:15",
+                 "max:15")
 # pools the default's cells were run under by name before it became the default (the evaluation
 # finds them as the default's where they run the same)
 RAN_AS = ("follow:15+fade:0.7+heads@256",)
@@ -168,7 +171,7 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     text, start, _ = _split_heads(pool)
     if start is None and HEADS in str(pool):
         raise MemstepError(f"question pool '{pool}': +heads takes nothing after it but @N (N from 1), /W (0 < W < 1) or both: "
-                           "follow:15+fade:0.7@256+heads@256")
+                           "follow:15+fade:0.7@256/8+heads@256")
     kind, _, width = _split_carry(text)[0].partition(":")
     if kind == "none" and not width:
         return "none", 1

@@ -270,16 +270,17 @@ def test_cells_run_at_an_earlier_default_pool_read_as_that_pool(tmp_path):
 
 
 def test_cells_at_a_pool_that_runs_as_the_default_read_as_the_default(tmp_path, monkeypatch):
-    """Under FM (one budget in every step) today's default, follow:15+fade:0.7@256+heads@256, runs
-    follow:15+carry below M = 256 and follow:15+fade:0.7+heads from 256 up: a cell run at the earlier
-    default (follow:15+carry+heads@256) below 256, or with the fade named from 256 up, reads as the
-    default, and a run of the default finds it (no case runs twice). Elsewhere (M = 256 at the
-    earlier default; the fade named below 256; IMDC, whose budgets grow through smaller steps) a
-    cell keeps its own pool, and naming the earlier default finds its cells under either name."""
+    """Under FM (one budget in every step) today's default, follow:15+fade:0.7@256/8+heads@256, runs
+    follow:15+fade:0.7/8 below M = 256 and follow:15+fade:0.7+heads from 256 up: a cell run at the
+    default before it (follow:15+fade:0.7@256+heads@256) from 256 up, or with either rule named at its
+    budget, reads as the default, and a run of the default finds it (no case runs twice). Elsewhere
+    (M = 128 at the default before; a rule named at the other budget; IMDC, whose budgets grow through
+    smaller steps) a cell keeps its own pool, and naming the default before finds its cells."""
     from memstep.evaluation.grid import alike_keys, cell_key, pooled_key, runs_as_default
+    from memstep.question_pool import EARLIER_POOLS
 
-    earlier, fade = "follow:15+carry+heads@256", "follow:15+fade:0.7+heads@256"
-    assert QUESTION_POOL == "follow:15+fade:0.7@256+heads@256"
+    before, fade, held = EARLIER_POOLS[0], "follow:15+fade:0.7+heads@256", "follow:15+fade:0.7/8"
+    assert (QUESTION_POOL, before) == ("follow:15+fade:0.7@256/8+heads@256", "follow:15+fade:0.7@256+heads@256")
 
     def fm(budget, pool=None, schedule="fm"):
         return Config("memstep", schedule, "linear" if schedule == "imdc" else None, "chunk-attention", budget,
@@ -292,30 +293,29 @@ def test_cells_at_a_pool_that_runs_as_the_default_read_as_the_default(tmp_path, 
         return {"key": cell_key(config, case, settings), "config": config.to_dict(), "label": config.label, **case,
                 "settings": {"question_pool": recorded}}
 
-    cells = {"old-128": stored(fm(128), earlier), "old-256": stored(fm(256), earlier),
+    cells = {"before-128": stored(fm(128), before), "before-256": stored(fm(256), before),
              "fade-256": stored(fm(256, fade), fade), "fade-128": stored(fm(128, fade), fade),
+             "held-128": stored(fm(128, held), held), "held-256": stored(fm(256, held), held),
              "heads-256": stored(fm(256, "follow:15+carry+heads"), "follow:15+carry+heads"),
              "imdc-256": stored(fm(256, fade, "imdc"), fade)}
     (tmp_path / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cells.values()))
     store = ResultStore(tmp_path)
     read = {name: next(c for c in store.cells() if c["key"].startswith(cell["key"])) for name, cell in cells.items()}
-    assert read["old-128"]["label"] == fm(128).label and read["old-128"]["key"] == cells["old-128"]["key"]
-    assert read["old-256"]["label"].endswith(f"pool={earlier}")
-    assert read["old-256"]["key"] == pooled_key(cells["old-256"]["key"], earlier)
-    assert read["fade-256"]["label"] == fm(256).label and read["fade-256"]["key"] == cells["fade-256"]["key"]
-    assert read["fade-128"]["label"].endswith(f"pool={fade}")
-    assert read["heads-256"]["label"].endswith("pool=follow:15+carry+heads")
-    assert read["imdc-256"]["label"].endswith(f"pool={fade}")
+    for name, budget in (("before-256", 256), ("fade-256", 256), ("held-128", 128)):
+        assert read[name]["label"] == fm(budget).label and read[name]["key"] == cells[name]["key"], name
+    assert read["before-128"]["label"].endswith(f"pool={before}")
+    assert read["before-128"]["key"] == pooled_key(cells["before-128"]["key"], before)
+    for name, pool in (("fade-128", fade), ("held-256", held), ("heads-256", "follow:15+carry+heads"),
+                       ("imdc-256", fade)):
+        assert read[name]["label"].endswith(f"pool={pool}"), name
     assert runs_as_default(fm(512), QUESTION_POOL) and not runs_as_default(fm(512, schedule="imdc"), fade)
 
-    assert any(key in store for key in alike_keys(fm(256), case, settings))  # the named fade stands in
-    assert any(key in store for key in alike_keys(fm(128), case, settings))  # the earlier default's
+    assert any(key in store for key in alike_keys(fm(256), case, settings))  # the default before, or the fade named
+    assert any(key in store for key in alike_keys(fm(128), case, settings))  # the rule below 256 named
     assert not any(key in store for key in alike_keys(fm(512), case, settings))
     assert alike_keys(fm(256, "mean:5"), case, settings)[0] == cell_key(fm(256, "mean:5"), case, settings)
-    # naming the earlier default finds the cells run when it was the default (read under key-pool-...)
-    # and those run with its pool at M = 256 named (+heads)
-    named = alike_keys(fm(256, earlier), case, settings)
-    assert read["old-256"]["key"] in named and cells["heads-256"]["key"] in named
+    # naming the default before finds the cells run when it was the default (read under key-pool-...)
+    assert read["before-128"]["key"] in alike_keys(fm(128, before), case, settings)
     assert not any(key in store for key in alike_keys(fm(256, "mean:5"), case, settings))
     # the other way round: naming the fade at M = 256 finds the default's cell
     assert cell_key(fm(256), case, settings) in alike_keys(fm(256, fade), case, settings)

@@ -188,10 +188,12 @@ def test_carry_keeps_the_strongest_share_an_entry_had():
 def test_carried_shares_follow_the_memory_step_by_step(tiny_model):
     """The engine's carried shares line up with each layer's memory after every step (one per kept
     entry, per KV head); the first cut, with nothing carried, keeps what the plain pool keeps, and
-    a later one differs. The engine's default carries (+fade:0.7@256: in full below 256 entries per head)."""
-    from memstep.question_pool import QUESTION_POOL, carry_fade, carry_kind
+    a later one differs. The engine's default fades its carried vote (+fade:0.7@256/8: every carried
+    vote from 256 entries per head up, those carried through 8 cuts below)."""
+    from memstep.question_pool import QUESTION_POOL, carry_fade, carry_kind, fade_at
 
     assert carry_kind(QUESTION_POOL) == "fade" and carry_fade(QUESTION_POOL) == (0.7, 256)
+    assert (fade_at(QUESTION_POOL, 128), fade_at(QUESTION_POOL, 256)) == (8, 0)
     tokens = ids(300, seed=4)
     schedule = make_schedule("fm", 300, 64, 40)
     engine = ChunkedPrefill(tiny_model, make_scorer("chunk-attention"), sinks=4, question_ids=QUESTION,
@@ -443,9 +445,9 @@ def test_heads_share_from_a_budget_up(tiny_model):
     carried vote) from 256 up. In the engine a budget of 40 runs +heads@40 as +heads and +heads@41 as the pool without it."""
     from memstep.question_pool import QUESTION_POOL, heads_from, parse_question_pool, pool_at
 
-    assert QUESTION_POOL == "follow:15+fade:0.7@256+heads@256"
+    assert QUESTION_POOL == "follow:15+fade:0.7@256/8+heads@256"
     assert [pool_at(QUESTION_POOL, budget) for budget in (128, 255, 256, 512)] == \
-        ["follow:15+carry", "follow:15+carry", "follow:15+fade:0.7+heads", "follow:15+fade:0.7+heads"]
+        ["follow:15+fade:0.7/8", "follow:15+fade:0.7/8", "follow:15+fade:0.7+heads", "follow:15+fade:0.7+heads"]
     table = [("follow:15+carry+heads@256", 128, "follow:15+carry"), ("follow:15+carry+heads@256", 255, "follow:15+carry"),
              ("follow:15+carry+heads@256", 256, "follow:15+carry+heads"),
              ("follow:15+carry+heads@256", 512, "follow:15+carry+heads"),
