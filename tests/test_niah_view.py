@@ -183,7 +183,14 @@ def test_the_readme_table_puts_each_press_in_its_column_with_memsteps_verdict():
         "the answer's entries than the press.")
     summary["rows"][2]["retention"] = 0.5  # ChunkKV now keeps more where memstep leads it
     assert needle_headline(standings(summary)).endswith(
-        "Where it leads, it keeps more of the answer than the press on 0 of 1 rows.")
+        "Where it leads, it keeps more of the answer than the press on 0 of 1 rows. It keeps less of the "
+        "answer than ChunkKV at 2,048 tokens, M = 256.")
+    # where it keeps less is said whatever the answers' verdict, per press, rows in order
+    summary["rows"][0]["retention"] = 0.2  # below both presses at 2,048 tokens; ties SnapKV there
+    summary["rows"][3]["retention"] = 0.05  # below ChunkKV's 0.09 at 4,096 tokens, where it loses
+    assert needle_headline(standings(summary)).endswith(
+        "It keeps less of the answer than ChunkKV at 2,048 tokens, M = 256 and 4,096 tokens, M = 128; "
+        "than SnapKV, max-pool 15 at 2,048 tokens, M = 256.")
     assert needle_headline(standings({})) == ""
 
 

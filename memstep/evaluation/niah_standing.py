@@ -105,8 +105,8 @@ def _rows(n: int) -> str:
 
 def needle_headline(found: list[Standing]) -> str:
     """One plain sentence over every row: against each press, on how many rows memstep leads, ties
-    and loses (paired 95% intervals), and whether it keeps more of the answer wherever it leads
-    (the reason the measurements give). '' without a paired row."""
+    and loses (paired 95% intervals), whether it keeps more of the answer wherever it leads
+    (the reason the measurements give), and where it keeps less. '' without a paired row."""
     rows = [(s, v) for s in found for v in s.versus if v.verdict]
     if not rows:
         return ""
@@ -124,4 +124,22 @@ def needle_headline(found: list[Standing]) -> str:
            else f" Where it leads, it keeps more of the answer than the press on {sum(kept)} of {len(kept)} rows."
            if kept else "")
     return (f"On the public needle test ({len(found)} rows: {lengths[0]:,} to {lengths[-1]:,} tokens, M = "
-            f"{budgets[0]} to {budgets[-1]}; paired 95% intervals), memstep's question-aware FM {against}.{why}")
+            f"{budgets[0]} to {budgets[-1]}; paired 95% intervals), memstep's question-aware FM {against}."
+            f"{why}{_keeps_less(found)}")
+
+
+def _keeps_less(found: list[Standing]) -> str:
+    """Where memstep keeps less of the answer than a press, whatever the answers' verdict (a loss the
+    answer counts alone do not show): ' It keeps less of the answer than ChunkKV at 2,048 tokens,
+    M = 128.' '' where it keeps at least as much everywhere."""
+    where: dict[str, list[str]] = {}
+    for s in found:
+        for v in s.versus:
+            if s.retention is not None and v.retention is not None and s.retention < v.retention:
+                where.setdefault(v.press, []).append(f"{s.length:,} tokens, M = {s.budget}")
+    if not where:
+        return ""
+    return " It keeps less of the answer than " + "; than ".join(
+        f"{PRESS_TITLES.get(press, press)} at {' and '.join(rows)}"
+        for press, rows in sorted(where.items(), key=lambda item: _order(item[0]))) + "."
+
