@@ -142,4 +142,3 @@ def _keeps_less(found: list[Standing]) -> str:
     return " It keeps less of the answer than " + "; than ".join(
         f"{PRESS_TITLES.get(press, press)} at {' and '.join(rows)}"
         for press, rows in sorted(where.items(), key=lambda item: _order(item[0]))) + "."
-
