@@ -57,7 +57,8 @@ from memstep.errors import MemstepError
 from memstep.layers import GLOBAL, TYPE_LABELS
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
 from memstep.presets import ROPE_MODES, Fidelity
-from memstep.question_pool import QUESTION_POOL, carry_fade, carry_kind, fade_at, heads_at, parse_question_pool
+from memstep.question_pool import (QUESTION_POOL, carry_fade, carry_kind, fade_at, heads_at, last_at,
+                                   parse_question_pool)
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
@@ -267,6 +268,7 @@ class ChunkedPrefill(StepContext):
         self._ntk_tables: dict[int, tuple] = {}
         self._window: int | None = None  # score rows "last-c": the configured chunk c
         self._frozen = False  # fixed-incremental: the memory from earlier steps is never scored again
+        self._steps_left = 0  # steps of the schedule after the current one (+last)
         self._read_through = 0  # the furthest document position read so far, plus one
         self._attended = self._queries = None
         self._prefilling = self._padded_run = False
@@ -321,7 +323,9 @@ class ChunkedPrefill(StepContext):
                 weight = heads_at(self.question_pool, per_head)  # +heads: 1, W, or None in this step
                 if weight is not None:
                     share = share_over_heads(share, positions, weight)
-                scores = question_mix(scores, question, positions, self.sinks, self.question_weight, share=share)
+                last = None if self._steps_left else last_at(self.question_pool, per_head)  # +last
+                mix = self.question_weight if last is None else last
+                scores = question_mix(scores, question, positions, self.sinks, mix, share=share)
             if self.span is None:
                 kept = select_kept(scores, positions, keep, self.sinks, frozen)
             else:
@@ -553,6 +557,7 @@ class ChunkedPrefill(StepContext):
             for step, ((before, after), start, size, budget) in enumerate(
                     zip(lengths, schedule.chunk_starts, schedule.chunk_sizes, schedule.memory_sizes)):
                 self._before, self._keep = before, after
+                self._steps_left = schedule.steps - 1 - step
                 self._start_position = max(before) if self.rope == "compact" else start
                 self._next_position = max(after) if self.rope == "compact" else start + size
                 self._chunk_positions = torch.arange(start, start + size, device=self.device)[None]

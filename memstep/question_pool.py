@@ -80,11 +80,38 @@ HEADS = "+heads"
 _HEADS = re.compile(r"\+heads" + _AT + r"(?:/" + _SHARE + ")?$")
 
 
-def _split_heads(pool: str) -> tuple[str, int | None, float]:
-    """``pool`` without its +heads suffix, from how many kept entries per head it shares in full
-    (0: always, or without @N; None: no +heads, or a malformed one, which parse_question_pool
-    refuses), and what the strongest share weighs elsewhere (the W of /W; 0 without)."""
+# the very last suffix: in the prefill's last cut the question's share weighs W against the scorer's
+# (+last: W = 1, the question alone) in place of the question weight. The scorer's part keeps what
+# the chunks read next will need; after the last chunk only the question is left to serve. <N: only
+# in a cut that keeps fewer than N entries per KV head besides the sinks
+LAST = "+last"
+_LAST = re.compile(r"\+last(?::(0\.\d*[1-9]\d*|1))?(?:<(\d{1,7}))?$")
+
+
+def _split_last(pool: str) -> tuple[str, float | None, int]:
+    """``pool`` without its +last suffix, the question's weight in the last cut (None without +last)
+    and below how many kept entries per head it applies (AT_MOST + 1 without <N)."""
     text = str(pool).strip()
+    found = _LAST.search(text)
+    below = _at(found.group(2)) if found and found.group(2) else AT_MOST + 1
+    if not found or below is None:
+        return text, None, 0
+    return text[:found.start()], float(found.group(1) or 1), below
+
+
+def last_at(pool: str, budget: int) -> float | None:
+    """What the question's share weighs in the prefill's last cut under ``pool``, when that cut keeps
+    ``budget`` entries per head besides the sinks: W for +last:W, 1 for +last, None without +last or
+    from the N of +last<N up (the question weight, as in every other cut)."""
+    _, weight, below = _split_last(pool)
+    return weight if weight is not None and budget < below else None
+
+
+def _split_heads(pool: str) -> tuple[str, int | None, float]:
+    """``pool`` without its +heads (and +last) suffix, from how many kept entries per head it shares in
+    full (0: always, or without @N; None: no +heads, or a malformed one, which parse_question_pool
+    refuses), and what the strongest share weighs elsewhere (the W of /W; 0 without)."""
+    text = _split_last(pool)[0]
     found = _HEADS.search(text)
     start = _at(found.group(1)) if found else None
     if start is None:
@@ -133,9 +160,10 @@ def pool_at(pool: str, budget: int) -> str:
         after = fade_at(pool, budget)
         base = text + (CARRY if after is None else f"{FADE}:{fade:g}" + (f"/{after}" if after else ""))
     weight = heads_at(pool, budget)
-    if weight is None:
-        return base
-    return base + HEADS + (f"/{weight:g}" if weight < 1 else "")
+    if weight is not None:
+        base += HEADS + (f"/{weight:g}" if weight < 1 else "")
+    last = last_at(pool, budget)
+    return base if last is None else base + LAST + (f":{last:g}" if last < 1 else "")
 
 
 def _unshared(pool: str) -> str:
@@ -167,7 +195,12 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     step on ('+fade:F/K': only the shares already carried through K cuts). A last '+heads': each key
     takes the strongest share any KV head of its layer gives its position ('+heads/W': the larger of
     its own and W times that). '@N' after +fade:F or +heads: the rule in steps that keep N or more
-    entries per head (sinks not counted), and its /K or /W form, or nothing, below."""
+    entries per head (sinks not counted), and its /K or /W form, or nothing, below. A very last
+    '+last': the prefill's last cut ranks by the question's share alone ('+last:W': at weight W;
+    '+last<N': only where that cut keeps fewer than N entries per head)."""
+    if _split_last(pool)[1] is None and LAST in str(pool):
+        raise MemstepError(f"question pool '{pool}': +last comes at the very end, as +last or +last:W (0 < W <= 1), "
+                           "then <N (N from 1) or nothing: follow:15+fade:0.7@256/8+heads@256+last<256")
     text, start, _ = _split_heads(pool)
     if start is None and HEADS in str(pool):
         raise MemstepError(f"question pool '{pool}': +heads takes nothing after it but @N (N from 1), /W (0 < W < 1) or both: "
@@ -180,4 +213,5 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     if kind == "follow" and width.isdigit() and 1 <= int(width) <= 255:
         return kind, int(width)
     raise MemstepError(f"question pool '{pool}' is not one of max:N, mean:N (N odd, 1-255), follow:N (1-255) or "
-                      "none, optionally followed by +carry, +lift, +read or +fade:F[@N][/K] (0 < F < 1), then +heads[@N][/W]")
+                      "none, optionally followed by +carry, +lift, +read or +fade:F[@N][/K] (0 < F < 1), then +heads[@N][/W], "
+                      "then +last[:W][<N]")

@@ -439,6 +439,46 @@ def test_heads_weighted_by_hand_and_in_the_engine(tiny_model):
         assert all(np.array_equal(a, b) for a, b in zip(kept(pool), same)), pool
 
 
+def test_last_cut_by_hand_and_in_the_engine(tiny_model):
+    """+last[:W]: the prefill's last cut ranks by the question's share at weight W (1: alone) in place
+    of the question weight (<N: where that cut keeps fewer than N entries per head); every cut before
+    it is the pool's without +last. By hand, in the parser and pool_at, and in the engine: a run whose
+    only cut is its last keeps what weight W keeps (and, from N up, what the question weight keeps);
+    with many cuts, every step but the last keeps what the pool without +last keeps."""
+    from memstep.question_pool import last_at, parse_question_pool, pool_at
+
+    # (pool, entries per head the last cut keeps) -> the question's weight there (None: the question weight)
+    table = [("follow:15+fade:0.7@256/8+heads@256+last", 512, 1.0), ("follow:15+carry+last:0.9", 1, 0.9),
+             ("max:15+last:1<256", 255, 1.0), ("max:15+last:1<256", 256, None), ("follow:15+last:0.5<2", 1, 0.5),
+             ("follow:15+fade:0.7@256/8+heads@256", 128, None)]
+    for pool, budget, weight in table:
+        assert last_at(pool, budget) == weight and parse_question_pool(pool)[0] in ("follow", "max"), pool
+    assert [pool_at("follow:15+fade:0.7@256/8+heads@256+last<256", b) for b in (128, 255, 256)] == \
+        ["follow:15+fade:0.7/8+last", "follow:15+fade:0.7/8+last", "follow:15+fade:0.7+heads"]
+    assert pool_at("follow:15+carry+last:0.5", 64) == "follow:15+carry+last:0.5"
+    for bad in ("follow:15+last:0", "follow:15+last:1.5", "follow:15+last+heads", "follow:15+last:",
+                "follow:15+lastly", "follow:15+last:.5", "follow:15+last<0", "follow:15+last<", "follow:15+last<256:1"):
+        with pytest.raises(MemstepError, match="\\+last comes at the very end"):
+            parse_question_pool(bad)
+
+    def kept(schedule, tokens, pool, weight=0.75):
+        return [r.kept_positions for r in run(tiny_model, tokens, schedule, QUESTION, question_pool=pool,
+                                              question_weight=weight)[1]]
+
+    # FM with M = 40 and c = 32: the first step fits (4 sinks + 32 <= 44), the second is the only cut
+    tokens, once = ids(64, seed=5), make_schedule("fm", 64, 32, 40)
+    alone, mixed = kept(once, tokens, "follow:15+carry", 1.0), kept(once, tokens, "follow:15+carry")
+    assert not np.array_equal(alone[-1], mixed[-1])
+    assert np.array_equal(kept(once, tokens, "follow:15+carry+last")[-1], alone[-1])
+    assert np.array_equal(kept(once, tokens, "follow:15+carry+last:0.75")[-1], mixed[-1])
+    assert np.array_equal(kept(once, tokens, "follow:15+carry+last<41")[-1], alone[-1])  # 40 entries per head
+    assert np.array_equal(kept(once, tokens, "follow:15+carry+last<40")[-1], mixed[-1])
+    tokens, many = ids(300, seed=5), make_schedule("fm", 300, 64, 40)
+    plain, last = kept(many, tokens, "follow:15"), kept(many, tokens, "follow:15+last")
+    assert len(plain) >= 4 and all(np.array_equal(a, b) for a, b in zip(plain[:-1], last[:-1]))
+    assert not np.array_equal(plain[-1], last[-1])
+
+
 def test_heads_share_from_a_budget_up(tiny_model):
     """+heads@N shares the question's vote between a layer's KV heads in a step that keeps N or more
     entries per head (sinks not counted) and not below; the engine's default shares (and fades its
