@@ -12,16 +12,19 @@ from memstep.errors import MemstepError
 # a memory entry keeps the strongest share it has had in any step, worth 0.7 of itself one step on: from
 # 256 entries per KV head up every carried peak fades, below only one carried through 8 cuts or more
 # (+fade:0.7@256/8); from 256 up every head of a layer keeps what the question finds through any of them
-# (+heads@256). max:15 (centred) until the public needle test showed it cutting answers in two, then
+# (+heads@256); below 256, the prefill's last cut ranks by the question's vote alone (+last<256).
+# max:15 (centred) until the public needle test showed it cutting answers in two, then
 # follow:15 until the same test at 4,096 tokens showed answers worn away over the later cuts, then
 # follow:15+carry until +heads kept more of the answer at M = 256 and 512 (at M = 128 sharing left each
 # head too little of its own), then follow:15+carry+heads@256 until at 8,192 tokens the carried peaks
 # of 16 steps shut out the last pages' needles, then follow:15+fade:0.7@256+heads@256 until the same
 # showed at M = 128, where fading every peak wore away early facts at 4,096 tokens but fading those
-# held 8 cuts did not (docs/spans-and-niah.md)
-QUESTION_POOL = "follow:15+fade:0.7@256/8+heads@256"
+# held 8 cuts did not, then follow:15+fade:0.7@256/8+heads@256 until at M = 128 the question alone in
+# the last cut answered more at 2,048 and 4,096 tokens and kept more of the answer, where the question
+# alone in every cut cost answers at 4,096 and 8,192 (docs/spans-and-niah.md)
+QUESTION_POOL = "follow:15+fade:0.7@256/8+heads@256+last<256"
 # the engine's earlier defaults, newest first: results that ran at one stand in for it
-EARLIER_POOLS = ("follow:15+fade:0.7@256+heads@256", "follow:15+carry+heads@256", "follow:15+carry", "follow:15",
+EARLIER_POOLS = ("follow:15+fade:0.7@256/8+heads@256", "follow:15+fade:0.7@256+heads@256", "follow:15+carry+heads@256", "follow:15+carry", "follow:15",
                  "max:15")
 # pools the default's cells were run under by name before it became the default (the evaluation
 # finds them as the default's where they run the same)

@@ -485,9 +485,9 @@ def test_heads_share_from_a_budget_up(tiny_model):
     carried vote) from 256 up. In the engine a budget of 40 runs +heads@40 as +heads and +heads@41 as the pool without it."""
     from memstep.question_pool import QUESTION_POOL, heads_from, parse_question_pool, pool_at
 
-    assert QUESTION_POOL == "follow:15+fade:0.7@256/8+heads@256"
+    assert QUESTION_POOL == "follow:15+fade:0.7@256/8+heads@256+last<256"
     assert [pool_at(QUESTION_POOL, budget) for budget in (128, 255, 256, 512)] == \
-        ["follow:15+fade:0.7/8", "follow:15+fade:0.7/8", "follow:15+fade:0.7+heads", "follow:15+fade:0.7+heads"]
+        ["follow:15+fade:0.7/8+last", "follow:15+fade:0.7/8+last", "follow:15+fade:0.7+heads", "follow:15+fade:0.7+heads"]
     table = [("follow:15+carry+heads@256", 128, "follow:15+carry"), ("follow:15+carry+heads@256", 255, "follow:15+carry"),
              ("follow:15+carry+heads@256", 256, "follow:15+carry+heads"),
              ("follow:15+carry+heads@256", 512, "follow:15+carry+heads"),
