@@ -515,14 +515,15 @@ def test_heads_share_from_a_budget_up(tiny_model):
     assert same("follow:15+carry+heads@41", "follow:15+carry")
 
 
-def test_bad_question_pool_exits_before_the_model_loads(tmp_path):
+@pytest.mark.parametrize("pool", ["mean:4", "follow:15+last:2"])
+def test_bad_question_pool_exits_before_the_model_loads(tmp_path, pool):
     doc = tmp_path / "doc.txt"
     doc.write_text("words " * 50)
     done = subprocess.run([sys.executable, "-m", "memstep", "run", str(doc), "--model", "/nonexistent",
-                           "--question-aware", "--question", "what?", "--question-pool", "mean:4"],
+                           "--question-aware", "--question", "what?", "--question-pool", pool],
                           capture_output=True, text=True)
     assert done.returncode == 2
-    assert "question pool 'mean:4'" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert f"question pool '{pool}'" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
 def test_bad_question_aware_settings(tiny_model):

@@ -80,7 +80,9 @@ def register(sub) -> None:
                         "a held share worth F of itself one step on ('+fade:F/K': only the shares already carried through K "
                         "cuts); then '+heads': a key takes the strongest share any KV head of its layer gives its position "
                         "('+heads/W': the larger of its own and W times that); '@N' after +fade:F or +heads: the rule in "
-                        "steps that keep N or more entries per head, its /K or /W form (or nothing) below")
+                        "steps that keep N or more entries per head, its /K or /W form (or nothing) below; last, "
+                        "'+last': the prefill's last cut ranks by the question's share alone ('+last:W': at weight W; "
+                        "'+last<N': where that cut keeps fewer than N entries per head)")
     p.add_argument("--span", type=_span, default=None,
                    help="keep whole spans instead of single tokens: <bounds>[-max|-mean][-head|-layer|-any], "
                         "bounds fixedN (N-token pieces), sentence[N] or clause[N] (split past N tokens, default 48); "
