@@ -369,19 +369,38 @@ def test_rows_pair_with_the_anchor_at_their_own_budget():
 
 
 # ---- the ablation switches reach the kept sets ----------------------------------------------
+def _kept_steps(lm, config: Config, case: dict) -> list[np.ndarray]:
+    return [step.kept_positions for step in document_run(lm, config.to_dict(), SETTINGS, case, case["question"], [])
+            .run().steps]
+
+
 def _kept(lm, config: Config, case: dict) -> np.ndarray:
-    return document_run(lm, config.to_dict(), SETTINGS, case, case["question"], []).run().steps[-1].kept_positions
+    return _kept_steps(lm, config, case)[-1]
 
 
 def test_ablation_switches_change_the_kept_sets(tiny, tokenizer):
+    """Each switch changes what some step keeps, and every run ends at M. The weights run at the default
+    before (EARLIER_POOLS[0]): the default's last cut below 256 entries per head ranks by the question
+    alone whatever the weight, and on this tiny case the earlier cuts keep the same sets."""
+    from memstep.question_pool import EARLIER_POOLS
+
     case = _case(tokenizer, n=400, continuation=0)
     aware = lambda **kw: Config("memstep", kw.pop("schedule", "fm"), None, "chunk-attention", 48,  # noqa: E731
                                 kw.pop("chunk", 96), "compact", True, None, kw.get("pool"), kw.get("weight"))
-    base = _kept(tiny, aware(), case)
-    for variant in (aware(pool="mean:5"), aware(pool="none"), aware(pool="max:15"), aware(weight=0.25),
-                    aware(weight=1.0), aware(schedule="once", chunk=None)):
-        other = _kept(tiny, variant, case)
-        assert other.shape == base.shape and not np.array_equal(other, base), variant.label
+    steps = _kept_steps(tiny, aware(), case)
+    base = steps[-1]
+    before = EARLIER_POOLS[0]
+
+    def differ(one, other):
+        return len(one) != len(other) or any(not np.array_equal(a, b) for a, b in zip(one, other))
+
+    for variant in (aware(pool="mean:5"), aware(pool="none"), aware(pool="max:15"), aware(pool=before),
+                    aware(schedule="once", chunk=None)):
+        other = _kept_steps(tiny, variant, case)
+        assert other[-1].shape == base.shape and differ(other, steps), variant.label
+    at_before = _kept_steps(tiny, aware(pool=before), case)
+    for weight in (0.25, 1.0):
+        assert differ(_kept_steps(tiny, aware(pool=before, weight=weight), case), at_before), weight
     # the engine's defaults written out keep the very same sets as leaving them unset
     assert np.array_equal(_kept(tiny, aware(pool=QUESTION_POOL, weight=0.75), case), base)
     once = document_run(tiny, aware(schedule="once", chunk=None).to_dict(), SETTINGS, case, case["question"], [])

@@ -80,7 +80,8 @@ def register(sub) -> None:
                         f"it keeps fewer than N entries per head) (default: the engine's, {QUESTION_POOL})")
     p.add_argument("--question-weights", default=None,
                    help="memstep question-aware ablation: the question's share of the score, comma-separated "
-                        "values in (0, 1] (default: the engine's, 0.75)")
+                        "values in (0, 1] (default: the engine's, 0.75; a pool ending in +last, as the default "
+                        "below 256 entries per head, ranks the last cut by the question alone)")
     p.add_argument("--spans", default=None,
                    help="memstep ablation: span-preserving selection, comma-separated settings (see memstep run "
                         "--span), none = the token top-k (default: none)")

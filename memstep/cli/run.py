@@ -68,7 +68,9 @@ def register(sub) -> None:
                    help="score each step with the question's attention too (its tokens are read after every "
                         "chunk, then dropped): keeps what the question needs")
     p.add_argument("--question-weight", type=float, default=0.75,
-                   help="question-aware: the question's share of the score, in (0, 1] (default 0.75)")
+                   help="question-aware: the question's share of the score, in (0, 1] (default 0.75; a pool "
+                        "ending in +last, as the default below 256 entries per head, ranks the last cut by the "
+                        "question alone)")
     p.add_argument("--question-pool", type=_question_pool, default=QUESTION_POOL,
                    help="question-aware: how a key takes its neighbours' question attention: max:N, mean:N "
                         "(N odd, centred), follow:N (the strongest of itself and the N - 1 keys before it: the "
