@@ -20,12 +20,13 @@ from memstep.errors import MemstepError
 # of 16 steps shut out the last pages' needles, then follow:15+fade:0.7@256+heads@256 until the same
 # showed at M = 128, where fading every peak wore away early facts at 4,096 tokens but fading those
 # held 8 cuts did not, then follow:15+fade:0.7@256/8+heads@256 until at M = 128 the question alone in
-# the last cut answered more at 2,048 and 4,096 tokens and kept more of the answer, where the question
-# alone in every cut cost answers at 4,096 and 8,192 (docs/spans-and-niah.md)
+# the last cut answered more at 2,048 tokens (grid and held out) and on the 4,096-token grid, 2 fewer of
+# 35 at 8,192, and kept a little more of the answer on every row, where the question alone in every
+# cut cost answers at 4,096 and 8,192 (docs/spans-and-niah.md)
 QUESTION_POOL = "follow:15+fade:0.7@256/8+heads@256+last<256"
 # the engine's earlier defaults, newest first: results that ran at one stand in for it
-EARLIER_POOLS = ("follow:15+fade:0.7@256/8+heads@256", "follow:15+fade:0.7@256+heads@256", "follow:15+carry+heads@256", "follow:15+carry", "follow:15",
-                 "max:15")
+EARLIER_POOLS = ("follow:15+fade:0.7@256/8+heads@256", "follow:15+fade:0.7@256+heads@256", "follow:15+carry+heads@256",
+                 "follow:15+carry", "follow:15", "max:15")
 # pools the default's cells were run under by name before it became the default (the evaluation
 # finds them as the default's where they run the same)
 RAN_AS = ("follow:15+fade:0.7+heads@256",)
@@ -216,5 +217,5 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     if kind == "follow" and width.isdigit() and 1 <= int(width) <= 255:
         return kind, int(width)
     raise MemstepError(f"question pool '{pool}' is not one of max:N, mean:N (N odd, 1-255), follow:N (1-255) or "
-                      "none, optionally followed by +carry, +lift, +read or +fade:F[@N][/K] (0 < F < 1), then +heads[@N][/W], "
-                      "then +last[:W][<N]")
+                      "none, optionally followed by +carry, +lift, +read or +fade:F[@N][/K] (0 < F < 1), then "
+                      "+heads[@N][/W], then +last[:W][<N]")
