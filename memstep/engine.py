@@ -57,8 +57,8 @@ from memstep.errors import MemstepError
 from memstep.layers import GLOBAL, TYPE_LABELS
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
 from memstep.presets import ROPE_MODES, Fidelity
-from memstep.question_pool import (QUESTION_POOL, carry_fade, carry_kind, fade_at, heads_at, last_at,
-                                   parse_question_pool)
+from memstep.question_pool import (LEND_TOP, QUESTION_POOL, carry_fade, carry_kind, fade_at, heads_at, last_at,
+                                   lend_at, parse_question_pool)
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
@@ -160,6 +160,17 @@ def share_over_heads(share: torch.Tensor, positions: torch.Tensor, weight: float
     best = share.new_zeros(int(where.max()) + 1).scatter_reduce(0, where.flatten(), share.flatten(), reduce="amax",
                                                                  include_self=False)
     return best[where] if weight >= 1 else torch.maximum(share, weight * best[where])
+
+
+def lend_over_heads(share: torch.Tensor, positions: torch.Tensor, spread: float, top: int) -> torch.Tensor:
+    """``+lend:C`` (``spread`` C): a KV head whose ``top`` largest shares sum to less than C times the
+    largest such sum among the layer's heads takes the strongest share any head gives each position
+    (share_over_heads); every other head keeps its own. share, positions: (kv_heads, entries)."""
+    focus = share.topk(min(top, share.shape[1]), dim=1).values.sum(dim=1)
+    thin = focus < spread * focus.max()
+    if not bool(thin.any()):
+        return share
+    return torch.where(thin[:, None], share_over_heads(share, positions), share)
 
 
 def even_keys(positions: torch.Tensor, sinks: int) -> torch.Tensor:
@@ -320,6 +331,9 @@ class ChunkedPrefill(StepContext):
                         share = torch.maximum(share, read)
                     else:
                         share = carry_share(share, carried)
+                spread = lend_at(self.question_pool, per_head)  # +lend:C: heads spread thin take the others' finds
+                if spread is not None:
+                    share = lend_over_heads(share, positions, spread, max(1, per_head // LEND_TOP))
                 weight = heads_at(self.question_pool, per_head)  # +heads: 1, W, or None in this step
                 if weight is not None:
                     share = share_over_heads(share, positions, weight)

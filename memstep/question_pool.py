@@ -12,7 +12,8 @@ from memstep.errors import MemstepError
 # a memory entry keeps the strongest share it has had in any step, worth 0.7 of itself one step on: from
 # 256 entries per KV head up every carried peak fades, below only one carried through 8 cuts or more
 # (+fade:0.7@256/8); from 256 up every head of a layer keeps what the question finds through any of them
-# (+heads@256); below 256, the prefill's last cut ranks by the question's vote alone (+last<256).
+# (+heads@256); below 256 a head whose vote is spread thin takes the layer's strongest vote (+lend:0.75),
+# and the prefill's last cut ranks by the question's vote alone (+last<256).
 # max:15 (centred) until the public needle test showed it cutting answers in two, then
 # follow:15 until the same test at 4,096 tokens showed answers worn away over the later cuts, then
 # follow:15+carry until +heads kept more of the answer at M = 256 and 512 (at M = 128 sharing left each
@@ -22,10 +23,12 @@ from memstep.errors import MemstepError
 # held 8 cuts did not, then follow:15+fade:0.7@256/8+heads@256 until at M = 128 the question alone in
 # the last cut answered more at 2,048 tokens (grid and held out) and on the 4,096-token grid, 2 fewer of
 # 35 at 8,192, and kept a little more of the answer on every row, where the question alone in every
-# cut cost answers at 4,096 and 8,192 (docs/spans-and-niah.md)
-QUESTION_POOL = "follow:15+fade:0.7@256/8+heads@256+last<256"
+# cut cost answers at 4,096 and 8,192, then follow:15+fade:0.7@256/8+heads@256+last<256 until, at M = 128,
+# lending the layer's strongest vote to the heads spread thin answered more at 2,048 tokens (grid and held
+# out) where sharing it with every head had cost answers (docs/spans-and-niah.md)
+QUESTION_POOL = "follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256"
 # the engine's earlier defaults, newest first: results that ran at one stand in for it
-EARLIER_POOLS = ("follow:15+fade:0.7@256/8+heads@256", "follow:15+fade:0.7@256+heads@256", "follow:15+carry+heads@256",
+EARLIER_POOLS = ("follow:15+fade:0.7@256/8+heads@256+last<256", "follow:15+fade:0.7@256/8+heads@256", "follow:15+fade:0.7@256+heads@256", "follow:15+carry+heads@256",
                  "follow:15+carry", "follow:15", "max:15")
 # pools the default's cells were run under by name before it became the default (the evaluation
 # finds them as the default's where they run the same)
@@ -84,6 +87,32 @@ HEADS = "+heads"
 _HEADS = re.compile(r"\+heads" + _AT + r"(?:/" + _SHARE + ")?$")
 
 
+# after +heads (or in its place), before +last: +lend:C, in a cut where +heads does not share in full,
+# a KV head whose question share is spread thin takes, as under +heads, the strongest share any head of
+# its layer gives each position; spread thin: its top picks (an eighth of the entries it keeps) hold
+# less than C (0 < C < 1) times what the most focused head's top picks hold. A head that found what the
+# question asks for keeps its own ranking (sharing into it cost answers at M = 128); one that found
+# nothing in particular holds what another found, where an answer is read through more heads than the
+# one the question found it through
+LEND = "+lend"
+_LEND = re.compile(r"\+lend:" + _SHARE + "$")
+LEND_TOP = 8  # a head's top picks: 1/8 of the entries it keeps besides the sinks (at least one)
+
+
+def _split_lend(pool: str) -> tuple[str, float | None]:
+    """``pool`` without its +lend:C (and +last) suffix, and the C (None without +lend:C)."""
+    text = _split_last(pool)[0]
+    found = _LEND.search(text)
+    return (text[:found.start()], float(found.group(1))) if found else (text, None)
+
+
+def lend_at(pool: str, budget: int) -> float | None:
+    """The C of ``pool``'s +lend:C in a step that keeps ``budget`` entries per head besides the sinks,
+    or None: no +lend, or +heads shares in full there (every head takes the strongest share anyway)."""
+    spread = _split_lend(pool)[1]
+    return None if spread is None or heads_at(pool, budget) == 1.0 else spread
+
+
 # the very last suffix: in the prefill's last cut the question's share weighs W against the scorer's
 # (+last: W = 1, the question alone) in place of the question weight. The scorer's part keeps what
 # the chunks read next will need; after the last chunk only the question is left to serve. <N: only
@@ -112,10 +141,10 @@ def last_at(pool: str, budget: int) -> float | None:
 
 
 def _split_heads(pool: str) -> tuple[str, int | None, float]:
-    """``pool`` without its +heads (and +last) suffix, from how many kept entries per head it shares in
-    full (0: always, or without @N; None: no +heads, or a malformed one, which parse_question_pool
-    refuses), and what the strongest share weighs elsewhere (the W of /W; 0 without)."""
-    text = _split_last(pool)[0]
+    """``pool`` without its +heads (and +lend, +last) suffix, from how many kept entries per head it
+    shares in full (0: always, or without @N; None: no +heads, or a malformed one, which
+    parse_question_pool refuses), and what the strongest share weighs elsewhere (the W of /W; 0 without)."""
+    text = _split_lend(pool)[0]
     found = _HEADS.search(text)
     start = _at(found.group(1)) if found else None
     if start is None:
@@ -166,6 +195,9 @@ def pool_at(pool: str, budget: int) -> str:
     weight = heads_at(pool, budget)
     if weight is not None:
         base += HEADS + (f"/{weight:g}" if weight < 1 else "")
+    spread = lend_at(pool, budget)
+    if spread is not None:
+        base += f"{LEND}:{spread:g}"
     last = last_at(pool, budget)
     return base if last is None else base + LAST + (f":{last:g}" if last < 1 else "")
 
@@ -196,15 +228,20 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     cuts of a long document (see ChunkedPrefill); + '+lift': the same, each step's share counted
     against an even split of that step's keys; + '+read': the larger of this step's share and the
     one it had in the step it was read; + '+fade:F': +carry with a held share worth F of itself one
-    step on ('+fade:F/K': only the shares already carried through K cuts). A last '+heads': each key
+    step on ('+fade:F/K': only the shares already carried through K cuts). Then '+heads': each key
     takes the strongest share any KV head of its layer gives its position ('+heads/W': the larger of
     its own and W times that). '@N' after +fade:F or +heads: the rule in steps that keep N or more
-    entries per head (sinks not counted), and its /K or /W form, or nothing, below. A very last
+    entries per head (sinks not counted), and its /K or /W form, or nothing, below. Then '+lend:C':
+    where +heads does not share in full, a head whose top picks hold less than C times the share the
+    layer's most focused head's top picks hold takes the strongest share as under +heads. A very last
     '+last': the prefill's last cut ranks by the question's share alone ('+last:W': at weight W;
     '+last<N': only where that cut keeps fewer than N entries per head)."""
     if _split_last(pool)[1] is None and LAST in str(pool):
         raise MemstepError(f"question pool '{pool}': +last comes at the very end, as +last or +last:W (0 < W <= 1), "
                            "then <N (N from 1) or nothing: follow:15+fade:0.7@256/8+heads@256+last<256")
+    if _split_lend(pool)[1] is None and LEND in str(pool):
+        raise MemstepError(f"question pool '{pool}': +lend:C comes after +heads (or in its place) and before +last, "
+                           "with 0 < C < 1: follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256")
     text, start, _ = _split_heads(pool)
     if start is None and HEADS in str(pool):
         raise MemstepError(f"question pool '{pool}': +heads takes nothing after it but @N (N from 1), /W (0 < W < 1) or both: "
@@ -218,4 +255,4 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
         return kind, int(width)
     raise MemstepError(f"question pool '{pool}' is not one of max:N, mean:N (N odd, 1-255), follow:N (1-255) or "
                       "none, optionally followed by +carry, +lift, +read or +fade:F[@N][/K] (0 < F < 1), then "
-                      "+heads[@N][/W], then +last[:W][<N]")
+                      "+heads[@N][/W], then +lend:C, then +last[:W][<N]")

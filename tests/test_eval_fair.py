@@ -270,17 +270,18 @@ def test_cells_run_at_an_earlier_default_pool_read_as_that_pool(tmp_path):
 
 
 def test_cells_at_a_pool_that_runs_as_the_default_read_as_the_default(tmp_path, monkeypatch):
-    """Under FM (one budget in every step) today's default, follow:15+fade:0.7@256/8+heads@256+last<256,
-    runs follow:15+fade:0.7/8+last below M = 256 and follow:15+fade:0.7+heads from 256 up: a cell run at
-    the default before it (follow:15+fade:0.7@256/8+heads@256) from 256 up, or with either rule named at its
+    """Under FM (one budget in every step) today's default, follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256,
+    runs follow:15+fade:0.7/8+lend:0.75+last below M = 256 and follow:15+fade:0.7+heads from 256 up: a cell run
+    at the default before it (follow:15+fade:0.7@256/8+heads@256+last<256) from 256 up, or with either rule named at its
     budget, reads as the default, and a run of the default finds it (no case runs twice). Elsewhere
     (M = 128 at the default before; a rule named at the other budget; IMDC, whose budgets grow through
     smaller steps) a cell keeps its own pool, and naming the default before finds its cells."""
     from memstep.evaluation.grid import alike_keys, cell_key, pooled_key, runs_as_default
     from memstep.question_pool import EARLIER_POOLS
 
-    before, fade, held = EARLIER_POOLS[0], "follow:15+fade:0.7+heads@256", "follow:15+fade:0.7/8+last"
-    assert (QUESTION_POOL, before) == ("follow:15+fade:0.7@256/8+heads@256+last<256", "follow:15+fade:0.7@256/8+heads@256")
+    before, fade, held = EARLIER_POOLS[0], "follow:15+fade:0.7+heads@256", "follow:15+fade:0.7/8+lend:0.75+last"
+    assert (QUESTION_POOL, before) == ("follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256",
+                                       "follow:15+fade:0.7@256/8+heads@256+last<256")
 
     def fm(budget, pool=None, schedule="fm"):
         return Config("memstep", schedule, "linear" if schedule == "imdc" else None, "chunk-attention", budget,
@@ -379,8 +380,8 @@ def _kept(lm, config: Config, case: dict) -> np.ndarray:
 
 
 def test_ablation_switches_change_the_kept_sets(tiny, tokenizer):
-    """Each switch changes what some step keeps, and every run ends at M. The weights run at the default
-    before (EARLIER_POOLS[0]): the default's last cut below 256 entries per head ranks by the question
+    """Each switch changes what some step keeps, and every run ends at M. The weights run at the newest
+    earlier default without +last: the default's last cut below 256 entries per head ranks by the question
     alone whatever the weight, and on this tiny case the earlier cuts keep the same sets."""
     from memstep.question_pool import EARLIER_POOLS
 
@@ -389,7 +390,7 @@ def test_ablation_switches_change_the_kept_sets(tiny, tokenizer):
                                 kw.pop("chunk", 96), "compact", True, None, kw.get("pool"), kw.get("weight"))
     steps = _kept_steps(tiny, aware(), case)
     base = steps[-1]
-    before = EARLIER_POOLS[0]
+    before = next(pool for pool in EARLIER_POOLS if "+last" not in pool)
 
     def differ(one, other):
         return len(one) != len(other) or any(not np.array_equal(a, b) for a, b in zip(one, other))

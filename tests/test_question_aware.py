@@ -479,15 +479,74 @@ def test_last_cut_by_hand_and_in_the_engine(tiny_model):
     assert not np.array_equal(plain[-1], last[-1])
 
 
+def test_lend_by_hand_and_in_the_engine(tiny_model):
+    """+lend:C: where +heads does not share in full, a KV head whose top picks (an eighth of the entries
+    it keeps) hold less than C times what the layer's most focused head's top picks hold takes the
+    strongest share any head gives each position; every other head keeps its own. By hand, in the parser
+    and pool_at, and in the engine (two KV heads: after every cut one head's carried share is at least the
+    other's at every position both hold, which sharing into the lending head as well, or into neither,
+    would not make so)."""
+    from memstep.engine import lend_over_heads
+    from memstep.question_pool import lend_at, parse_question_pool, pool_at
+
+    share = torch.tensor([[0.7, 0.1, 0.1, 0.1], [0.25, 0.25, 0.25, 0.25], [0.4, 0.3, 0.2, 0.1]])
+    positions = torch.tensor([[4, 5, 6, 7], [4, 5, 6, 8], [5, 6, 7, 9]])
+    # the top 2 hold 0.8, 0.5 and 0.7; the strongest share at 4: 0.7, 5: 0.4, 6: 0.3, 7: 0.2, 8: 0.25, 9: 0.1
+    assert torch.allclose(lend_over_heads(share, positions, 0.75, 2),  # below 0.6: the second head alone
+                          torch.tensor([[0.7, 0.1, 0.1, 0.1], [0.7, 0.4, 0.3, 0.25], [0.4, 0.3, 0.2, 0.1]]))
+    assert torch.allclose(lend_over_heads(share, positions, 0.9, 2),  # below 0.72: the second and third
+                          torch.tensor([[0.7, 0.1, 0.1, 0.1], [0.7, 0.4, 0.3, 0.25], [0.4, 0.3, 0.2, 0.1]]))
+    assert torch.equal(lend_over_heads(share, positions, 0.6, 2), share)  # 0.5 is not below 0.48
+    assert torch.allclose(lend_over_heads(share, positions, 0.9, 1)[1], torch.tensor([0.7, 0.4, 0.3, 0.25]))
+    # (pool, entries per head) -> C (None: no lending there)
+    table = [("follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256", 128, 0.75),
+             ("follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256", 256, None), ("follow:15+carry+lend:0.5", 512, 0.5),
+             ("follow:15+carry+heads/0.5+lend:0.5", 64, 0.5), ("follow:15+carry+heads+lend:0.5", 64, None),
+             ("follow:15+carry+heads@256", 64, None)]
+    for pool, budget, spread in table:
+        assert lend_at(pool, budget) == spread and parse_question_pool(pool) == ("follow", 15), (pool, budget)
+    assert [pool_at("follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256", b) for b in (128, 256)] == \
+        ["follow:15+fade:0.7/8+lend:0.75+last", "follow:15+fade:0.7+heads"]
+    for bad in ("follow:15+lend", "follow:15+lend:1", "follow:15+lend:0", "follow:15+lend:.5", "follow:15+lend:0.5+heads",
+                "follow:15+lend:0.5@256", "follow:15+lend:0.5+carry", "follow:15+lendx:0.5"):
+        with pytest.raises(MemstepError, match="\\+lend:C comes after \\+heads"):
+            parse_question_pool(bad)
+
+    # the random model's heads are about as focused as each other: C near 1 lends on this document
+    tokens, schedule = ids(300, seed=3), make_schedule("fm", 300, 64, 40)
+
+    def kept(pool):
+        return [r.kept_positions for r in run(tiny_model, tokens, schedule, QUESTION, question_pool=pool)[1]]
+
+    def dominated(pool):
+        """Per cut and layer: whether one KV head's carried share is at least the other's wherever both hold a position."""
+        engine = ChunkedPrefill(tiny_model, make_scorer("chunk-attention"), sinks=4, question_ids=QUESTION, question_pool=pool)
+        found = []
+        for _ in engine.run(tokens, schedule):
+            for idx, held in enumerate(engine.positions):
+                values = [dict(zip(held[h].tolist(), engine._carried[idx][h].tolist())) for h in range(2)]
+                both = values[0].keys() & values[1].keys()
+                found.append(any(all(values[a][p] >= values[1 - a][p] for p in both) for a in range(2)))
+        return found
+
+    own = kept("follow:15+carry")
+    assert any(not np.array_equal(a, b) for a, b in zip(kept("follow:15+carry+lend:0.9999999"), own))
+    assert all(np.array_equal(a, b) for a, b in zip(kept("follow:15+carry+lend:0.0000001"), own))
+    assert all(np.array_equal(a, b) for a, b in zip(kept("follow:15+carry+heads+lend:0.9"), kept("follow:15+carry+heads")))
+    assert all(dominated("follow:15+carry+lend:0.9999999"))
+    assert not all(dominated("follow:15+carry"))
+
+
 def test_heads_share_from_a_budget_up(tiny_model):
     """+heads@N shares the question's vote between a layer's KV heads in a step that keeps N or more
     entries per head (sinks not counted) and not below; the engine's default shares (and fades its
     carried vote) from 256 up. In the engine a budget of 40 runs +heads@40 as +heads and +heads@41 as the pool without it."""
     from memstep.question_pool import QUESTION_POOL, heads_from, parse_question_pool, pool_at
 
-    assert QUESTION_POOL == "follow:15+fade:0.7@256/8+heads@256+last<256"
+    assert QUESTION_POOL == "follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256"
     assert [pool_at(QUESTION_POOL, budget) for budget in (128, 255, 256, 512)] == \
-        ["follow:15+fade:0.7/8+last", "follow:15+fade:0.7/8+last", "follow:15+fade:0.7+heads", "follow:15+fade:0.7+heads"]
+        ["follow:15+fade:0.7/8+lend:0.75+last", "follow:15+fade:0.7/8+lend:0.75+last", "follow:15+fade:0.7+heads",
+         "follow:15+fade:0.7+heads"]
     table = [("follow:15+carry+heads@256", 128, "follow:15+carry"), ("follow:15+carry+heads@256", 255, "follow:15+carry"),
              ("follow:15+carry+heads@256", 256, "follow:15+carry+heads"),
              ("follow:15+carry+heads@256", 512, "follow:15+carry+heads"),

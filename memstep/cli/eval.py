@@ -75,7 +75,8 @@ def register(sub) -> None:
                    help="memstep question-aware ablation: how the question's attention spreads over neighbouring "
                         "keys, comma-separated max:N, mean:N, follow:N or none, each optionally +carry, +lift, +read or "
                         "+fade:F[@N][/K] (carried from step to step: follow:15+carry), then +heads[@N][/W] (shared by a layer's KV "
-                        "heads; @N: in steps that keep N or more entries per head, the /K or /W form below), then "
+                        "heads; @N: in steps that keep N or more entries per head, the /K or /W form below), then +lend:C "
+                        "(where +heads does not share in full, a head spread thin takes the layer's strongest share), then "
                         "+last[:W][<N] (the last cut ranks by the question's share alone, or at weight W; <N: where "
                         f"it keeps fewer than N entries per head) (default: the engine's, {QUESTION_POOL})")
     p.add_argument("--question-weights", default=None,

@@ -82,7 +82,9 @@ def register(sub) -> None:
                         "a held share worth F of itself one step on ('+fade:F/K': only the shares already carried through K "
                         "cuts); then '+heads': a key takes the strongest share any KV head of its layer gives its position "
                         "('+heads/W': the larger of its own and W times that); '@N' after +fade:F or +heads: the rule in "
-                        "steps that keep N or more entries per head, its /K or /W form (or nothing) below; last, "
+                        "steps that keep N or more entries per head, its /K or /W form (or nothing) below; then "
+                        "'+lend:C': where +heads does not share in full, a head whose top picks hold less than C times "
+                        "what the layer's most focused head's hold takes the strongest share too; last, "
                         "'+last': the prefill's last cut ranks by the question's share alone ('+last:W': at weight W; "
                         "'+last<N': where that cut keeps fewer than N entries per head)")
     p.add_argument("--span", type=_span, default=None,
