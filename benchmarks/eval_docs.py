@@ -23,6 +23,7 @@ from memstep.evaluation.niah_standing import needle_headline, standing_table, st
 from memstep.evaluation.metrics import REFERENCE, case_of, summarize  # noqa: E402
 from memstep.evaluation.stats import wilson_interval  # noqa: E402
 from memstep.evaluation.store import ResultStore, load_summary  # noqa: E402
+from memstep.question_pool import EARLIER_POOLS, QUESTION_POOL  # noqa: E402
 
 # The headline rows, each checked against the cases the full cache answers (its "counted" cases)
 HEADLINE = (
@@ -436,13 +437,13 @@ def docs(summary: dict, cells: list[dict], earlier: dict | None, gemma3: Path | 
         "",
         "## Ablations (2048 tokens): where memstep's question-aware gains come from",
         "",
-        "Question pooling (how the question's attention spreads over neighbouring keys: follow:15+fade:0.7@256/8+heads@256+last<256, "
+        f"Question pooling (how the question's attention spreads over neighbouring keys: {QUESTION_POOL}, "
         "the default, passes each key's attention to the 14 keys after it, lets a memory entry keep the strongest "
         "share it has had, and from 256 entries per KV head up (here M = 512) lets that peak fade to 0.7 of itself "
         "per step and gives each entry the strongest share any KV head of its layer gives its position (below 256 "
-        "only a peak held 8 cuts fades, no sharing, and the last cut ranks by the question's share alone; at M = 512 "
-        "follow:15+fade:0.7@256/8+heads@256 and follow:15+fade:0.7@256+heads@256, the defaults before, run the "
-        "same); follow:15+carry+heads@256 without fading; follow:15+carry without sharing "
+        "only a peak held 8 cuts fades, only a head whose share is spread thin takes its layer's strongest, and the "
+        "last cut ranks by the question's share alone; at M = 512 the defaults before, "
+        f"{', '.join(EARLIER_POOLS[:3])}, run the same); follow:15+carry+heads@256 without fading; follow:15+carry without sharing "
         "between heads; follow:15 without carrying; max over 15 centred, the default before the "
         "public needle test; mean over 5; none), question weight (the question's share of the score), and one "
         "compression at the end (one step reads the whole document, then cuts to M) against chunked "
