@@ -28,8 +28,9 @@ from memstep.errors import MemstepError
 # out) where sharing it with every head had cost answers (docs/spans-and-niah.md)
 QUESTION_POOL = "follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256"
 # the engine's earlier defaults, newest first: results that ran at one stand in for it
-EARLIER_POOLS = ("follow:15+fade:0.7@256/8+heads@256+last<256", "follow:15+fade:0.7@256/8+heads@256", "follow:15+fade:0.7@256+heads@256", "follow:15+carry+heads@256",
-                 "follow:15+carry", "follow:15", "max:15")
+EARLIER_POOLS = ("follow:15+fade:0.7@256/8+heads@256+last<256", "follow:15+fade:0.7@256/8+heads@256",
+                 "follow:15+fade:0.7@256+heads@256", "follow:15+carry+heads@256", "follow:15+carry", "follow:15",
+                 "max:15")
 # pools the default's cells were run under by name before it became the default (the evaluation
 # finds them as the default's where they run the same)
 RAN_AS = ("follow:15+fade:0.7+heads@256",)
