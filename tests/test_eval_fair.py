@@ -270,7 +270,8 @@ def test_cells_run_at_an_earlier_default_pool_read_as_that_pool(tmp_path):
 
 
 def test_cells_at_a_pool_that_runs_as_the_default_read_as_the_default(tmp_path, monkeypatch):
-    """Under FM (one budget in every step) today's default, follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256,
+    """Under FM (one budget in every step) and one compression at the end (one cut, to M) today's default,
+    follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256,
     runs follow:15+fade:0.7/8+lend:0.75+last below M = 256 and follow:15+fade:0.7+heads from 256 up: a cell run
     at the default before it (follow:15+fade:0.7@256/8+heads@256+last<256) from 256 up, or with either rule named at its
     budget, reads as the default, and a run of the default finds it (no case runs twice). Elsewhere
@@ -298,12 +299,16 @@ def test_cells_at_a_pool_that_runs_as_the_default_read_as_the_default(tmp_path, 
              "fade-256": stored(fm(256, fade), fade), "fade-128": stored(fm(128, fade), fade),
              "held-128": stored(fm(128, held), held), "held-256": stored(fm(256, held), held),
              "heads-256": stored(fm(256, "follow:15+carry+heads"), "follow:15+carry+heads"),
-             "imdc-256": stored(fm(256, fade, "imdc"), fade)}
+             "imdc-256": stored(fm(256, fade, "imdc"), fade), "once-512": stored(fm(512, schedule="once"), before),
+             "once-128": stored(fm(128, schedule="once"), before)}
     (tmp_path / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cells.values()))
     store = ResultStore(tmp_path)
     read = {name: next(c for c in store.cells() if c["key"].startswith(cell["key"])) for name, cell in cells.items()}
     for name, budget in (("before-256", 256), ("fade-256", 256), ("held-128", 128)):
         assert read[name]["label"] == fm(budget).label and read[name]["key"] == cells[name]["key"], name
+    # one compression at the end: one cut to M, so the default before reads as the default where both run alike
+    assert read["once-512"]["label"] == fm(512, schedule="once").label
+    assert read["once-128"]["label"].endswith(f"pool={before}")
     assert read["before-128"]["label"].endswith(f"pool={before}")
     assert read["before-128"]["key"] == pooled_key(cells["before-128"]["key"], before)
     for name, pool in (("fade-128", fade), ("held-256", held), ("heads-256", "follow:15+carry+heads"),

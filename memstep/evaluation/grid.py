@@ -159,12 +159,13 @@ def pooled_key(key: str, pool: str) -> str:
 
 def runs_alike(config: Config, pool: str, other: str) -> bool:
     """Whether memstep's question-aware ``config`` computes the same at ``pool`` and ``other``: the
-    same pool, or, under FM (one budget in every step and layer), the same pool at its budget
-    (+heads@N/W is +heads from N up and +heads/W below; +fade:F@N/K is +fade:F from N up, +fade:F/K
-    below; without /W or /K, no +heads and +carry below)."""
+    same pool, or, under FM (one budget in every step and layer) or one compression at the end (one
+    cut, to the budget), the same pool at its budget (+heads@N/W is +heads from N up and +heads/W
+    below; +fade:F@N/K is +fade:F from N up, +fade:F/K below; without /W or /K, no +heads and +carry
+    below). IMDC's budget grows through smaller steps, so its pools must match as written."""
     if pool == other:
         return True
-    return config.schedule == "fm" and config.growth is None and config.budget is not None \
+    return config.schedule in ("fm", "once") and config.growth is None and config.budget is not None \
         and pool_at(pool, config.budget) == pool_at(other, config.budget)
 
 
