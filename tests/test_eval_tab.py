@@ -163,6 +163,9 @@ def test_evaluate_figures_fit_a_phone(summary):
         r["label"] for r in summary["rows"])
     assert plots._wrap("imdc chunk-attention M=512 compact question-aware", 28) == \
         "imdc chunk-attention M=512<br>compact question-aware"
+    # a question pool has no spaces: it breaks before its + suffixes, each line within the width
+    assert plots._wrap("fm M=512 pool=follow:15+fade:0.7@256/8+heads@256+last<256", 28) == \
+        "fm M=512<br>pool=follow:15<br>+fade:0.7@256/8+heads@256<br>+last<256"
     long = {"heatmaps": {"kvpress streaming-llm M=512": {"lengths": [1024], "depths": [0.5], "accuracy": [[1.0]]}},
             "rows": []}
     assert plots.heatmap_figure(long, labels=["kvpress streaming-llm M=512"]).layout.annotations[0].text == \

@@ -19,10 +19,22 @@ ROPE_SYMBOLS = {"compact": "circle", "document": "circle-open", None: "circle"}
 
 def _wrap(text: str, width: int) -> str:
     """A panel title broken at spaces into lines of about ``width`` characters: the figure
-    is built without knowing the screen, and a phone (390 px) has no room for long titles."""
+    is built without knowing the screen, and a phone (390 px) has no room for long titles. A
+    word longer than a line (a question pool: pool=follow:15+fade:0.7@256/8+heads@256+last<256)
+    breaks before its '+' suffixes."""
+    import re
     import textwrap
 
-    return "<br>".join(textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)) or text
+    lines = []
+    for line in textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [text]:
+        part = ""
+        for piece in re.split(r"(?=\+)", line) if len(line) > width else [line]:
+            if part and len(part) + len(piece) > width:
+                lines.append(part)
+                part = ""
+            part += piece
+        lines.append(part)
+    return "<br>".join(lines)
 
 
 # Horizontal legend (or colour bar) at the foot of the figure, below the x-axis titles: it
