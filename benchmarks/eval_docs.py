@@ -23,7 +23,7 @@ from memstep.evaluation.niah_standing import needle_headline, standing_table, st
 from memstep.evaluation.metrics import REFERENCE, case_of, summarize  # noqa: E402
 from memstep.evaluation.stats import wilson_interval  # noqa: E402
 from memstep.evaluation.store import ResultStore, load_summary  # noqa: E402
-from memstep.question_pool import EARLIER_POOLS, QUESTION_POOL  # noqa: E402
+from memstep.question_pool import EARLIER_POOLS, QUESTION_POOL, pool_at  # noqa: E402
 
 # The headline rows, each checked against the cases the full cache answers (its "counted" cases)
 HEADLINE = (
@@ -443,7 +443,7 @@ def docs(summary: dict, cells: list[dict], earlier: dict | None, gemma3: Path | 
         "per step and gives each entry the strongest share any KV head of its layer gives its position (below 256 "
         "only a peak held 8 cuts fades, only a head whose share is spread thin takes its layer's strongest, and the "
         "last cut ranks by the question's share alone; at M = 512 the defaults before, "
-        f"{', '.join(EARLIER_POOLS[:3])}, run the same); follow:15+carry+heads@256 without fading; "
+        f"{', '.join(p for p in EARLIER_POOLS if pool_at(p, 512) == pool_at(QUESTION_POOL, 512))}, run the same); follow:15+carry+heads@256 without fading; "
         "follow:15+carry without sharing "
         "between heads; follow:15 without carrying; max over 15 centred, the default before the "
         "public needle test; mean over 5; none), question weight (the question's share of the score), and one "

@@ -5,6 +5,7 @@ Kept free of torch so the command line can check the setting before any model lo
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from memstep.errors import MemstepError
 
@@ -67,6 +68,8 @@ def _at(digits: str | None) -> int | None:
     return int(digits) if 1 <= int(digits) <= AT_MOST else None
 
 
+# the engine reads a pool's rules in every layer of every cut: each split is parsed once per pool string
+@lru_cache(maxsize=64)
 def _split_carry(text: str) -> tuple[str, str | None, float, int, int]:
     """``text`` (no +heads) without its carry suffix, the carry's kind, how much of a held share
     is left one step on (1 but for +fade:F), from how many kept entries per head every carried
@@ -100,6 +103,7 @@ _LEND = re.compile(r"\+lend:" + _SHARE + "$")
 LEND_TOP = 8  # a head's top picks: 1/8 of the entries it keeps besides the sinks (at least one)
 
 
+@lru_cache(maxsize=64)
 def _split_lend(pool: str) -> tuple[str, float | None]:
     """``pool`` without its +lend:C (and +last) suffix, and the C (None without +lend:C)."""
     text = _split_last(pool)[0]
@@ -122,6 +126,7 @@ LAST = "+last"
 _LAST = re.compile(r"\+last(?::(0\.\d*[1-9]\d*|1))?(?:<(\d{1,7}))?$")
 
 
+@lru_cache(maxsize=64)
 def _split_last(pool: str) -> tuple[str, float | None, int]:
     """``pool`` without its +last suffix, the question's weight in the last cut (None without +last)
     and below how many kept entries per head it applies (AT_MOST + 1 without <N)."""
@@ -141,6 +146,7 @@ def last_at(pool: str, budget: int) -> float | None:
     return weight if weight is not None and budget < below else None
 
 
+@lru_cache(maxsize=64)
 def _split_heads(pool: str) -> tuple[str, int | None, float]:
     """``pool`` without its +heads (and +lend, +last) suffix, from how many kept entries per head it
     shares in full (0: always, or without @N; None: no +heads, or a malformed one, which
