@@ -58,7 +58,7 @@ from memstep.layers import GLOBAL, TYPE_LABELS
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
 from memstep.presets import ROPE_MODES, Fidelity
 from memstep.question_pool import (LEND_TOP, QUESTION_POOL, carry_fade, carry_kind, fade_at, heads_at, last_at,
-                                   lend_at, parse_question_pool)
+                                   lend_at, parse_question_pool, spans_at)
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
@@ -171,6 +171,19 @@ def lend_over_heads(share: torch.Tensor, positions: torch.Tensor, spread: float,
     if not bool(thin.any()):
         return share
     return torch.where(thin[:, None], share_over_heads(share, positions), share)
+
+
+def spans_over_heads(share: torch.Tensor, positions: torch.Tensor, sinks: int, count: int,
+                     length: int) -> torch.Tensor:
+    """``+spans:KxL`` (``count`` K, ``length`` L): which entries (kv_heads, entries) lie in the layer's K
+    spans of L positions (from the first position after the sinks) that hold the most question share
+    summed over its KV heads (heads hold different memories: summed by position, not by index)."""
+    where = positions.long()
+    free = where >= sinks
+    span = (where - sinks).clamp(min=0) // length
+    total = share.new_zeros(int(span.max()) + 1).scatter_add(0, span.flatten(), (share * free).flatten())
+    strongest = total.topk(min(count, total.numel())).indices
+    return torch.isin(span, strongest) & free
 
 
 def even_keys(positions: torch.Tensor, sinks: int) -> torch.Tensor:
@@ -340,6 +353,10 @@ class ChunkedPrefill(StepContext):
                 last = None if self._steps_left else last_at(self.question_pool, per_head)  # +last
                 mix = self.question_weight if last is None else last
                 scores = question_mix(scores, question, positions, self.sinks, mix, share=share)
+                spans = None if self._steps_left else spans_at(self.question_pool, per_head)  # +spans: the last cut
+                if spans is not None:
+                    first = spans_over_heads(share, positions, self.sinks, *spans)
+                    scores = torch.where(first, scores + scores.amax(dim=1, keepdim=True) + 1, scores)
             if self.span is None:
                 kept = select_kept(scores, positions, keep, self.sinks, frozen)
             else:

@@ -103,10 +103,48 @@ _LEND = re.compile(r"\+lend:" + _SHARE + "$")
 LEND_TOP = 8  # a head's top picks: 1/8 of the entries it keeps besides the sinks (at least one)
 
 
+# after +lend (or in its place), before +last: +spans:KxL<N, in the prefill's last cut where it keeps fewer
+# than N entries per KV head besides the sinks (<N left out: whatever it keeps), each layer's K strongest
+# spans of L positions (counted from the first position after the sinks, as --span fixedL) by the
+# question's vote summed over the layer's KV heads stay in every head, ahead of the head's own picks,
+# which fill the rest of its budget. The span sum finds a fact several heads each give a little (a late
+# needle the question reads through no one head; ChunkKV keeps such layer-wide pieces). Only in the last
+# cut: spans shared in every cut took each head's slots cut after cut and lost the needles of long
+# documents (docs/spans-and-niah.md); after the last chunk no later fact needs those slots
+SPANS = "+spans"
+_SPANS = re.compile(r"\+spans:(\d{1,3})x(\d{1,3})(?:<(\d{1,7}))?$")
+
+
+@lru_cache(maxsize=64)
+def _split_spans(pool: str) -> tuple[str, tuple[int, int] | None, int]:
+    """``pool`` without its +spans (and +last) suffix, its (K, L) (None without +spans, or a malformed
+    one, which parse_question_pool refuses) and below how many kept entries per head it applies
+    (AT_MOST + 1 without <N)."""
+    text = _split_last(pool)[0]
+    found = _SPANS.search(text)
+    if not found:
+        return text, None, 0
+    count, length = int(found.group(1)), int(found.group(2))
+    below = _at(found.group(3)) if found.group(3) else AT_MOST + 1
+    if not (1 <= count and 1 <= length <= MAX_SPAN_LENGTH) or below is None:
+        return text, None, 0
+    return text[:found.start()], (count, length), below
+
+
+MAX_SPAN_LENGTH = 512  # positions in one span of +spans:KxL (as --span's longest)
+
+
+def spans_at(pool: str, budget: int) -> tuple[int, int] | None:
+    """The (K, L) of ``pool``'s +spans:KxL if the prefill's last cut keeps ``budget`` entries per head
+    besides the sinks, or None: no +spans, or from the N of +spans:KxL<N up."""
+    _, spans, below = _split_spans(pool)
+    return spans if spans is not None and budget < below else None
+
+
 @lru_cache(maxsize=64)
 def _split_lend(pool: str) -> tuple[str, float | None]:
-    """``pool`` without its +lend:C (and +last) suffix, and the C (None without +lend:C)."""
-    text = _split_last(pool)[0]
+    """``pool`` without its +lend:C (and +spans, +last) suffix, and the C (None without +lend:C)."""
+    text = _split_spans(pool)[0]
     found = _LEND.search(text)
     return (text[:found.start()], float(found.group(1))) if found else (text, None)
 
@@ -190,6 +228,12 @@ def fade_at(pool: str, budget: int) -> int | None:
     return 0 if budget >= start else (after or None)
 
 
+def before_last_cut(pool: str) -> str:
+    """``pool`` without the rules of the prefill's last cut alone (+spans and +last): what it runs in every
+    cut before the last."""
+    return _split_spans(pool)[0]
+
+
 def pool_at(pool: str, budget: int) -> str:
     """What ``pool`` runs in a step that keeps ``budget`` entries per head besides the sinks, without
     its @N: +heads@N/W reads as +heads from N up and as +heads/W below (no +heads without /W);
@@ -205,6 +249,9 @@ def pool_at(pool: str, budget: int) -> str:
     spread = lend_at(pool, budget)
     if spread is not None:
         base += f"{LEND}:{spread:g}"
+    spans = spans_at(pool, budget)
+    if spans is not None:
+        base += f"{SPANS}:{spans[0]}x{spans[1]}"
     last = last_at(pool, budget)
     return base if last is None else base + LAST + (f":{last:g}" if last < 1 else "")
 
@@ -240,15 +287,22 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     its own and W times that). '@N' after +fade:F or +heads: the rule in steps that keep N or more
     entries per head (sinks not counted), and its /K or /W form, or nothing, below. Then '+lend:C':
     where +heads does not share in full, a head whose top picks hold less than C times the share the
-    layer's most focused head's top picks hold takes the strongest share as under +heads. A very last
+    layer's most focused head's top picks hold takes the strongest share as under +heads. Then
+    '+spans:KxL': in the prefill's last cut each layer's K spans of L positions with the most question
+    share summed over its heads stay in every head ('+spans:KxL<N': where that cut keeps fewer than N
+    per head). A very last
     '+last': the prefill's last cut ranks by the question's share alone ('+last:W': at weight W;
     '+last<N': only where that cut keeps fewer than N entries per head)."""
     if _split_last(pool)[1] is None and LAST in str(pool):
         raise MemstepError(f"question pool '{pool}': +last comes at the very end, as +last or +last:W (0 < W <= 1), "
                            "then <N (N from 1) or nothing: follow:15+fade:0.7@256/8+heads@256+last<256")
+    if _split_spans(pool)[1] is None and SPANS in str(pool):
+        raise MemstepError(f"question pool '{pool}': +spans:KxL comes after +lend (or in its place) and before +last, "
+                           f"K spans from 1 of L positions (1 to {MAX_SPAN_LENGTH}), then <N (N from 1) or nothing: "
+                           "follow:15+fade:0.7@256/8+heads@256+lend:0.75+spans:6x20<256+last<256")
     if _split_lend(pool)[1] is None and LEND in str(pool):
-        raise MemstepError(f"question pool '{pool}': +lend:C comes after +heads (or in its place) and before +last, "
-                           "with 0 < C < 1: follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256")
+        raise MemstepError(f"question pool '{pool}': +lend:C comes after +heads (or in its place) and before +spans "
+                           "and +last, with 0 < C < 1: follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256")
     text, start, _ = _split_heads(pool)
     if start is None and HEADS in str(pool):
         raise MemstepError(f"question pool '{pool}': +heads takes nothing after it but @N (N from 1), /W (0 < W < 1) or both: "
@@ -262,4 +316,4 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
         return kind, int(width)
     raise MemstepError(f"question pool '{pool}' is not one of max:N, mean:N (N odd, 1-255), follow:N (1-255) or "
                       "none, optionally followed by +carry, +lift, +read or +fade:F[@N][/K] (0 < F < 1), then "
-                      "+heads[@N][/W], then +lend:C, then +last[:W][<N]")
+                      "+heads[@N][/W], then +lend:C, then +spans:KxL[<N], then +last[:W][<N]")

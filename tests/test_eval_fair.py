@@ -332,6 +332,24 @@ def test_cells_at_a_pool_that_runs_as_the_default_read_as_the_default(tmp_path, 
     assert calls == [fm(512).label] and report.skipped == 2
 
 
+def test_imdc_runs_alike_where_only_the_last_cuts_rules_differ_below_its_budget():
+    """IMDC's budget grows through smaller steps, so its pools must match as written, but for the rules
+    of the last cut alone (+spans, +last): its last cut keeps M, so two pools whose last-cut rules agree
+    at M compute the same (+spans:6x20<256 at M = 512 is no rule at all; +last is one at any M)."""
+    from memstep.evaluation.grid import runs_alike
+
+    def imdc(budget):
+        return Config("memstep", "imdc", "linear", "chunk-attention", budget, 512, "compact", True)
+
+    base = "follow:15+fade:0.7@256/8+heads@256+lend:0.75"
+    spans, last = base + "+spans:6x20<256+last<256", base + "+last<256"
+    assert runs_alike(imdc(512), spans, last) and runs_alike(imdc(512), last, base)
+    assert not runs_alike(imdc(128), spans, last) and not runs_alike(imdc(128), last, base)
+    assert not runs_alike(imdc(512), base + "+last", base)  # +last without <N: the last cut at any M
+    assert not runs_alike(imdc(512), base + "+spans:6x20", base)
+    assert not runs_alike(imdc(512), "follow:15+fade:0.7@256/8+heads@256+last<256", last)  # lending in earlier cuts
+
+
 def test_the_anchor_is_todays_default_else_the_earlier_default_pool():
     """Rows are paired with question-aware FM at the engine's default pool; at a length where only
     an earlier default (follow:15, then max:15) ran, with the newest of them (not the agnostic FM)."""

@@ -537,6 +537,78 @@ def test_lend_by_hand_and_in_the_engine(tiny_model):
     assert not all(dominated("follow:15+carry"))
 
 
+def test_spans_by_hand_and_in_the_engine(embedded):
+    """+spans:KxL: in the prefill's last cut each layer's K spans of L positions (from the first after the
+    sinks) holding the most question share summed over its KV heads stay in every head, ahead of its own
+    picks. By hand (heads holding different positions are summed by position), in the parser and pool_at,
+    and in the engine: every cut before the last keeps what the pool without it keeps; after the last each
+    head holds every entry it had in the spans chosen, where its own ranking does not."""
+    import memstep.engine as engine_module
+    from memstep.engine import spans_over_heads
+    from memstep.question_pool import parse_question_pool, pool_at, spans_at
+
+    share = torch.tensor([[0.6, 0.5, 0.1, 0.1, 0.3, 0.0], [0.0, 0.1, 0.1, 0.4, 0.2, 0.2]])
+    positions = torch.tensor([[2, 4, 5, 6, 7, 9], [3, 4, 6, 7, 8, 9]])
+    # sinks 4, L 2: span 0 holds positions 4-5 (0.5 + 0.1 + 0.1 = 0.7), span 1 6-7 (0.1 + 0.3 + 0.1 + 0.4 = 0.9),
+    # span 2 8-9 (0.2 + 0.2 = 0.4); the sinks' share (0.6 at position 2) counts for none
+    assert torch.equal(spans_over_heads(share, positions, 4, 1, 2),
+                       torch.tensor([[False, False, False, True, True, False],
+                                     [False, False, True, True, False, False]]))
+    assert torch.equal(spans_over_heads(share, positions, 4, 2, 2),
+                       torch.tensor([[False, True, True, True, True, False], [False, True, True, True, False, False]]))
+    # L 3: 4-6 (0.5 + 0.1 + 0.1 + 0.1 + 0.1 = 0.9) against 7-9 (0.3 + 0.4 + 0.2 + 0.2 = 1.1)
+    assert torch.equal(spans_over_heads(share, positions, 4, 1, 3),
+                       torch.tensor([[False, False, False, False, True, True],
+                                     [False, False, False, True, True, True]]))
+    assert bool(spans_over_heads(share, positions, 4, 9, 2)[positions >= 4].all())  # more spans than there are
+    # (pool, entries per head) -> (K, L) (None: no spans there)
+    table = [("follow:15+fade:0.7@256/8+heads@256+lend:0.75+spans:4x20<256+last<256", 128, (4, 20)),
+             ("follow:15+fade:0.7@256/8+heads@256+lend:0.75+spans:4x20<256+last<256", 256, None),
+             ("follow:15+carry+spans:1x512", 4096, (1, 512)), ("follow:15+spans:2x8<41+last", 40, (2, 8)),
+             ("follow:15+spans:2x8<40", 40, None), ("follow:15+carry+lend:0.5", 64, None)]
+    for pool, budget, spans in table:
+        assert spans_at(pool, budget) == spans and parse_question_pool(pool) == ("follow", 15), (pool, budget)
+    assert [pool_at("follow:15+fade:0.7@256/8+heads@256+lend:0.75+spans:4x20<256+last<256", b) for b in (128, 256)] == \
+        ["follow:15+fade:0.7/8+lend:0.75+spans:4x20+last", "follow:15+fade:0.7+heads"]
+    for bad in ("follow:15+spans", "follow:15+spans:4", "follow:15+spans:0x20", "follow:15+spans:4x0",
+                "follow:15+spans:4x513", "follow:15+spans:4x20+lend:0.5", "follow:15+spans:4x20@256",
+                "follow:15+spans:4x20<0", "follow:15+spans:4x20+carry"):
+        with pytest.raises(MemstepError, match="\\+spans:KxL comes after \\+lend"):
+            parse_question_pool(bad)
+
+    # the embedded model on the needle test's essays (a random model's heads agree on what the spans hold)
+    from memstep.evaluation.niah import haystack_tokens
+
+    tokens = torch.tensor(haystack_tokens(embedded.tokenizer)[:600])
+    question = embedded.tokenizer(" What did the author work on before college?")["input_ids"]
+    schedule = make_schedule("fm", 600, 128, 64)
+    chosen = []
+    real = engine_module.spans_over_heads
+
+    def spy(share, positions, sinks, count, length):
+        first = real(share, positions, sinks, count, length)
+        chosen.append([set(positions[h][first[h]].tolist()) for h in range(positions.shape[0])])
+        return first
+
+    def cuts(pool):
+        """Per cut: the positions each head of each layer holds after it."""
+        engine = ChunkedPrefill(embedded.model, make_scorer("chunk-attention"), sinks=4, question_ids=question,
+                                question_pool=pool)
+        return [[[set(p.tolist()) for p in layer] for layer in engine.positions] for _ in engine.run(tokens, schedule)]
+
+    engine_module.spans_over_heads = spy
+    try:
+        held = cuts("follow:15+carry+spans:2x8")
+    finally:
+        engine_module.spans_over_heads = real
+    own = cuts("follow:15+carry")
+    # the last cut alone, once per layer
+    assert len(held) == 5 and held[:-1] == own[:-1] and len(chosen) == len(held[-1])
+    assert all(wanted <= kept for heads, layer in zip(chosen, held[-1]) for wanted, kept in zip(heads, layer))
+    # the head's own ranking alone leaves some of those entries out
+    assert not all(wanted <= kept for heads, layer in zip(chosen, own[-1]) for wanted, kept in zip(heads, layer))
+
+
 def test_heads_share_from_a_budget_up(tiny_model):
     """+heads@N shares the question's vote between a layer's KV heads in a step that keeps N or more
     entries per head (sinks not counted) and not below; the engine's default shares (and fades its

@@ -84,7 +84,10 @@ def register(sub) -> None:
                         "('+heads/W': the larger of its own and W times that); '@N' after +fade:F or +heads: the rule in "
                         "steps that keep N or more entries per head, its /K or /W form (or nothing) below; then "
                         "'+lend:C': where +heads does not share in full, a head whose top picks hold less than C times "
-                        "what the layer's most focused head's hold takes the strongest share too; last, "
+                        "what the layer's most focused head's hold takes the strongest share too; then '+spans:KxL': "
+                        "in the prefill's last cut each layer's K spans of L positions with the most question share "
+                        "summed over its heads stay in every head ('+spans:KxL<N': where that cut keeps fewer than N "
+                        "entries per head); last, "
                         "'+last': the prefill's last cut ranks by the question's share alone ('+last:W': at weight W; "
                         "'+last<N': where that cut keeps fewer than N entries per head)")
     p.add_argument("--span", type=_span, default=None,

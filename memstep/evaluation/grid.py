@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 
 from memstep.errors import MemstepError
-from memstep.question_pool import EARLIER_POOLS, QUESTION_POOL, RAN_AS, pool_at
+from memstep.question_pool import EARLIER_POOLS, QUESTION_POOL, RAN_AS, before_last_cut, last_at, pool_at, spans_at
 from memstep.schedules import GROWTHS
 
 # kvpress presses run by the peer (peers/kvpress_peer.py), named as kvpress names them; their
@@ -162,11 +162,17 @@ def runs_alike(config: Config, pool: str, other: str) -> bool:
     same pool, or, under FM (one budget in every step and layer) or one compression at the end (one
     cut, to the budget), the same pool at its budget (+heads@N/W is +heads from N up and +heads/W
     below; +fade:F@N/K is +fade:F from N up, +fade:F/K below; without /W or /K, no +heads and +carry
-    below). IMDC's budget grows through smaller steps, so its pools must match as written."""
+    below). IMDC's budget grows through smaller steps, so its pools must match as written but for the
+    rules of the last cut alone (+spans, +last), which must match at its budget (the last cut keeps M)."""
     if pool == other:
         return True
-    return config.schedule in ("fm", "once") and config.growth is None and config.budget is not None \
-        and pool_at(pool, config.budget) == pool_at(other, config.budget)
+    if config.budget is None:
+        return False
+    if config.schedule in ("fm", "once") and config.growth is None:
+        return pool_at(pool, config.budget) == pool_at(other, config.budget)
+    return before_last_cut(pool) == before_last_cut(other) and \
+        (spans_at(pool, config.budget), last_at(pool, config.budget)) == \
+        (spans_at(other, config.budget), last_at(other, config.budget))
 
 
 def runs_as_default(config: Config, pool: str) -> bool:
