@@ -57,8 +57,8 @@ from memstep.errors import MemstepError
 from memstep.layers import GLOBAL, TYPE_LABELS
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
 from memstep.presets import ROPE_MODES, Fidelity
-from memstep.question_pool import (LEND_TOP, QUESTION_POOL, carry_fade, carry_kind, fade_at, heads_at, last_at,
-                                   lend_at, parse_question_pool, spans_at)
+from memstep.question_pool import (LEND_TOP, QUESTION_POOL, SENTENCE, carry_fade, carry_kind, fade_at, heads_at, last_at,
+                                   lend_at, parse_question_pool, spans_at, spans_need_text)
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
@@ -174,13 +174,17 @@ def lend_over_heads(share: torch.Tensor, positions: torch.Tensor, spread: float,
 
 
 def spans_over_heads(share: torch.Tensor, positions: torch.Tensor, sinks: int, count: int,
-                     length: int) -> torch.Tensor:
+                     length: int | str, sentences: torch.Tensor | None = None) -> torch.Tensor:
     """``+spans:KxL`` (``count`` K, ``length`` L): which entries (kv_heads, entries) lie in the layer's K
-    spans of L positions (from the first position after the sinks) that hold the most question share
-    summed over its KV heads (heads hold different memories: summed by position, not by index)."""
+    spans of L positions (from the first position after the sinks; L "sentence": the sentences of
+    ``sentences``, a span id per position) that hold the most question share summed over its KV heads
+    (heads hold different memories: summed by position, not by index)."""
     where = positions.long()
     free = where >= sinks
-    span = (where - sinks).clamp(min=0) // length
+    if length == SENTENCE:
+        span = sentences.to(where.device)[where].clamp(min=0)
+    else:
+        span = (where - sinks).clamp(min=0) // length
     total = share.new_zeros(int(span.max()) + 1).scatter_add(0, span.flatten(), (share * free).flatten())
     strongest = total.topk(min(count, total.numel())).indices
     return torch.isin(span, strongest) & free
@@ -262,6 +266,7 @@ class ChunkedPrefill(StepContext):
         self._count_cuts = bool(fade_at(question_pool, 0))  # +fade:F/K: some step fades only votes K cuts old
         self.span = span  # span-preserving selection (memstep.spans); None: the token top-k
         self.span_table: torch.Tensor | None = None  # span id per position (sentence / clause: set by the caller)
+        self.sentence_table: torch.Tensor | None = None  # sentence id per position (+spans:Kxsentence: the caller's)
         if question_ids is not None:
             check_question_aware(self.scorer, self.question_ids.numel(), self.question_weight)
             if not switchable(model):
@@ -355,7 +360,7 @@ class ChunkedPrefill(StepContext):
                 scores = question_mix(scores, question, positions, self.sinks, mix, share=share)
                 spans = None if self._steps_left else spans_at(self.question_pool, per_head)  # +spans: the last cut
                 if spans is not None:
-                    first = spans_over_heads(share, positions, self.sinks, *spans)
+                    first = spans_over_heads(share, positions, self.sinks, *spans, self.sentence_table)
                     scores = torch.where(first, scores + scores.amax(dim=1, keepdim=True) + 1, scores)
             if self.span is None:
                 kept = select_kept(scores, positions, keep, self.sinks, frozen)
@@ -566,6 +571,10 @@ class ChunkedPrefill(StepContext):
                 raise MemstepError(f"span setting {self.span.name} needs the text's sentence breaks: run it through "
                                    "DocumentRun (which reads them from the tokenizer)")
             self.span_table = span_table(self.span, [""] * ids.numel(), self.sinks)
+        if self.question_ids.numel() and spans_need_text(self.question_pool) and \
+                (self.sentence_table is None or self.sentence_table.numel() < ids.numel()):
+            raise MemstepError(f"question pool {self.question_pool} shares sentences and needs the text's sentence "
+                               "breaks: run it through DocumentRun (which reads them from the tokenizer)")
         # Plain full-attention layers: a config-built cache gives sliding-window models (Mistral)
         # layers that size the mask by tokens seen, which breaks once entries are evicted.
         self.cache = DynamicCache()

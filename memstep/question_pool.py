@@ -111,30 +111,41 @@ LEND_TOP = 8  # a head's top picks: 1/8 of the entries it keeps besides the sink
 # needle the question reads through no one head; ChunkKV keeps such layer-wide pieces). Only in the last
 # cut: spans shared in every cut took each head's slots cut after cut and lost the needles of long
 # documents (docs/spans-and-niah.md); after the last chunk no later fact needs those slots
+# +spans:Kxsentence: the K strongest sentences instead (a sentence ends after a token that ends in . ! ?
+# or a line break, and one longer than 48 tokens is split, as --span sentence): the needle's sentence
+# whole in one span, where a fixed span may cut it before the answer's last words
 SPANS = "+spans"
-_SPANS = re.compile(r"\+spans:(\d{1,3})x(\d{1,3})(?:<(\d{1,7}))?$")
+SENTENCE = "sentence"
+_SPANS = re.compile(r"\+spans:(\d{1,3})x(\d{1,3}|" + SENTENCE + r")(?:<(\d{1,7}))?$")
 
 
 @lru_cache(maxsize=64)
-def _split_spans(pool: str) -> tuple[str, tuple[int, int] | None, int]:
-    """``pool`` without its +spans (and +last) suffix, its (K, L) (None without +spans, or a malformed
-    one, which parse_question_pool refuses) and below how many kept entries per head it applies
-    (AT_MOST + 1 without <N)."""
+def _split_spans(pool: str) -> tuple[str, tuple[int, int | str] | None, int]:
+    """``pool`` without its +spans (and +last) suffix, its (K, L) (L "sentence" for sentences; None
+    without +spans, or a malformed one, which parse_question_pool refuses) and below how many kept
+    entries per head it applies (AT_MOST + 1 without <N)."""
     text = _split_last(pool)[0]
     found = _SPANS.search(text)
     if not found:
         return text, None, 0
-    count, length = int(found.group(1)), int(found.group(2))
+    count = int(found.group(1))
+    length = found.group(2) if found.group(2) == SENTENCE else int(found.group(2))
     below = _at(found.group(3)) if found.group(3) else AT_MOST + 1
-    if not (1 <= count and 1 <= length <= MAX_SPAN_LENGTH) or below is None:
+    if count < 1 or (length != SENTENCE and not 1 <= length <= MAX_SPAN_LENGTH) or below is None:
         return text, None, 0
     return text[:found.start()], (count, length), below
+
+
+def spans_need_text(pool: str) -> bool:
+    """Whether ``pool`` shares sentences (+spans:Kxsentence): the engine needs the text's sentence breaks."""
+    spans = _split_spans(pool)[1]
+    return spans is not None and spans[1] == SENTENCE
 
 
 MAX_SPAN_LENGTH = 512  # positions in one span of +spans:KxL (as --span's longest)
 
 
-def spans_at(pool: str, budget: int) -> tuple[int, int] | None:
+def spans_at(pool: str, budget: int) -> tuple[int, int | str] | None:
     """The (K, L) of ``pool``'s +spans:KxL if the prefill's last cut keeps ``budget`` entries per head
     besides the sinks, or None: no +spans, or from the N of +spans:KxL<N up."""
     _, spans, below = _split_spans(pool)
@@ -289,8 +300,8 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     where +heads does not share in full, a head whose top picks hold less than C times the share the
     layer's most focused head's top picks hold takes the strongest share as under +heads. Then
     '+spans:KxL': in the prefill's last cut each layer's K spans of L positions with the most question
-    share summed over its heads stay in every head ('+spans:KxL<N': where that cut keeps fewer than N
-    per head). A very last
+    share summed over its heads stay in every head ('+spans:Kxsentence': its K sentences; '+spans:KxL<N':
+    where that cut keeps fewer than N per head). A very last
     '+last': the prefill's last cut ranks by the question's share alone ('+last:W': at weight W;
     '+last<N': only where that cut keeps fewer than N entries per head)."""
     if _split_last(pool)[1] is None and LAST in str(pool):
@@ -298,7 +309,8 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
                            "then <N (N from 1) or nothing: follow:15+fade:0.7@256/8+heads@256+last<256")
     if _split_spans(pool)[1] is None and SPANS in str(pool):
         raise MemstepError(f"question pool '{pool}': +spans:KxL comes after +lend (or in its place) and before +last, "
-                           f"K spans from 1 of L positions (1 to {MAX_SPAN_LENGTH}), then <N (N from 1) or nothing: "
+                           f"K spans from 1 of L positions (1 to {MAX_SPAN_LENGTH}) or of a sentence (Kxsentence), "
+                           "then <N (N from 1) or nothing: "
                            "follow:15+fade:0.7@256/8+heads@256+lend:0.75+spans:6x20<256+last<256")
     if _split_lend(pool)[1] is None and LEND in str(pool):
         raise MemstepError(f"question pool '{pool}': +lend:C comes after +heads (or in its place) and before +spans "
@@ -316,4 +328,4 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
         return kind, int(width)
     raise MemstepError(f"question pool '{pool}' is not one of max:N, mean:N (N odd, 1-255), follow:N (1-255) or "
                       "none, optionally followed by +carry, +lift, +read or +fade:F[@N][/K] (0 < F < 1), then "
-                      "+heads[@N][/W], then +lend:C, then +spans:KxL[<N], then +last[:W][<N]")
+                      "+heads[@N][/W], then +lend:C, then +spans:KxL[<N] (L a number or sentence), then +last[:W][<N]")

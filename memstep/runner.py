@@ -17,10 +17,11 @@ from memstep.generate import (answer, answer_from_prefill, continuation_nll, cro
                               prompt_parts)
 from memstep.models import LoadedModel
 from memstep.presets import Fidelity
+from memstep.question_pool import SENTENCE, spans_need_text
 from memstep.records import RunResult, StepRecord
 from memstep.schedules import check_run_settings, make_schedule
 from memstep.scorers import make_scorer
-from memstep.spans import check_span_budget, parse_span, span_table, split_notice, token_texts
+from memstep.spans import DEFAULT_CAP, SpanSetting, check_span_budget, parse_span, span_table, split_notice, token_texts
 
 
 QUESTION_ROOM = 64  # positions left for a question and its answer after the memory
@@ -80,8 +81,12 @@ class DocumentRun:
                                      question_weight=question_weight, fidelity=self.fidelity,
                                      question_pool=question_pool, span=self.span)
         notices = list(notices or []) + self._positions_notice(lm.model.config, rope)
+        texts = token_texts(lm.tokenizer, self.input_ids) if self.span is not None or spans_need_text(question_pool) \
+            else None
+        if spans_need_text(question_pool):  # +spans:Kxsentence: the sentence breaks, as --span sentence finds them
+            self.engine.sentence_table = span_table(SpanSetting(SENTENCE, DEFAULT_CAP), texts, sinks)
         if self.span is not None:
-            self.engine.span_table = span_table(self.span, token_texts(lm.tokenizer, self.input_ids), sinks)
+            self.engine.span_table = span_table(self.span, texts, sinks)
             cuts = [a - sinks for (b, a), c in zip(self.schedule.cache_lengths(sinks), self.schedule.chunk_sizes)
                     if b + c > a]  # the steps that evict
             smallest = min(cuts, default=memory)

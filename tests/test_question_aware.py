@@ -561,39 +561,46 @@ def test_spans_by_hand_and_in_the_engine(embedded):
                        torch.tensor([[False, False, False, False, True, True],
                                      [False, False, False, True, True, True]]))
     assert bool(spans_over_heads(share, positions, 4, 9, 2)[positions >= 4].all())  # more spans than there are
+    # sentences (a span id per position, the sinks -1): 4-5 (0.7) and 6-9 (0.1 + 0.3 + 0.1 + 0.4 + 0.2 + 0.2 = 1.3)
+    sentences = torch.tensor([-1, -1, -1, -1, 0, 0, 1, 1, 1, 1])
+    assert torch.equal(spans_over_heads(share, positions, 4, 1, "sentence", sentences),
+                       torch.tensor([[False, False, False, True, True, True], [False, False, True, True, True, True]]))
     # (pool, entries per head) -> (K, L) (None: no spans there)
     table = [("follow:15+fade:0.7@256/8+heads@256+lend:0.75+spans:4x20<256+last<256", 128, (4, 20)),
              ("follow:15+fade:0.7@256/8+heads@256+lend:0.75+spans:4x20<256+last<256", 256, None),
              ("follow:15+carry+spans:1x512", 4096, (1, 512)), ("follow:15+spans:2x8<41+last", 40, (2, 8)),
-             ("follow:15+spans:2x8<40", 40, None), ("follow:15+carry+lend:0.5", 64, None)]
+             ("follow:15+spans:2x8<40", 40, None), ("follow:15+carry+lend:0.5", 64, None),
+             ("follow:15+carry+spans:3xsentence<256+last", 128, (3, "sentence"))]
     for pool, budget, spans in table:
         assert spans_at(pool, budget) == spans and parse_question_pool(pool) == ("follow", 15), (pool, budget)
     assert [pool_at("follow:15+fade:0.7@256/8+heads@256+lend:0.75+spans:4x20<256+last<256", b) for b in (128, 256)] == \
         ["follow:15+fade:0.7/8+lend:0.75+spans:4x20+last", "follow:15+fade:0.7+heads"]
     for bad in ("follow:15+spans", "follow:15+spans:4", "follow:15+spans:0x20", "follow:15+spans:4x0",
                 "follow:15+spans:4x513", "follow:15+spans:4x20+lend:0.5", "follow:15+spans:4x20@256",
-                "follow:15+spans:4x20<0", "follow:15+spans:4x20+carry"):
+                "follow:15+spans:4x20<0", "follow:15+spans:4x20+carry", "follow:15+spans:3xsentences",
+                "follow:15+spans:0xsentence"):
         with pytest.raises(MemstepError, match="\\+spans:KxL comes after \\+lend"):
             parse_question_pool(bad)
 
     # the embedded model on the needle test's essays (a random model's heads agree on what the spans hold)
     from memstep.evaluation.niah import haystack_tokens
 
-    tokens = torch.tensor(haystack_tokens(embedded.tokenizer)[:600])
+    tokens = torch.tensor(haystack_tokens(embedded.tokenizer)[:456])
     question = embedded.tokenizer(" What did the author work on before college?")["input_ids"]
-    schedule = make_schedule("fm", 600, 128, 64)
+    schedule = make_schedule("fm", 456, 128, 64)
     chosen = []
     real = engine_module.spans_over_heads
 
-    def spy(share, positions, sinks, count, length):
-        first = real(share, positions, sinks, count, length)
+    def spy(share, positions, sinks, count, length, sentences=None):
+        first = real(share, positions, sinks, count, length, sentences)
         chosen.append([set(positions[h][first[h]].tolist()) for h in range(positions.shape[0])])
         return first
 
-    def cuts(pool):
+    def cuts(pool, sentences=None):
         """Per cut: the positions each head of each layer holds after it."""
         engine = ChunkedPrefill(embedded.model, make_scorer("chunk-attention"), sinks=4, question_ids=question,
                                 question_pool=pool)
+        engine.sentence_table = sentences
         return [[[set(p.tolist()) for p in layer] for layer in engine.positions] for _ in engine.run(tokens, schedule)]
 
     engine_module.spans_over_heads = spy
@@ -603,10 +610,30 @@ def test_spans_by_hand_and_in_the_engine(embedded):
         engine_module.spans_over_heads = real
     own = cuts("follow:15+carry")
     # the last cut alone, once per layer
-    assert len(held) == 5 and held[:-1] == own[:-1] and len(chosen) == len(held[-1])
+    assert len(held) == 4 and held[:-1] == own[:-1] and len(chosen) == len(held[-1])
     assert all(wanted <= kept for heads, layer in zip(chosen, held[-1]) for wanted, kept in zip(heads, layer))
     # the head's own ranking alone leaves some of those entries out
     assert not all(wanted <= kept for heads, layer in zip(chosen, own[-1]) for wanted, kept in zip(heads, layer))
+    # sentences: the table DocumentRun reads from the tokenizer; at most 2 sentences chosen, kept where held
+    from memstep.runner import DocumentRun
+    from memstep.spans import SpanSetting, span_table, token_texts
+
+    pool = "follow:15+carry+spans:2xsentence"
+    with pytest.raises(MemstepError, match="needs the text's sentence breaks"):
+        cuts(pool)
+    table = span_table(SpanSetting("sentence", 48), token_texts(embedded.tokenizer, tokens), 4)
+    chosen.clear()
+    engine_module.spans_over_heads = spy
+    try:
+        held = cuts(pool, table)
+    finally:
+        engine_module.spans_over_heads = real
+    assert held[:-1] == own[:-1] and len(chosen) == len(held[-1])
+    assert all(len({int(table[p]) for p in wanted}) <= 2 for heads in chosen for wanted in heads)
+    assert all(wanted <= kept for heads, layer in zip(chosen, held[-1]) for wanted, kept in zip(heads, layer))
+    run = DocumentRun(embedded, list(tokens), schedule="fm", chunk=128, memory=64, question="Why?",
+                      question_aware=True, question_pool=pool)
+    assert run.engine.sentence_table is not None and run.engine.sentence_table.numel() == len(run.input_ids)
 
 
 def test_heads_share_from_a_budget_up(tiny_model):
