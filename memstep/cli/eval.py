@@ -77,8 +77,9 @@ def register(sub) -> None:
                         "+fade:F[@N][/K] (carried from step to step: follow:15+carry), then +heads[@N][/W] (shared by a layer's KV "
                         "heads; @N: in steps that keep N or more entries per head, the /K or /W form below), then +lend:C "
                         "(where +heads does not share in full, a head spread thin takes the layer's strongest share), then "
-                        "+spans:KxL[<N] (in the last cut each layer's K spans of L positions with the most question "
-                        "share summed over its heads stay in every head), then +last[:W][<N] (the last cut ranks by "
+                        "+spans:KxL[<N] (in the last cut each layer's K spans of L positions, or Kxsentence its K "
+                        "sentences, with the most question share summed over its heads stay in every head), then "
+                        "+last[:W][<N] (the last cut ranks by "
                         "the question's share alone, or at weight W; <N: where "
                         f"it keeps fewer than N entries per head) (default: the engine's, {QUESTION_POOL})")
     p.add_argument("--question-weights", default=None,
