@@ -57,8 +57,8 @@ from memstep.errors import MemstepError
 from memstep.layers import GLOBAL, TYPE_LABELS
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
 from memstep.presets import ROPE_MODES, Fidelity
-from memstep.question_pool import (LEND_TOP, QUESTION_POOL, SENTENCE, carry_fade, carry_kind, fade_at, heads_at, last_at,
-                                   lend_at, parse_question_pool, spans_at, spans_need_text)
+from memstep.question_pool import (LEND_TOP, QUESTION_POOL, SENTENCE, carry_fade, carry_kind, fade_at, heads_at,
+                                   last_at, lend_at, parse_question_pool, spans_at, spans_need_text)
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept

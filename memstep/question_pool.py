@@ -116,6 +116,7 @@ LEND_TOP = 8  # a head's top picks: 1/8 of the entries it keeps besides the sink
 # whole in one span, where a fixed span may cut it before the answer's last words
 SPANS = "+spans"
 SENTENCE = "sentence"
+MAX_SPAN_LENGTH = 512  # positions in one span of +spans:KxL (as --span's longest)
 _SPANS = re.compile(r"\+spans:(\d{1,3})x(\d{1,3}|" + SENTENCE + r")(?:<(\d{1,7}))?$")
 
 
@@ -140,9 +141,6 @@ def spans_need_text(pool: str) -> bool:
     """Whether ``pool`` shares sentences (+spans:Kxsentence): the engine needs the text's sentence breaks."""
     spans = _split_spans(pool)[1]
     return spans is not None and spans[1] == SENTENCE
-
-
-MAX_SPAN_LENGTH = 512  # positions in one span of +spans:KxL (as --span's longest)
 
 
 def spans_at(pool: str, budget: int) -> tuple[int, int | str] | None:
