@@ -182,7 +182,7 @@ def spans_over_heads(share: torch.Tensor, positions: torch.Tensor, sinks: int, c
     where = positions.long()
     free = where >= sinks
     if length == SENTENCE:
-        span = sentences.to(where.device)[where].clamp(min=0)
+        span = sentences[where].clamp(min=0)
     else:
         span = (where - sinks).clamp(min=0) // length
     total = share.new_zeros(int(span.max()) + 1).scatter_add(0, span.flatten(), (share * free).flatten())
@@ -575,6 +575,8 @@ class ChunkedPrefill(StepContext):
                 (self.sentence_table is None or self.sentence_table.numel() < ids.numel()):
             raise MemstepError(f"question pool {self.question_pool} shares sentences and needs the text's sentence "
                                "breaks: run it through DocumentRun (which reads them from the tokenizer)")
+        if self.sentence_table is not None:  # once per document, not once per layer in the last cut
+            self.sentence_table = self.sentence_table.to(self.device)
         # Plain full-attention layers: a config-built cache gives sliding-window models (Mistral)
         # layers that size the mask by tokens seen, which breaks once entries are evicted.
         self.cache = DynamicCache()

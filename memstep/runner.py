@@ -81,9 +81,10 @@ class DocumentRun:
                                      question_weight=question_weight, fidelity=self.fidelity,
                                      question_pool=question_pool, span=self.span)
         notices = list(notices or []) + self._positions_notice(lm.model.config, rope)
-        texts = token_texts(lm.tokenizer, self.input_ids) if self.span is not None or spans_need_text(question_pool) \
-            else None
-        if spans_need_text(question_pool):  # +spans:Kxsentence: the sentence breaks, as --span sentence finds them
+        # +spans:Kxsentence (question-aware only): the sentence breaks, as --span sentence finds them
+        sentences = bool(self.engine.question_ids.numel()) and spans_need_text(question_pool)
+        texts = token_texts(lm.tokenizer, self.input_ids) if self.span is not None or sentences else None
+        if sentences:
             self.engine.sentence_table = span_table(SpanSetting(SENTENCE, DEFAULT_CAP), texts, sinks)
         if self.span is not None:
             self.engine.span_table = span_table(self.span, texts, sinks)
