@@ -4,6 +4,11 @@ torch thread, best of ``--repeat``) on one 2k case of the evaluation. Writes JSO
 (results/spans/span_cost.json) and prints a table.
 
     OMP_NUM_THREADS=1 python benchmarks/span_cost.py --pools max:15,follow:15,follow:15+carry --spans fixed20-mean-layer
+
+On a GPU (``--device cuda``) the clock is wall time (synchronized), and each row adds the peak
+bytes allocated above the loaded model (torch.cuda.max_memory_allocated, reset per run).
+``--model`` takes a folder, e.g. one of benchmarks/random_model.py (same shapes, random weights:
+time and bytes follow the shapes).
 """
 
 from __future__ import annotations
@@ -19,15 +24,27 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def cpu_seconds(lm, case, span, budget: int, pool: str) -> float:
+def measure(lm, case, span, budget: int, pool: str) -> tuple[float, int | None]:
+    """Seconds of one prefill (CPU time on CPU, synchronized wall time on CUDA) and, on CUDA, the
+    peak bytes allocated above what was allocated before it (the model)."""
+    import torch
+
     from memstep.runner import DocumentRun
 
-    began = time.process_time()  # the span table (sentence breaks from the tokenizer) counts too
+    cuda = torch.device(lm.device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    began = time.perf_counter() if cuda else time.process_time()  # the span table counts too
     run = DocumentRun(lm, case.document_ids, schedule="fm", chunk=512, memory=budget, question=case.question,
                       max_new_tokens=1, question_aware=True, span=span, question_pool=pool)
     for _ in run:
         pass
-    return time.process_time() - began
+    if not cuda:
+        return time.process_time() - began, None
+    torch.cuda.synchronize()
+    return time.perf_counter() - began, int(torch.cuda.max_memory_allocated() - before)
 
 
 def main(argv=None) -> int:
@@ -44,37 +61,61 @@ def main(argv=None) -> int:
     p.add_argument("--output", type=Path, default=ROOT / "results" / "spans" / "span_cost.json")
     p.add_argument("--block", default=None, help="write the table into this block of docs/spans-and-niah.md")
     p.add_argument("--render", action="store_true", help="only render --output's saved measurements")
+    p.add_argument("--model", default="embedded")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
     args = p.parse_args(argv)
     if not args.render:
         torch.set_num_threads(1)
-        lm = load_model("embedded", device="cpu", dtype="float32")
+        lm = load_model(args.model, device=args.device, dtype=args.dtype)
         case = make_cases(lm.tokenizer, [2048], [0.5], [0], kinds=("word",))[0]
         pools = args.pools.split(",")
         settings = [(pool, None) for pool in pools] + [(pools[0], span) for span in args.spans.split(",") if span]
         best = {setting: float("inf") for setting in settings}
+        peak = {setting: None for setting in settings}
         for _ in range(args.repeat):  # interleaved: the machine's load moves every setting alike
             for pool, span in settings:
-                best[pool, span] = min(best[pool, span], cpu_seconds(lm, case, span, args.budget, pool))
+                seconds, above = measure(lm, case, span, args.budget, pool)
+                best[pool, span] = min(best[pool, span], seconds)
+                peak[pool, span] = above if peak[pool, span] is None else max(peak[pool, span], above)
         base = best[settings[0]]
-        rows = [{"pool": pool, "span": str(span), "cpu_seconds": round(v, 3), "ratio": round(v / base, 3)}
+        clock = "cpu_seconds" if torch.device(lm.device).type == "cpu" else "seconds"
+        rows = [{"pool": pool, "span": str(span), clock: round(v, 3), "ratio": round(v / base, 3),
+                 **({} if peak[pool, span] is None else {"peak_above_model_bytes": peak[pool, span]})}
                 for (pool, span), v in best.items()]
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps({"budget": args.budget, "length": 2048, "repeat": args.repeat,
+                                           "model": lm.name, "device": lm.device, "dtype": lm.dtype,
                                            "case": case.cell, "rows": rows}, indent=1))
     saved = json.loads(args.output.read_text())
-    rows, args.budget, args.repeat = saved["rows"], saved["budget"], saved["repeat"]
-    lines = [f"Question-aware FM, M = {args.budget}, one 2,048-token case, one torch thread; CPU seconds of the "
-             f"prefill (the span table included), best of {args.repeat}, settings interleaved in one process.", "",
-             "| question pool | span | CPU s | ratio to the first row |", "|---|---|---:|---:|"]
-    lines += [f"| {r.get('pool', 'max:15')} | {'none (token top-k)' if r['span'] == 'None' else r['span']} | "
-              f"{r['cpu_seconds']:.2f} | {r['ratio']:.3f} |" for r in rows]
-    print("\n".join(lines))
+    print("\n".join(lines := table(saved)))
     if args.block:
         from docs_block import write_block
 
         write_block(args.block, "\n".join(lines), "OMP_NUM_THREADS=1 python benchmarks/span_cost.py " +
                     " ".join(argv if argv is not None else sys.argv[1:]), doc=ROOT / "docs" / "spans-and-niah.md")
     return 0
+
+
+def table(saved: dict) -> list[str]:
+    """The saved run as Markdown: CPU seconds on CPU; wall seconds and peak bytes above the model on a GPU."""
+    from memstep.memory import format_bytes
+
+    rows = saved["rows"]
+    gpu = "seconds" in rows[0]
+    where = (f"{saved.get('model', 'embedded')} on {saved.get('device')} ({saved.get('dtype')}); wall seconds "
+             "(synchronized) and peak bytes allocated above the model" if gpu else
+             "one torch thread; CPU seconds")
+    lines = [f"Question-aware FM, M = {saved['budget']}, one 2,048-token case, {where} of the prefill "
+             f"(the span table included), best of {saved['repeat']}, settings interleaved in one process.", "",
+             "| question pool | span | " + ("s | peak above the model" if gpu else "CPU s") +
+             " | ratio to the first row |", "|---|---|---:|" + ("---:|" if gpu else "") + "---:|"]
+    for r in rows:
+        cells = (f"{r['seconds']:.3f} | {format_bytes(r['peak_above_model_bytes'])}" if gpu else
+                 f"{r['cpu_seconds']:.2f}")
+        lines.append(f"| {r.get('pool', 'max:15')} | {'none (token top-k)' if r['span'] == 'None' else r['span']} | "
+                     f"{cells} | {r['ratio']:.3f} |")
+    return lines
 
 
 if __name__ == "__main__":

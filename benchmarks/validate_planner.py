@@ -87,7 +87,7 @@ def validate(model: str = "embedded", device: str = "auto", dtype: str = "auto",
             "seconds_measured": seconds, "seconds_modeled": plan.seconds if gpu_preset else None,
         })
     return {"model": lm.name, "device": lm.device, "device_name": device_name, "gpu_preset": gpu_preset,
-            "dtype": lm.dtype, "tokens": len(ids), "chunk": chunk, "memory": memory, "growth": growth,
+            "dtype": lm.dtype, "document": Path(document).name, "tokens": len(ids), "chunk": chunk, "memory": memory, "growth": growth,
             "sinks": sinks, "efficiency": planner.DEFAULT_EFFICIENCY,
             "bandwidth_efficiency": planner.DEFAULT_BANDWIDTH_EFFICIENCY, "runs": runs}
 
@@ -108,6 +108,24 @@ def summary(report: dict) -> str:
     return "\n".join(lines)
 
 
+def markdown(report: dict) -> str:
+    """The report as a Markdown table (docs/benchmarks.md)."""
+    from memstep.memory import format_bytes
+
+    lines = [f"{report['model']} on {report['device_name']} ({report['dtype']}), {report.get('document', '')} "
+             f"{report['tokens']} tokens, chunk {report['chunk']}, memory {report['memory']}; the planner's "
+             f"GPU preset {report['gpu_preset']}:", "",
+             "| schedule | peak measured | peak modeled | error | KV bytes exact | s measured | s modeled |",
+             "|---|---:|---:|---:|---|---:|---:|"]
+    for run in report["runs"]:
+        error = f"{run['peak_error']:+.1%}" if run["peak_error"] is not None else "n/a"
+        modeled_s = f"{run['seconds_modeled']:.2f}" if run["seconds_modeled"] is not None else "n/a"
+        lines.append(f"| {run['schedule']} | {format_bytes(run['peak_bytes_measured'])} | "
+                     f"{format_bytes(run['peak_bytes_modeled'])} | {error} | {run['kv_bytes_match']} | "
+                     f"{run['seconds_measured']:.2f} | {modeled_s} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     from memstep.errors import MemstepError
 
@@ -121,12 +139,26 @@ def main(argv=None) -> int:
     p.add_argument("--growth", default="linear")
     p.add_argument("--schedules", default="fm,imdc,full", help="comma-separated")
     p.add_argument("--gpu", default=None, help="planner GPU preset for modeled seconds (default: detected)")
+    p.add_argument("--document", type=Path, default=DOCUMENT, help="the text to prefill (default: 23k tokens)")
+    p.add_argument("--from-json", default=None, help="measure nothing: print this earlier run's table")
+    p.add_argument("--docs", action="store_true", help="with --from-json: write it into docs/benchmarks.md")
+    p.add_argument("--block", default="validate-planner", help="the block of docs/benchmarks.md that --docs writes")
     p.add_argument("--output", default=None, help="JSON path (default benchmarks/results/validate_planner_<device>.json)")
     args = p.parse_args(argv)
+    if args.from_json:
+        report = json.loads(Path(args.from_json).read_text())
+        print(markdown(report))
+        if args.docs:
+            sys.path.insert(0, str(ROOT))
+            from benchmarks.docs_block import committed_on, write_block
+
+            write_block(args.block, markdown(report), f"benchmarks/validate_planner.py --from-json {args.from_json} "
+                        f"--docs --block {args.block}", measured=committed_on(Path(args.from_json)))
+        return 0
     try:
         report = validate(args.model, args.device, args.dtype, args.tokens, args.chunk, args.memory,
                           tuple(s.strip() for s in args.schedules.split(",") if s.strip()), args.growth,
-                          gpu=args.gpu)
+                          gpu=args.gpu, document=args.document)
     except MemstepError as err:
         print(f"validate_planner: error: {err}", file=sys.stderr)
         return 2
