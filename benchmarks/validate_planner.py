@@ -92,38 +92,35 @@ def validate(model: str = "embedded", device: str = "auto", dtype: str = "auto",
             "bandwidth_efficiency": planner.DEFAULT_BANDWIDTH_EFFICIENCY, "runs": runs}
 
 
-def summary(report: dict) -> str:
+HEADINGS = ("schedule", "peak measured", "peak modeled", "error", "KV exact", "s measured", "s modeled")
+
+
+def _cells(run: dict, digits: int) -> list[str]:
+    """One run's row, formatted: what the console summary and the Markdown table both show."""
     from memstep.memory import format_bytes
 
+    modeled_s = f"{run['seconds_modeled']:.{digits}f}" if run["seconds_modeled"] is not None else "n/a"
+    return [run["schedule"], format_bytes(run["peak_bytes_measured"]), format_bytes(run["peak_bytes_modeled"]),
+            f"{run['peak_error']:+.1%}" if run["peak_error"] is not None else "n/a", str(run["kv_bytes_match"]),
+            f"{run['seconds_measured']:.{digits}f}", modeled_s]
+
+
+def summary(report: dict) -> str:
+    widths = (8, 14, 13, 7, 8, 10, 10)
+    line = lambda cells: " ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
+                                  for i, (c, w) in enumerate(zip(cells, widths)))
     lines = [f"{report['model']} on {report['device_name']} ({report['dtype']}), {report['tokens']} tokens, "
-             f"chunk {report['chunk']}, memory {report['memory']}",
-             f"{'schedule':<8} {'peak measured':>14} {'peak modeled':>13} {'error':>7} {'KV exact':>8} "
-             f"{'s measured':>10} {'s modeled':>10}"]
-    for run in report["runs"]:
-        error = f"{run['peak_error']:+.1%}" if run["peak_error"] is not None else "n/a"
-        modeled_s = f"{run['seconds_modeled']:.3f}" if run["seconds_modeled"] is not None else "n/a"
-        lines.append(f"{run['schedule']:<8} {format_bytes(run['peak_bytes_measured']):>14} "
-                     f"{format_bytes(run['peak_bytes_modeled']):>13} {error:>7} {str(run['kv_bytes_match']):>8} "
-                     f"{run['seconds_measured']:>10.3f} {modeled_s:>10}")
-    return "\n".join(lines)
+             f"chunk {report['chunk']}, memory {report['memory']}", line(HEADINGS)]
+    return "\n".join(lines + [line(_cells(run, 3)) for run in report["runs"]])
 
 
 def markdown(report: dict) -> str:
     """The report as a Markdown table (docs/benchmarks.md)."""
-    from memstep.memory import format_bytes
-
     lines = [f"{report['model']} on {report['device_name']} ({report['dtype']}), {report.get('document', '')} "
              f"{report['tokens']} tokens, chunk {report['chunk']}, memory {report['memory']}; the planner's "
-             f"GPU preset {report['gpu_preset']}:", "",
-             "| schedule | peak measured | peak modeled | error | KV bytes exact | s measured | s modeled |",
+             f"GPU preset {report['gpu_preset']}:", "", "| " + " | ".join(HEADINGS) + " |",
              "|---|---:|---:|---:|---|---:|---:|"]
-    for run in report["runs"]:
-        error = f"{run['peak_error']:+.1%}" if run["peak_error"] is not None else "n/a"
-        modeled_s = f"{run['seconds_modeled']:.2f}" if run["seconds_modeled"] is not None else "n/a"
-        lines.append(f"| {run['schedule']} | {format_bytes(run['peak_bytes_measured'])} | "
-                     f"{format_bytes(run['peak_bytes_modeled'])} | {error} | {run['kv_bytes_match']} | "
-                     f"{run['seconds_measured']:.2f} | {modeled_s} |")
-    return "\n".join(lines)
+    return "\n".join(lines + ["| " + " | ".join(_cells(run, 2)) + " |" for run in report["runs"]])
 
 
 def main(argv=None) -> int:
