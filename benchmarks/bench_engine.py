@@ -288,7 +288,7 @@ def markdown(report: dict, previous: dict | None = None) -> str:
                 lines.append(f"| {p['tokens']} | {p['chunk']} | {label} | {r['fm_seconds']:.2f} | "
                              f"{r['imdc_seconds']:.2f} | {r['speedup']:.2f}x | {r['planned_speedup']:.2f}x | "
                              f"{r['memory_saved']:.1%} | {r['planned_memory_saved']:.1%} |"
-                             + (f" {r['memory_saved_measured']:.1%} |" if measured else ""))
+                             + (f" {_percent(r.get('memory_saved_measured'))} |" if measured else ""))
         lines.append(f"| | | paper (reported, Llama-2-7B, GPU) | | | {PAPER['imdc_speedup']:.2f}x | | "
                      f"{PAPER['imdc_memory_saved']:.1%} | |" + (" |" if measured else ""))
     lines.append("")
@@ -296,6 +296,10 @@ def markdown(report: dict, previous: dict | None = None) -> str:
                  f"({report['threads']} threads, {report['dtype']}); copy bandwidth "
                  f"{report['copy_bytes_per_second'] / 1e9:.1f} GB/s.")
     return "\n".join(lines)
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def _write_docs(tables: str, command: str, measured: str | None = None, block: str = "bench-engine") -> None:
