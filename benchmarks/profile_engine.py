@@ -46,14 +46,12 @@ def profiled(fn, device, top: int) -> dict:
 
 def main(argv=None) -> int:
     import torch
-    from transformers import DynamicCache
 
+    from benchmarks.bench_engine import engine_prefill, plain_prefill
     from memstep.documents import tokenize_document
-    from memstep.engine import ChunkedPrefill, cache_keyword
     from memstep.models import load_model
     from memstep.reading import read_document
     from memstep.schedules import make_schedule
-    from memstep.scorers import make_scorer
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="embedded")
@@ -69,19 +67,10 @@ def main(argv=None) -> int:
     device = next(lm.model.parameters()).device
     ids, _ = tokenize_document(read_document(args.document), lm.tokenizer, args.tokens)
     ids = torch.tensor(ids[:args.tokens])
-    decoder = lm.model.model
-
-    def plain():
-        with torch.inference_mode():
-            decoder(input_ids=ids[None].to(device), use_cache=True, **{cache_keyword(decoder): DynamicCache()})
-
-    def chunked(scorer: str = "chunk-attention", memory: int = len(ids)):
-        engine = ChunkedPrefill(lm.model, make_scorer(scorer), sinks=4)
-        for _ in engine.run(ids, make_schedule("fm", len(ids), args.chunk, memory)):
-            pass
-
-    runs = {"plain forward": plain, "chunked, no eviction": chunked,
-            "fm, chunk-attention, memory = chunk": lambda: chunked(memory=args.chunk)}
+    fm = lambda memory: make_schedule("fm", len(ids), args.chunk, memory)  # noqa: E731
+    runs = {"plain forward": lambda: plain_prefill(lm.model, ids),  # the same runs as bench_engine's overheads
+            "chunked, no eviction": lambda: engine_prefill(lm.model, ids, fm(len(ids))),
+            "fm, chunk-attention, memory = chunk": lambda: engine_prefill(lm.model, ids, fm(args.chunk))}
     for fn in runs.values():  # warm-up: kernels, cuBLAS handles, allocator pools
         fn()
     report = {"model": lm.name, "device": str(device), "dtype": lm.dtype, "tokens": len(ids), "chunk": args.chunk,
