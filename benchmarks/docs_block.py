@@ -9,8 +9,10 @@ table there is produced by its script:
 from __future__ import annotations
 
 import datetime
+import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +33,22 @@ def write_block(name: str, markdown: str, command: str, doc: Path = DOC, when: d
     made = f"*Produced by `{command}` on {day}" + (f" from the measurements of {measured}" if measured else "") + ".*"
     block = f"{start}\n{markdown.strip()}\n\n{made}\n{end}"
     doc.write_text(pattern.sub(lambda _: block, text), encoding="utf-8")
+
+
+def save_or_render(args, measure, table, script: str, argv, doc: Path = DOC) -> str:
+    """A trace script's last part: unless ``args.render``, ``measure(args)`` and save it as ``args.output``
+    (JSON); then print ``table`` of the saved measurements and, with ``args.block``, write it into that
+    block of ``doc`` with the command that made it (``script`` and ``argv``, default the command line)."""
+    if not args.render:
+        saved = measure(args)
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(saved, indent=1))
+    text = table(json.loads(args.output.read_text()))
+    print(text)
+    if args.block:
+        write_block(args.block, text, f"python benchmarks/{script} " + " ".join(argv if argv is not None else sys.argv[1:]),
+                    doc=doc)
+    return text
 
 
 def committed_on(path: Path) -> str | None:

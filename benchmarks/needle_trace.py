@@ -148,6 +148,32 @@ def table(saved: dict) -> str:
     return "\n".join(lines)
 
 
+def measure_all(args) -> dict:
+    """measure() at every depth of ``args``, with what the table names beside the rows."""
+    import torch
+
+    from memstep.engine import model_shape
+    from memstep.evaluation.niah import make_niah_cases, percents
+    from memstep.models import load_model
+    from memstep.question_pool import parse_question_pool
+
+    pools = [p.strip() for p in args.question_pools.split(",") if p.strip()]
+    for pool in pools:
+        parse_question_pool(pool)  # a bad one fails before the model loads
+    torch.set_num_threads(args.threads)
+    lm = load_model("embedded", device="cpu", dtype="float32")
+    if model_shape(lm.model).kinds.hybrid:
+        raise SystemExit("needle_trace pins cuts by layer order: a model with sliding layers is not supported")
+    engine_layers[0] = lm.model.config.num_hidden_layers
+    rows = []
+    for case in make_niah_cases(lm.tokenizer, [args.length], percents(args.depths)):
+        rows.append(measure(lm, case, args.chunk, args.memory, args.span, pools))
+        print(json.dumps({k: v if k == "depth" else {p: o["right"] for p, o in v.items()} if k == "pools"
+                          else v["right"] for k, v in rows[-1].items()}), flush=True)
+    return {"length": args.length, "memory": args.memory, "chunk": args.chunk, "span": args.span,
+            "question_pools": pools, "rows": rows}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--length", type=int, default=2048)
@@ -162,39 +188,9 @@ def main(argv=None) -> int:
     p.add_argument("--block", default=None, help="write the table into this block of docs/spans-and-niah.md")
     p.add_argument("--render", action="store_true", help="only render --output's saved measurements")
     args = p.parse_args(argv)
-    if not args.render:
-        import torch
+    from docs_block import save_or_render
 
-        from memstep.evaluation.niah import make_niah_cases, percents
-        from memstep.question_pool import parse_question_pool
-        from memstep.models import load_model
-
-        pools = [p.strip() for p in args.question_pools.split(",") if p.strip()]
-        for pool in pools:
-            parse_question_pool(pool)  # a bad one fails before the model loads
-        torch.set_num_threads(args.threads)
-        lm = load_model("embedded", device="cpu", dtype="float32")
-        from memstep.engine import model_shape
-
-        if model_shape(lm.model).kinds.hybrid:
-            raise SystemExit("needle_trace pins cuts by layer order: a model with sliding layers is not supported")
-        engine_layers[0] = lm.model.config.num_hidden_layers
-        rows = []
-        for case in make_niah_cases(lm.tokenizer, [args.length], percents(args.depths)):
-            rows.append(measure(lm, case, args.chunk, args.memory, args.span, pools))
-            print(json.dumps({k: v if k == "depth" else {p: o["right"] for p, o in v.items()} if k == "pools"
-                              else v["right"] for k, v in rows[-1].items()}), flush=True)
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps({"length": args.length, "memory": args.memory, "chunk": args.chunk,
-                                           "span": args.span, "question_pools": pools, "rows": rows},
-                                          indent=1))
-    text = table(json.loads(args.output.read_text()))
-    print(text)
-    if args.block:
-        from docs_block import write_block
-
-        write_block(args.block, text, "python benchmarks/needle_trace.py " +
-                    " ".join(argv if argv is not None else sys.argv[1:]), doc=ROOT / "docs" / "spans-and-niah.md")
+    save_or_render(args, measure_all, table, "needle_trace.py", argv, doc=ROOT / "docs" / "spans-and-niah.md")
     return 0
 
 
