@@ -46,8 +46,8 @@ def save_or_render(args, measure, table, script: str, argv, doc: Path = DOC) -> 
     text = table(json.loads(args.output.read_text()))
     print(text)
     if args.block:
-        write_block(args.block, text, f"python benchmarks/{script} " + " ".join(argv if argv is not None else sys.argv[1:]),
-                    doc=doc)
+        words = argv if argv is not None else sys.argv[1:]
+        write_block(args.block, text, f"python benchmarks/{script} " + " ".join(words), doc=doc)
     return text
 
 
