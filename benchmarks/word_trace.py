@@ -130,5 +130,6 @@ def main(argv=None) -> int:
     save_or_render(args, measure, table, "word_trace.py", argv, doc=ROOT / "docs" / "spans-and-niah.md")
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())
