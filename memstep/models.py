@@ -311,11 +311,11 @@ def load_model(spec: str | None = None, device: str = "auto", dtype: str = "auto
             raise MemstepError(f"GGUF file not found: {spec}")
         source, gguf_file, name = str(path.parent), path.name, path.name
     else:
-        if looks_like_path(spec) and not Path(spec).expanduser().exists():
+        if looks_like_path(spec) and not Path(os.path.expanduser(spec)).exists():
             # otherwise transformers takes it for a hub id and retries the network for ~20 s
             raise MemstepError(f"model folder not found: {spec} (give a folder with config.json, "
                                "a .gguf file, a hub id or 'embedded')")
-        source, name = str(Path(spec).expanduser()) if looks_like_path(spec) else spec, spec
+        source, name = str(Path(os.path.expanduser(spec))) if looks_like_path(spec) else spec, spec
     if gguf_file is None and not looks_like_path(spec) and packaged is None:
         check_hub_reachable(spec)
     kwargs = {"trust_remote_code": False}

@@ -87,7 +87,7 @@ def check_output_folder(path, force: bool = False, option: str = "--output") -> 
     raw = str(path)
     if not raw.strip() or "\0" in raw:
         raise MemstepError(f"{option}: give a folder name (an empty name would write nowhere)")
-    folder = Path(raw).expanduser()
+    folder = expanded(raw, option)
     force = force or _is_forced(folder)
     try:
         if folder.is_symlink():
@@ -215,7 +215,7 @@ def check_results_folder(path, writes, force: bool = False, option: str = "--out
     raw = str(path)
     if not raw.strip() or "\0" in raw:
         raise MemstepError(f"{option}: give a folder name (an empty name would write into the current folder)")
-    folder = Path(raw).expanduser()
+    folder = expanded(raw, option)
     try:
         if folder.is_symlink():
             raise MemstepError(f"{option} {shown(raw)} is a symbolic link: give a folder memstep can create")
@@ -251,13 +251,23 @@ def _marked(folder: Path) -> bool:
     return isinstance(info, dict) and info.get("made_by") == "memstep"
 
 
+def expanded(raw: str, option: str) -> Path:
+    """``raw`` with a leading ~ or ~user expanded; ~name of no user on this machine is refused in one line
+    (pathlib raises a RuntimeError for it)."""
+    try:
+        return Path(raw).expanduser()
+    except RuntimeError:
+        raise MemstepError(f"{option} {shown(raw)}: no user '{raw.split('/')[0][1:]}' on this machine for "
+                           f"'{raw.split('/')[0]}': give the path without it") from None
+
+
 def check_new_file(path, force: bool = False, option: str = "--output") -> Path:
     """An output file, checked before any work: a name, in an existing folder, not a folder or a
     link, and new unless ``force``."""
     raw = "" if path is None else str(path)
     if not raw.strip() or "\0" in raw:
         raise MemstepError(f"{option}: give a file name")
-    target = Path(raw).expanduser()
+    target = expanded(raw, option)
     try:
         if target.is_symlink():
             raise MemstepError(f"{option} {shown(raw)} is a symbolic link: give a new file name")

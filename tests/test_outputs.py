@@ -211,3 +211,14 @@ def test_long_and_odd_file_names_are_one_line(tmp_path, verb, no_model_loads):
         argv = [name if part == "DOC" else part for part in verb]
         code, _, err = call(argv)
         one_line_refusal(code, err)
+
+
+def test_a_tilde_name_of_no_user_is_refused_in_one_line(tmp_path, monkeypatch):
+    """'~0' names the home folder of a user '0': where there is none, pathlib raises a RuntimeError;
+    memstep says so in one line instead (found by the file-name property test)."""
+    from memstep.errors import MemstepError
+    from memstep.outputs import check_new_file
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MemstepError, match="no user 'nosuchuser0' on this machine"):
+        check_new_file("~nosuchuser0/out.json")
