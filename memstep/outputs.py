@@ -115,7 +115,7 @@ def check_output_folder(path, force: bool = False, option: str = "--output") -> 
 
 def check_free_space(folder, needed_bytes: int, option: str = "--output") -> None:
     """Refuse, before the work, an output that cannot fit on its disk."""
-    parent = Path(folder).expanduser().absolute().parent
+    parent = expanded(str(folder), option).absolute().parent
     try:
         free = shutil.disk_usage(parent).free
     except OSError:
