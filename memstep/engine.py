@@ -7,7 +7,7 @@ the sinks. Attention runs through memstep's own function (memstep/attention.py):
 from the lower right of each layer's own cache, so layers may hold different numbers of
 entries (layer-wise budgets).
 
-RoPE positions, two modes:
+RoPE positions, three modes:
 - ``compact`` (the reference code's): the cache keeps keys *before* RoPE, and at every step
   each layer's attention rotates its whole cache (sinks, kept memory in document order,
   then the chunk) at contiguous positions 0..n-1, the chunk's queries at the last rows, so
@@ -16,6 +16,9 @@ RoPE positions, two modes:
   function does the rotation, and hands the rotated queries and keys to the scorer.
 - ``document``: keys keep the RoPE of their true document positions (rotated once, by the
   model), and the chunk's position_ids are its true positions.
+- ``shared``: as compact (keys cached before RoPE, rotated by memstep's attention), but each
+  entry sits at its token's rank among the tokens the memory holds in any layer or head, so
+  every head reads a token at one position (memstep/shared_positions.py).
 
 The reference code's ways, as switches (``memstep.presets.Fidelity``): sinks taken out of the
 keys and the attention's key columns before scoring (``sink_scoring``), query heads summed
@@ -62,6 +65,7 @@ from memstep.question_pool import (LEND_TOP, QUESTION_POOL, SENTENCE, carry_fade
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
+from memstep.shared_positions import held_tokens, shared_positions
 from memstep.spans import SpanSetting, select_spans, span_table
 
 
@@ -216,7 +220,7 @@ def ntk_settings(model, decoder, rope: str) -> dict:
     """What dynamic NTK needs of the model (plain RoPE, compact positions), or a refusal."""
     if rope != "compact":
         raise MemstepError("dynamic NTK rescales the compact positions, as the reference code does: use rope "
-                           "compact, or ntk none with document positions")
+                           "compact, or ntk none with document or shared positions")
     config = model.config
     parameters = getattr(config, "rope_parameters", None) or {}
     kind = parameters.get("rope_type") or getattr(decoder.rotary_emb, "rope_type", "default")
@@ -231,7 +235,8 @@ def ntk_settings(model, decoder, rope: str) -> dict:
 def check_rope(rope: str) -> str:
     if rope not in ROPE_MODES:
         raise MemstepError(f"unknown RoPE position mode '{rope}': choose compact (contiguous positions, as the "
-                           "reference code) or document (true document positions)")
+                           "reference code), document (true document positions) or shared (compact positions "
+                           "every layer and head agree on)")
     return rope
 
 
@@ -294,6 +299,7 @@ class ChunkedPrefill(StepContext):
         self.last_hidden: torch.Tensor | None = None
         self.hidden_chunks: list[torch.Tensor] = []
         self._rope_tables: dict[str, tuple] = {}
+        self._held: torch.Tensor | None = None  # shared positions: the tokens the memory holds anywhere
         self._ntk_tables: dict[int, tuple] = {}
         self._window: int | None = None  # score rows "last-c": the configured chunk c
         self._frozen = False  # fixed-incremental: the memory from earlier steps is never scored again
@@ -437,14 +443,29 @@ class ChunkedPrefill(StepContext):
     def rotate(self, module, query, key):
         """Compact positions: keys at 0..n-1, the query rows at the last positions (the cache
         holds keys before RoPE). Document positions: the model has rotated them already."""
-        if self.rope != "compact":
+        if self.rope == "document":
             return query, key
         rows, n = query.shape[2], key.shape[2]
+        if self.rope == "shared":
+            return self._rotate_shared(module, query, key)
         factor = ntk_factor(n - 1, self._ntk["limit"]) if self.fidelity.ntk == "dynamic" else 1
         cos, sin = self._contiguous_rope(n, key.device, getattr(module, "layer_type", None)) if factor == 1 \
             else self._ntk_rope(n, factor, key.device)
         q, _ = self._rope(query.float(), query[:, :1, :1].float(), cos[:, n - rows:], sin[:, n - rows:])
         k, _ = self._rope(key.float(), key[:, :1, :1].float(), cos, sin)
+        return q.to(query.dtype), k.to(key.dtype)
+
+    def _rotate_shared(self, module, query, key):
+        """Shared positions (memstep/shared_positions.py): each KV head's keys at their token's rank
+        among the tokens the memory holds anywhere, the rows read after the memory right after."""
+        if self._held is None:  # once per forward, before any layer of it is cut
+            self._held = held_tokens(self.positions)
+        memory = self.positions[module.layer_idx].to(key.device)
+        positions = shared_positions(self._held, memory, key.shape[2] - memory.shape[1])
+        cos, sin = self._contiguous_rope(int(positions.max()) + 1, key.device, getattr(module, "layer_type", None))
+        rows = positions[0, -query.shape[2]:]  # every head reads the same rows after the memory
+        q, _ = self._rope(query.float(), query[:, :1, :1].float(), cos[:, rows], sin[:, rows])
+        k, _ = self._rope(key.float(), key[:, :1, :1].float(), cos[0][positions], sin[0][positions], unsqueeze_dim=0)
         return q.to(query.dtype), k.to(key.dtype)
 
     def score_rows(self, module, rows: int, keys: int) -> tuple[tuple[int, int], ...]:
@@ -526,8 +547,8 @@ class ChunkedPrefill(StepContext):
     def _attention_context(self):
         """Hand each attention module this engine as its StepContext (memstep/attention.py)."""
         if not switchable(self.model):
-            if self.rope == "compact":
-                raise MemstepError("compact RoPE positions need the model loaded with SDPA attention "
+            if self.rope != "document":
+                raise MemstepError(f"{self.rope} RoPE positions need the model loaded with SDPA attention "
                                    f"(it runs '{self.model.config._attn_implementation}'): use rope 'document'")
             if self.attention == "padded":
                 raise MemstepError("padded attention needs the model loaded with SDPA attention")
@@ -547,8 +568,9 @@ class ChunkedPrefill(StepContext):
         (document), or right after each layer's cache (compact: ``position`` only counts).
         ``scoring``: a prefill step (layers are cut; padded attention applies)."""
         n = ids.shape[1]
-        if self.rope == "compact":  # the identity rotation in the model; memstep's attention rotates
+        if self.rope != "document":  # the identity rotation in the model; memstep's attention rotates
             positions = torch.zeros(1, n, dtype=torch.long, device=self.device)
+            self._held = None  # shared: the memory's tokens, read again before this forward's first layer
         else:
             positions = torch.arange(position, position + n, device=self.device)[None]
         self._prefilling = scoring
@@ -600,8 +622,8 @@ class ChunkedPrefill(StepContext):
                     zip(lengths, schedule.chunk_starts, schedule.chunk_sizes, schedule.memory_sizes)):
                 self._before, self._keep = before, after
                 self._steps_left = schedule.steps - 1 - step
-                self._start_position = max(before) if self.rope == "compact" else start
-                self._next_position = max(after) if self.rope == "compact" else start + size
+                self._start_position = start if self.rope == "document" else \
+                    len(held_tokens(self.positions)) if self.rope == "shared" else max(before)
                 self._chunk_positions = torch.arange(start, start + size, device=self.device)[None]
                 self._read_through = max(self.tokens_seen, start + size)
                 # question-aware: the question's tokens ride after the chunk, their attention scores it
@@ -621,7 +643,8 @@ class ChunkedPrefill(StepContext):
                 seconds = time.perf_counter() - began
                 heap.trim()  # what this step's tensors freed goes back now: flat memory over 100+ steps
                 self.tokens_seen = max(self.tokens_seen, start + size)  # a review re-reads a chunk
-                self.position = self._next_position
+                self.position = start + size if self.rope == "document" else \
+                    len(held_tokens(self.positions)) if self.rope == "shared" else max(after)
                 real = [p.shape[1] for p in self.positions]
                 if real != list(after):  # the schedule's arithmetic and the cache must agree
                     raise MemstepError(f"step {step}: cache holds {real} entries per layer, expected {after}")

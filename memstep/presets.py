@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from memstep.errors import MemstepError
 
-ROPE_MODES = ("compact", "document")
+ROPE_MODES = ("compact", "document", "shared")
 ATTENTIONS = ("sdpa", "padded")
 
 
@@ -134,6 +134,8 @@ ROPE_HELP = {
     "compact": "contiguous positions, as the reference code: the memory sits at 0..m-1 and the chunk right "
                "after it, so no position exceeds sinks + M + c",
     "document": "every token keeps its true position in the document (memstep's first design)",
+    "shared": "compact positions every layer and head agree on: each kept token sits at its rank among the "
+              "tokens the memory holds anywhere, so a token has one position in every head",
 }
 
 
@@ -157,7 +159,7 @@ def apply_preset(args) -> None:
         if getattr(args, key, None) is None:
             setattr(args, key, chosen.get(key, default))
             filled.add(key)
-    if args.rope == "document" and "ntk" in filled:  # dynamic NTK rescales the compact positions only
+    if args.rope != "compact" and "ntk" in filled:  # dynamic NTK rescales the compact positions only
         args.ntk = DEFAULTS["ntk"]
     if getattr(args, "preset", None) == "reference":
         check_reference_run(getattr(args, "schedule", None), getattr(args, "growth", None))

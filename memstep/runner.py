@@ -131,11 +131,14 @@ class DocumentRun:
         """A warning when the run will put tokens at positions the model was not trained on
         (with room for a question and its answer after the memory)."""
         limit = getattr(config, "max_position_embeddings", None)
-        if rope == "compact" and self.schedule.name != "full":
-            used = max(before + chunk for (before, _), chunk in
-                       zip(self.schedule.cache_lengths(self.engine.sinks), self.schedule.chunk_sizes))
-        else:
-            used = self.schedule.tokens
+        used = self.schedule.tokens
+        if rope != "document" and self.schedule.name != "full":
+            steps = list(zip(self.schedule.cache_lengths(self.engine.sinks), self.schedule.chunk_sizes))
+            if rope == "compact":
+                used = max(before + chunk for (before, _), chunk in steps)
+            else:  # shared: at most every layer and head holding different tokens
+                heads = self.engine.shape.kv_heads * len(self.engine.decoder.layers)
+                used = min(used, max(heads * before + chunk for (before, _), chunk in steps))
         if not limit or used + QUESTION_ROOM <= limit:
             return []
         if self.fidelity.ntk == "dynamic":

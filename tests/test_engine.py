@@ -66,13 +66,13 @@ def test_budget_covering_the_document_reproduces_full_prefill(family_model):
 
 
 # ---- eviction: the next chunk sees exactly the kept entries at their true positions -------
-@pytest.mark.parametrize("rope", ["document", "compact"])
+@pytest.mark.parametrize("rope", ["document", "compact", "shared"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_recency_eviction_equals_full_prefill_over_kept_tokens(family, rope):
     """With one layer, a cache entry's key and value depend only on its token and position, so
     after eviction a chunk must see exactly what a full prefill over [sinks + kept tokens +
     chunk] sees: at the original position ids (document), or at contiguous positions 0..n-1
-    (compact). Fails if eviction drops the wrong entries, rotates kept keys wrongly, or masks
+    (compact; shared too, since recency keeps the same tokens in every head). Fails if eviction drops the wrong entries, rotates kept keys wrongly, or masks
     the compressed cache wrongly."""
     model = make_tiny_model(family, layers=1, seed=1)
     ids = random_ids(170, seed=1)
@@ -94,7 +94,7 @@ def test_recency_eviction_equals_full_prefill_over_kept_tokens(family, rope):
         reference = full_prefill(model, ids[positions], rope_positions)[-record.chunk_size:]
         torch.testing.assert_close(engine.hidden_chunks[step], reference, **TOL)
     # compact positions never exceed sinks + M + c; document positions reach the document's end
-    assert engine.position == (sinks + memory if rope == "compact" else 170)
+    assert engine.position == (170 if rope == "document" else sinks + memory)
     # and not merely because any context gives the same answer: the full context differs
     assert not torch.allclose(engine.hidden_chunks[-1], full_prefill(model, ids)[-records[-1].chunk_size:],
                               atol=1e-3)
@@ -313,7 +313,7 @@ def test_embedded_model_chunked_equals_full_prefill(embedded):
 
 
 # ---- positions after the prefill, per-layer budgets, refusals -------------------------------
-@pytest.mark.parametrize("rope", ["compact", "document"])
+@pytest.mark.parametrize("rope", ["compact", "document", "shared"])
 def test_appended_tokens_continue_right_after_the_memory(rope):
     """A question appended after the prefill sees the kept entries at their positions and sits
     right after them: after the compact memory (compact) or after the document's end (document)."""

@@ -48,7 +48,8 @@ def register(sub) -> None:
     p.add_argument("--ropes", default="compact",
                    help=f"RoPE positions of memstep's runs: {' and/or '.join(ROPES)} (default compact, as the "
                         "reference code: the memory at 0..len-1, the chunk right after it; document = each token "
-                        "at its position in the document)")
+                        "at its position in the document; shared = compact positions with one position per token "
+                        "across layers and heads)")
     p.add_argument("--fidelity", default="memstep",
                    help="the reference switches of memstep's runs, comma-separated: memstep (default), reference "
                         "(all as the reference code), reference-no-<switch> / memstep-no-<switch> (one switch "

@@ -49,7 +49,8 @@ def register(sub) -> None:
     p.add_argument("--kernel", type=int, default=5, help="conv scorer: keys pooled together (odd, default 5)")
     p.add_argument("--rope", default=None, choices=ROPE_MODES,
                    help="RoPE positions: compact (default; contiguous, at most sinks + M + c, as the reference "
-                        "code) or document (true document positions)")
+                        "code), document (true document positions) or shared (compact positions every layer "
+                        "and head agree on: a kept token has one position in every head)")
     p.add_argument("--preset", default=None, choices=sorted(PRESETS),
                    help="reference: the paper's reference code exactly (compact positions, conv scorer, 4 sinks, "
                         "padded attention, every switch below at the reference's value); options given "

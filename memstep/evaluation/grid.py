@@ -1,7 +1,7 @@
 """The grid: which configurations run, and the key that identifies each finished cell.
 
 A configuration is one way of holding the document: a memstep schedule with a scorer, a
-memory budget and RoPE positions (compact or document), a kvpress press at the same final
+memory budget and RoPE positions (compact, document or shared), a kvpress press at the same final
 budget, or the plain Hugging Face full cache. A cell is a configuration on one case
 (haystack, length, depth, seed); its key hashes everything that could change its result,
 so a resumed run never recomputes it.
@@ -44,8 +44,9 @@ KVPRESS_055 = ("adakv", "block", "cam", "cap", "chunk", "chunkkv", "compactor", 
                "simlayerkv", "snapkv", "streaming-llm", "think", "tova")
 PEERS = ("kvpress", "hf")
 # RoPE positions of a memstep run: "compact" (the reference code's: the memory at 0..len-1,
-# the chunk right after it) or "document" (each token at its position in the document).
-ROPES = ("compact", "document")
+# the chunk right after it), "document" (each token at its position in the document) or "shared"
+# (compact, with one position per token across layers and heads).
+ROPES = ("compact", "document", "shared")
 ATTENTION_SCORERS = ("chunk-attention", "conv", "snapkv", "vatp")  # the ones question-aware scoring extends
 # "once": one compression at the end (one step reads the whole document, then cuts to M):
 # what chunked question-awareness is measured against.
@@ -63,7 +64,7 @@ class Config:
     scorer: str | None = None  # memstep scorer or kvpress press
     budget: int | None = None  # memory budget M in tokens, sinks not counted
     chunk: int | None = None
-    rope: str | None = None  # memstep with eviction only: compact | document (full: no eviction, same)
+    rope: str | None = None  # memstep with eviction only: compact | document | shared (full: no eviction, same)
     question_aware: bool = False  # memstep: the question's attention scores each step; kvpress: the
     # question at the end of the compressed context (so SnapKV's window holds it)
     fidelity: str | None = None  # memstep: a set of the reference switches (presets.fidelity_variant); None: memstep's

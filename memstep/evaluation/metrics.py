@@ -206,7 +206,7 @@ def _differs_in(a: dict, b: dict) -> set[str]:
 
 def contrasts(cells: list[dict], rows: list[dict]) -> list[dict]:
     """Paired comparisons on the cases both ran, between memstep configurations at the same
-    length that differ in one setting: RoPE positions (compact - document), the scorer
+    length that differ in one setting: RoPE positions (compact - document, shared - compact), the scorer
     (each other scorer - chunk-attention) and question-aware - agnostic. Accuracy as the
     discordant pairs (the cases one answers and the other does not), the NLL as the mean
     per-case difference with its 95% t interval (negative: the first configuration predicts
@@ -223,7 +223,7 @@ def contrasts(cells: list[dict], rows: list[dict]) -> list[dict]:
                 continue
             axis = differs.pop()
             pair = (a["config"].get(axis), b["config"].get(axis))
-            if pair not in (("compact", "document"), (True, None), (True, False)) and \
+            if pair not in (("compact", "document"), ("shared", "compact"), (True, None), (True, False)) and \
                     not (axis == "scorer" and b["config"]["scorer"] == DEFAULT_SCORER):
                 continue
             first, second = by_case[(a["label"], a["length"])], by_case[(b["label"], b["length"])]

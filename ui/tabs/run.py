@@ -24,8 +24,8 @@ from ui.summary import stat_cards
 from ui.views import answer_markdown
 
 SCHEDULE_CHOICES = [("full", "full"), ("FM", "fm"), ("IM", "im"), ("IMDC", "imdc")]
-ROPE_CHOICES = [("compact (reference)", "compact"), ("document", "document")]
-ROPE_INFO = "compact: " + ROPE_HELP["compact"] + ". document: " + ROPE_HELP["document"] + "."
+ROPE_CHOICES = [("compact (reference)", "compact"), ("document", "document"), ("shared", "shared")]
+ROPE_INFO = ". ".join(f"{mode}: {ROPE_HELP[mode]}" for _, mode in ROPE_CHOICES) + "."
 
 CHUNK_INFO = ("FM, IM: every chunk is c. IMDC: c sets the steps (⌈tokens/c⌉); chunks then shrink as memory "
               "grows, keeping memory + chunk level.")
