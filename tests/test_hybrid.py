@@ -45,7 +45,7 @@ def gemma3():
 
 
 # ---- no eviction: chunked == one pass ------------------------------------------------------
-@pytest.mark.parametrize("rope", ["document", "compact"])
+@pytest.mark.parametrize("rope", ["document", "compact", "shared"])
 @pytest.mark.parametrize("chunk", [3, WINDOW, 13])  # smaller than, equal to, larger than the window
 def test_no_eviction_chunked_prefill_equals_one_pass(gemma3, chunk, rope):
     ids = random_ids(50)
@@ -89,14 +89,14 @@ def test_sliding_layers_alone_never_depend_on_the_budget():
     model = tiny_gemma3([SLIDING] * 3, seed=2)
     ids = random_ids(45, seed=3)
     reference = full_prefill(model, ids)
-    for rope in ("document", "compact"):
+    for rope in ("document", "compact", "shared"):
         engine, records = run_engine(model, ids, make_schedule("fm", 45, 5, 4), rope=rope, collect_hidden=True)
         assert not any(r.evicted for r in records)
         torch.testing.assert_close(torch.cat(engine.hidden_chunks), reference, **TOL)
 
 
 # ---- eviction: the budget binds the global layers only --------------------------------------
-@pytest.mark.parametrize("rope", ["document", "compact"])
+@pytest.mark.parametrize("rope", ["document", "compact", "shared"])
 @pytest.mark.parametrize("schedule", ["fm", "imdc"])
 def test_sliding_layers_keep_their_window_global_layers_follow_the_budget(gemma3, schedule, rope):
     sinks, budget = 2, 12
