@@ -1,9 +1,10 @@
-"""CPU seconds of a question-aware FM prefill with span-preserving selection and with each
-question pool, as a ratio to the token top-k at the first pool, measured in one process (one
+"""CPU seconds of a question-aware FM prefill with span-preserving selection, with each
+question pool and with each kind of RoPE positions, as a ratio to the token top-k at the first pool, measured in one process (one
 torch thread, best of ``--repeat``) on one 2k case of the evaluation. Writes JSON
 (results/spans/span_cost.json) and prints a table.
 
     OMP_NUM_THREADS=1 python benchmarks/span_cost.py --pools max:15,follow:15,follow:15+carry --spans fixed20-mean-layer
+    OMP_NUM_THREADS=1 python benchmarks/span_cost.py --budget 128 --spans '' --ropes compact,shared
 
 On a GPU (``--device cuda``) the clock is wall time (synchronized), and each row adds the peak
 bytes allocated above the loaded model (torch.cuda.max_memory_allocated, reset per run).
@@ -24,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def measure(lm, case, span, budget: int, pool: str) -> tuple[float, int | None]:
+def measure(lm, case, span, budget: int, pool: str, rope: str = "compact") -> tuple[float, int | None]:
     """Seconds of one prefill (CPU time on CPU, synchronized wall time on CUDA) and, on CUDA, the
     peak bytes allocated above what was allocated before it (the model)."""
     import torch
@@ -38,7 +39,7 @@ def measure(lm, case, span, budget: int, pool: str) -> tuple[float, int | None]:
         before = torch.cuda.memory_allocated()
     began = time.perf_counter() if cuda else time.process_time()  # the span table counts too
     run = DocumentRun(lm, case.document_ids, schedule="fm", chunk=512, memory=budget, question=case.question,
-                      max_new_tokens=1, question_aware=True, span=span, question_pool=pool)
+                      max_new_tokens=1, question_aware=True, span=span, question_pool=pool, rope=rope)
     for _ in run:
         pass
     if not cuda:
@@ -56,6 +57,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spans", default="fixed20-mean-layer,sentence-max-head")
     p.add_argument("--pools", default="max:15", help="question pools, each with the token top-k (spans: the first)")
+    p.add_argument("--ropes", default="compact", help="RoPE positions, each at the first pool (the first: every row)")
     p.add_argument("--budget", type=int, default=256)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--output", type=Path, default=ROOT / "results" / "spans" / "span_cost.json")
@@ -70,19 +72,23 @@ def main(argv=None) -> int:
         lm = load_model(args.model, device=args.device, dtype=args.dtype)
         case = make_cases(lm.tokenizer, [2048], [0.5], [0], kinds=("word",))[0]
         pools = args.pools.split(",")
-        settings = [(pool, None) for pool in pools] + [(pools[0], span) for span in args.spans.split(",") if span]
+        ropes = args.ropes.split(",")
+        settings = [(pool, None, ropes[0]) for pool in pools] + \
+            [(pools[0], span, ropes[0]) for span in args.spans.split(",") if span] + \
+            [(pools[0], None, rope) for rope in ropes[1:]]
         best = {setting: float("inf") for setting in settings}
         peak = {setting: None for setting in settings}
         for _ in range(args.repeat):  # interleaved: the machine's load moves every setting alike
-            for pool, span in settings:
-                seconds, above = measure(lm, case, span, args.budget, pool)
-                best[pool, span] = min(best[pool, span], seconds)
-                peak[pool, span] = above if peak[pool, span] is None else max(peak[pool, span], above)
+            for setting in settings:
+                pool, span, rope = setting
+                seconds, above = measure(lm, case, span, args.budget, pool, rope)
+                best[setting] = min(best[setting], seconds)
+                peak[setting] = above if peak[setting] is None else max(peak[setting], above)
         base = best[settings[0]]
         clock = "cpu_seconds" if torch.device(lm.device).type == "cpu" else "seconds"
-        rows = [{"pool": pool, "span": str(span), clock: round(v, 3), "ratio": round(v / base, 3),
-                 **({} if peak[pool, span] is None else {"peak_above_model_bytes": peak[pool, span]})}
-                for (pool, span), v in best.items()]
+        rows = [{"pool": pool, "span": str(span), "rope": rope, clock: round(v, 3), "ratio": round(v / base, 3),
+                 **({} if peak[pool, span, rope] is None else {"peak_above_model_bytes": peak[pool, span, rope]})}
+                for (pool, span, rope), v in best.items()]
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps({"budget": args.budget, "length": 2048, "repeat": args.repeat,
                                            "model": lm.name, "device": lm.device, "dtype": lm.dtype,
@@ -103,18 +109,20 @@ def table(saved: dict) -> list[str]:
 
     rows = saved["rows"]
     gpu = "seconds" in rows[0]
+    ropes = any(r.get("rope", "compact") != "compact" for r in rows)  # older runs: compact only, no column
     where = (f"{saved.get('model', 'embedded')} on {saved.get('device')} ({saved.get('dtype')}); wall seconds "
              "(synchronized) and peak bytes allocated above the model" if gpu else
              "one torch thread; CPU seconds")
     lines = [f"Question-aware FM, M = {saved['budget']}, one 2,048-token case, {where} of the prefill "
              f"(the span table included), best of {saved['repeat']}, settings interleaved in one process.", "",
-             "| question pool | span | " + ("s | peak above the model" if gpu else "CPU s") +
-             " | ratio to the first row |", "|---|---|---:|" + ("---:|" if gpu else "") + "---:|"]
+             "| question pool | span | " + ("RoPE positions | " if ropes else "") +
+             ("s | peak above the model" if gpu else "CPU s") + " | ratio to the first row |",
+             "|---|---|" + ("---|" if ropes else "") + "---:|" + ("---:|" if gpu else "") + "---:|"]
     for r in rows:
         cells = (f"{r['seconds']:.3f} | {format_bytes(r['peak_above_model_bytes'])}" if gpu else
                  f"{r['cpu_seconds']:.2f}")
         lines.append(f"| {r.get('pool', 'max:15')} | {'none (token top-k)' if r['span'] == 'None' else r['span']} | "
-                     f"{cells} | {r['ratio']:.3f} |")
+                     + (f"{r.get('rope', 'compact')} | " if ropes else "") + f"{cells} | {r['ratio']:.3f} |")
     return lines
 
 
