@@ -245,6 +245,12 @@ def test_contexts_beyond_the_position_limit_warn_and_still_plan():
     assert [n for n in compact.notices if "trained positions" in n] == [
         "32768 tokens are more than Llama-2-7B's 4096 trained positions, but with compact RoPE positions "
         "no step uses more than 2052 positions."]
+    # shared positions: at most every layer and KV head holding different tokens (32 x 32 x 1028 + 1024),
+    # never more than the document's
+    shared = planner.plan("llama-2-7b", "a100", schedule="fm", tokens=32768, chunk=1024, memory=1024, rope="shared")
+    assert shared.largest_position == 32768
+    tight = planner.plan("llama-2-7b", "a100", schedule="fm", tokens=32768, chunk=64, memory=4, rope="shared")
+    assert tight.largest_position == 32 * 32 * 8 + 64
     wide = planner.plan("llama-2-7b", "a100", schedule="fm", tokens=32768, chunk=4096, memory=1024)
     assert any("compact positions: the widest step (5124 entries) go beyond" in n for n in wide.notices)
     assert not planner.plan("llama-2-7b", "a100", schedule="fm", tokens=4096).notices

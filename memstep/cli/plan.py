@@ -12,6 +12,7 @@ from memstep import planner
 from memstep.errors import MemstepError
 from memstep.cli.common import check_output_path, write_output
 from memstep.memory import ATTENTIONS
+from memstep.presets import ROPE_MODES
 from memstep.schedules import GROWTHS, LAYERWISE
 
 def register(sub) -> None:
@@ -37,9 +38,10 @@ def register(sub) -> None:
     p.add_argument("--sinks", type=int, default=4)
     p.add_argument("--question-tokens", type=int, default=0,
                    help="question-aware compression: the question's tokens, read after every chunk (default 0)")
-    p.add_argument("--rope", default="compact", choices=("compact", "document"),
-                   help="RoPE positions: compact (contiguous, at most sinks + M + c: the reference code's) "
-                        "or document (true positions); decides the trained-positions notice")
+    p.add_argument("--rope", default="compact", choices=ROPE_MODES,
+                   help="RoPE positions: compact (contiguous, at most sinks + M + c: the reference code's), "
+                        "document (true positions) or shared (compact, one position per kept token across layers "
+                        "and heads: at most layers x KV heads x M + c); decides the trained-positions notice")
     p.add_argument("--evict", default="auto", choices=("auto", "layer", "forward"),
                    help="evict after each layer (the engine) or after the whole forward (the reference code); "
                         "auto: forward for padded attention, layer otherwise")

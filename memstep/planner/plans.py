@@ -11,6 +11,7 @@ from memstep.memory import ATTENTIONS, PARTS, PLANNED_DEVICE, ModelShape, step_b
 from memstep.planner.catalogue import GIB, Gpu, dtype_name, resolve_gpu, resolve_model
 from memstep.planner.step_model import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_EFFICIENCY, layer_step_work,
                                         retained_maps_bytes, step_seconds, _lengths, _pairs, _widest)
+from memstep.presets import ROPE_MODES
 from memstep.schedules import GROWTHS, Schedule, check_bounds, check_steps, make_schedule
 
 PLAN_SCHEDULES = ("fm", "im", "imdc", "full")
@@ -69,15 +70,18 @@ class Plan:
     bandwidth_efficiency: float
     steps: list[StepPlan]
     notices: list[str] = field(default_factory=list)
-    rope: str = "compact"  # RoPE positions of the engine: compact (contiguous) or document
+    rope: str = "compact"  # RoPE positions of the engine: compact (contiguous), document or shared
     question_tokens: int = 0  # question-aware: the question's tokens read with every step
 
     @property
     def largest_position(self) -> int:
-        """How many RoPE positions the run uses (0..n-1): compact positions stop at the widest step."""
-        if self.rope == "compact" and self.schedule.name != "full":
+        """How many RoPE positions the run uses (0..n-1): compact positions stop at the widest step;
+        shared ones at most where every layer and KV head holds different tokens."""
+        if self.rope != "document" and self.schedule.name != "full":
             window = self.model.kinds.memory_limit or 0  # a sliding layer's memory: its window's earlier tokens
-            return max(max(s.memory_before, min(window, s.chunk_start)) + s.chunk_size for s in self.steps)
+            heads = 1 if self.rope == "compact" else self.model.layers * self.model.kv_heads
+            return min(self.schedule.tokens, max(heads * max(s.memory_before, min(window, s.chunk_start))
+                                                 + s.chunk_size for s in self.steps))
         return self.schedule.tokens
 
     @property
@@ -229,11 +233,14 @@ def _notices(plan: Plan) -> list[str]:
     if limit and plan.largest_position > limit:
         what = (f"{plan.schedule.tokens} tokens" if plan.largest_position == plan.schedule.tokens
                 else f"the widest step ({plan.largest_position} entries)")
-        out.append(f"{plan.rope} positions: {what} go beyond {plan.model.name}'s {limit} trained positions "
+        if plan.rope == "shared":  # a bound: the heads and layers usually keep many of the same tokens
+            what = f"up to {plan.largest_position} positions (every layer and KV head keeping different tokens)"
+        verb = "may go" if plan.rope == "shared" else "go"
+        out.append(f"{plan.rope} positions: {what} {verb} beyond {plan.model.name}'s {limit} trained positions "
                    "(RoPE scaling needed); the plan still counts them.")
     elif limit and plan.schedule.tokens > limit:
         out.append(f"{plan.schedule.tokens} tokens are more than {plan.model.name}'s {limit} trained positions, "
-                   f"but with compact RoPE positions no step uses more than {plan.largest_position} positions.")
+                   f"but with {plan.rope} RoPE positions no step uses more than {plan.largest_position} positions.")
     if plan.dtype == "bf16" and plan.gpu.bf16_tflops is None:
         out.append(f"{plan.gpu.name} has no bf16 tensor cores: bf16 runs at FP32 speed; plan with fp16 instead.")
     if not plan.weights_fit:
@@ -259,8 +266,8 @@ def plan(model="llama-3.1-8b", gpu="h100-80gb", *, schedule: str = "imdc", token
     _check_settings(tokens, chunk, memory, sinks, schedule, attention, growth, efficiency, bandwidth_efficiency)
     shape = resolve_model(model, dtype)
     gpu = gpu if isinstance(gpu, Gpu) else resolve_gpu(gpu)
-    if rope not in ("compact", "document"):
-        raise MemstepError(f"unknown RoPE position mode '{rope}': choose compact or document")
+    if rope not in ROPE_MODES:
+        raise MemstepError(f"unknown RoPE position mode '{rope}': choose {', '.join(ROPE_MODES)}")
     if not isinstance(question_tokens, int) or question_tokens < 0:
         raise MemstepError(f"question tokens must be a whole number, 0 or more (got {question_tokens})")
     # FM and full have no growth curve: planned beside IM/IMDC, they ignore the growth
