@@ -125,7 +125,7 @@ def run(model, ids, schedule, scorer, **kwargs):
     return torch.cat(engine.hidden_chunks), [r.kept_positions for r in records]
 
 
-@pytest.mark.parametrize("rope", ["compact", "document"])
+@pytest.mark.parametrize("rope", ["compact", "document", "shared"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_engine_one_pass_equals_the_recomputing_scorer(family, rope):
     model = make_tiny_model(family, layers=2, seed=4)
