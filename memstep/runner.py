@@ -144,7 +144,8 @@ class DocumentRun:
         if self.fidelity.ntk == "dynamic":
             return [f"{rope} RoPE positions reach {used}, beyond the model's {limit} trained positions: dynamic NTK "
                     "scales RoPE's base in the steps that pass them."]
-        return [f"{rope} RoPE positions reach {used}, beyond the model's {limit} trained positions: "
+        reach = "can reach" if rope == "shared" else "reach"  # shared: a bound, heads often keep the same tokens
+        return [f"{rope} RoPE positions {reach} {used}, beyond the model's {limit} trained positions: "
                 "answers may degrade" + (" (compact positions would stop at sinks + M + c)" if rope == "document"
                                          and self.schedule.name != "full" else "") + "."]
 

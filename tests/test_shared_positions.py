@@ -96,3 +96,25 @@ def test_refusals():
     eager.config._attn_implementation = "eager"
     with pytest.raises(MemstepError, match="shared RoPE positions need"):
         list(ChunkedPrefill(eager, rope="shared").run(random_ids(100), make_schedule("fm", 100, 40, 20)))
+
+
+def test_the_trained_positions_notice_bounds_shared_positions():
+    """Shared positions can reach layers x KV heads x (sinks + M) + c, never more than the document."""
+    from types import SimpleNamespace
+
+    from memstep.runner import DocumentRun
+
+    config = SimpleNamespace(max_position_embeddings=4096)
+    schedule = make_schedule("fm", 8000, 512, 128)
+
+    def notice(rope: str, layers: int, kv_heads: int) -> list[str]:
+        engine = SimpleNamespace(sinks=4, shape=SimpleNamespace(kv_heads=kv_heads), decoder=SimpleNamespace(
+            layers=[None] * layers))
+        run = SimpleNamespace(schedule=schedule, engine=engine, fidelity=Fidelity())
+        return DocumentRun._positions_notice(run, config, rope)
+
+    assert notice("compact", 30, 3) == []  # 4 + 128 + 512
+    assert notice("shared", 2, 2) == []  # 4 x 132 + 512 = 1040
+    assert notice("shared", 30, 3) == ["shared RoPE positions can reach 8000, beyond the model's 4096 trained "
+                                       "positions: answers may degrade."]  # 90 x 132 + 512 > 8000
+    assert notice("document", 2, 2)[0].startswith("document RoPE positions reach 8000")
