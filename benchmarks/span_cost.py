@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -99,7 +100,7 @@ def main(argv=None) -> int:
         from docs_block import write_block
 
         write_block(args.block, "\n".join(lines), "OMP_NUM_THREADS=1 python benchmarks/span_cost.py " +
-                    " ".join(argv if argv is not None else sys.argv[1:]), doc=ROOT / "docs" / "spans-and-niah.md")
+                    shlex.join(argv if argv is not None else sys.argv[1:]), doc=ROOT / "docs" / "spans-and-niah.md")
     return 0
 
 
