@@ -468,6 +468,13 @@ class ChunkedPrefill(StepContext):
         k, _ = self._rope(key.float(), key[:, :1, :1].float(), cos[0][positions], sin[0][positions], unsqueeze_dim=0)
         return q.to(query.dtype), k.to(key.dtype)
 
+    def _position_after(self, read: int, entries) -> int:
+        """The RoPE position right after the memory: after the ``read`` tokens read (document), after
+        the tokens the memory holds anywhere (shared), after the longest layer's ``entries`` (compact)."""
+        if self.rope == "document":
+            return read
+        return len(held_tokens(self.positions)) if self.rope == "shared" else max(entries)
+
     def score_rows(self, module, rows: int, keys: int) -> tuple[tuple[int, int], ...]:
         """Column sums the scorer will read, when this layer is cut in this step: over the
         chunk's rows from the scorer's first rows, and over the question's rows when the
@@ -622,8 +629,7 @@ class ChunkedPrefill(StepContext):
                     zip(lengths, schedule.chunk_starts, schedule.chunk_sizes, schedule.memory_sizes)):
                 self._before, self._keep = before, after
                 self._steps_left = schedule.steps - 1 - step
-                self._start_position = start if self.rope == "document" else \
-                    len(held_tokens(self.positions)) if self.rope == "shared" else max(before)
+                self._start_position = self._position_after(start, before)
                 self._chunk_positions = torch.arange(start, start + size, device=self.device)[None]
                 self._read_through = max(self.tokens_seen, start + size)
                 # question-aware: the question's tokens ride after the chunk, their attention scores it
@@ -643,8 +649,7 @@ class ChunkedPrefill(StepContext):
                 seconds = time.perf_counter() - began
                 heap.trim()  # what this step's tensors freed goes back now: flat memory over 100+ steps
                 self.tokens_seen = max(self.tokens_seen, start + size)  # a review re-reads a chunk
-                self.position = start + size if self.rope == "document" else \
-                    len(held_tokens(self.positions)) if self.rope == "shared" else max(after)
+                self.position = self._position_after(start + size, after)
                 real = [p.shape[1] for p in self.positions]
                 if real != list(after):  # the schedule's arithmetic and the cache must agree
                     raise MemstepError(f"step {step}: cache holds {real} entries per layer, expected {after}")
