@@ -102,6 +102,9 @@ def test_settings_accept_what_the_page_sends():
     assert (s.schedule, s.chunk, s.memory, s.growth, s.scorer, s.sinks) == ("imdc", 512, 256, "linear",
                                                                              "chunk-attention", 4)
     assert whole_number("17", "x", 1) == 17 and choice("", "x", ["a"], "a") == "a"
+    # the run's label names positions other than the default, so a view says which it shows
+    assert settings_from("fm", 512, 256, None, "", 4, rope="shared").label().endswith("· shared positions")
+    assert "positions" not in settings_from("fm", 512, 256, None, "", 4).label()
 
 
 def test_schedule_endpoint_errors_are_gradio_errors(monkeypatch):

@@ -57,7 +57,7 @@ class RunSettings:
     growth: str = "linear"
     scorer: str = "chunk-attention"
     sinks: int = 4
-    rope: str = "compact"  # RoPE positions: compact (the reference's) or document
+    rope: str = "compact"  # RoPE positions: compact (the reference's), document or shared
     question_aware: bool = False  # the question's attention also scores every step
     attention: str = "sdpa"  # or padded: the reference code's (m + c)^2 maps
     fidelity: Fidelity = Fidelity()  # the reference switches (memstep.presets.SWITCHES)
@@ -67,7 +67,7 @@ class RunSettings:
             return "FULL"
         growth = f" {self.growth}" if self.schedule in ("im", "imdc") and self.growth != "linear" else ""
         scorer = f" · {self.scorer}" if self.scorer != "chunk-attention" else ""
-        rope = " · document positions" if self.rope == "document" else ""
+        rope = f" · {self.rope} positions" if self.rope != "compact" else ""
         aware = " · question-aware" if self.question_aware else ""
         ways = " · as the reference" if self.fidelity.changed() or self.attention != "sdpa" else ""
         return f"{self.schedule.upper()}{growth} c{self.chunk} M{self.memory}{scorer}{rope}{aware}{ways}"
