@@ -54,6 +54,16 @@ def test_tradeoff_figure_marks_peers(summary):
     assert "1024 tokens" in plots.tradeoff_figure(summary, 1024).layout.title.text
 
 
+def test_tradeoff_figure_tells_the_rope_modes_apart():
+    cells = [_cell("memstep full", "memstep", 2048, 0.5, True, 2.0, 40, 5000 * 2**20)]
+    cells += [_cell(f"fm ca M=128 {rope}", "memstep", 2048, 0.5, True, 2.2, 20, 900 * 2**20, "fm", 128, "ca", rope)
+              for rope in ("compact", "document", "shared")]
+    memstep = next(t for t in plots.tradeoff_figure(metrics.summarize(cells)).data if t.name == "memstep")
+    symbols = dict(zip(memstep.text, memstep.marker.symbol))
+    assert symbols == {"memstep full": "circle", "fm ca M=128 compact": "circle",
+                       "fm ca M=128 document": "circle-open", "fm ca M=128 shared": "circle-dot"}
+
+
 def test_intervals_figure_draws_the_intervals(summary):
     fig = plots.intervals_figure(summary)
     accuracy = [t for t in fig.data if t.xaxis == "x"]  # the 1024-token row, left panel

@@ -14,7 +14,7 @@ PEER_SYMBOLS = {"memstep": "circle", "kvpress": "diamond", "hf": "star"}
 # Okabe-Ito blue, vermillion, bluish green: told apart with the common colour-vision deficiencies
 KIND_COLORS = {"memstep": "#0072B2", "kvpress": "#D55E00", "hf": "#009E73"}
 # RoPE positions of a memstep configuration, by marker fill (not colour)
-ROPE_SYMBOLS = {"compact": "circle", "document": "circle-open", None: "circle"}
+ROPE_SYMBOLS = {"compact": "circle", "document": "circle-open", "shared": "circle-dot", None: "circle"}
 
 
 def _wrap(text: str, width: int) -> str:
@@ -114,7 +114,7 @@ def tradeoff_figure(summary: dict, length: int | None = None):
             hovertemplate="%{text}<br>peak %{x:.0f} MiB<br>accuracy %{y:.0f}%<br>%{customdata[0]:.1f} s"
                           "<br>" + ("KL" if fair else "NLL gap") + " %{customdata[1]:.3f}<extra></extra>"))
     fig.update_layout(title=_title(f"Quality vs peak memory vs seconds<br>at {length} tokens<br><sup>marker size = "
-                                   "seconds; bars: 95% Wilson interval;<br>memstep open = document RoPE positions;<br>hover a point for its name</sup>"),
+                                   "seconds; bars: 95% Wilson interval;<br>memstep open = document RoPE positions,<br>dotted = shared positions; hover a point for its name</sup>"),
                       legend=FOOT,
                       xaxis_title="peak resident memory of the worker (MiB)",
                       yaxis_title="answered, of the cases<br>the full cache answers (%)" if fair else "passkey accuracy (%)",
@@ -123,7 +123,8 @@ def tradeoff_figure(summary: dict, length: int | None = None):
 
 
 def _symbol(row: dict) -> str:
-    """Peers by shape; memstep filled at compact RoPE positions, open at document positions."""
+    """Peers by shape; memstep filled at compact RoPE positions, open at document positions,
+    dotted at shared ones."""
     kind = row["config"]["kind"]
     return ROPE_SYMBOLS.get(row["config"].get("rope"), "circle") if kind == "memstep" else PEER_SYMBOLS[kind]
 
