@@ -426,6 +426,17 @@ def test_build_tab_inside_blocks():
             parts = tab.build_tab()
     assert {"model", "gpu", "tokens", "schedules", "memory_plot", "time_plot", "table"} <= set(parts)
     assert parts["memory_plot"].value is not None and demo is not None
+    from memstep.presets import ROPE_MODES
+
+    assert [value for _, value in parts["rope"].choices] == list(ROPE_MODES)  # every mode the planner plans
+
+
+def test_tab_plans_shared_positions():
+    tab = _tab()
+    plans, _, _ = tab.compute("llama-2-7b", None, "a100", "bf16", 32768, 64, 4, "linear", "sdpa", ["fm"], 4,
+                              rope="shared")
+    # at most every layer and KV head holding different tokens: 32 x 32 x (4 + 4) + 64
+    assert plans["fm"].largest_position == 32 * 32 * 8 + 64
 
 
 def test_question_tokens_count_in_every_compressed_step():

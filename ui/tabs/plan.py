@@ -16,6 +16,7 @@ from plotly.subplots import make_subplots
 from memstep import planner
 from memstep.errors import MemstepError
 from memstep.memory import ATTENTIONS, PART_LABELS, PARTS
+from memstep.presets import ROPE_MODES
 from memstep.schedules import GROWTHS, MAX_SIZE_TOKENS
 
 from ui.inputs import whole_number
@@ -338,8 +339,10 @@ def build_tab() -> dict:
                                      elem_id="plan-schedules", min_width=200)
         attention = gr.Radio(list(ATTENTIONS), value=DEFAULTS["attention"], label="attention",
                              info="padded = the seed paper's reference code: (memory + chunk)² maps", min_width=200)
-        rope = gr.Radio(["compact", "document"], value="compact", label="RoPE positions", min_width=200,
-                        info="compact: contiguous, at most sinks + M + c (the reference); document: true positions")
+        rope = gr.Radio(list(ROPE_MODES), value="compact", label="RoPE positions", min_width=200,
+                        info="compact: contiguous, at most sinks + M + c (the reference); document: true positions; "
+                             "shared: one position per kept token in every head, at most layers × KV heads × "
+                             "(sinks + M) + c")
     with gr.Row():
         include_weights = gr.Checkbox(False, label="draw the weights", elem_id="plan-include-weights",
                                       min_width=200)
