@@ -17,6 +17,15 @@ from dataclasses import asdict, dataclass, fields, replace
 from memstep.errors import MemstepError
 
 ROPE_MODES = ("compact", "document", "shared")
+# what a user may ask for: a mode, or "auto", memstep's default, which picks one per run (resolve_rope)
+AUTO = "auto"
+ROPE_CHOICES = (AUTO, *ROPE_MODES)
+# auto: a question-aware memory of fewer entries per KV head (besides the sinks) reads at shared
+# positions. On the public needle test and the Austen cases at M = 128 they answered more on every
+# row measured (held-out depths 48/48 against 43, password words 13/22 against 7); at 4,096 tokens
+# and M = 256 fewer (11/28 against 15), so from 256 entries up compact positions stay
+# (docs/spans-and-niah.md, "Shared positions").
+SHARED_BELOW = 256
 ATTENTIONS = ("sdpa", "padded")
 
 
@@ -126,17 +135,32 @@ def fidelity_variant(variant: str | None) -> Fidelity:
     raise MemstepError(f"unknown fidelity variant '{variant}': memstep, reference, reference-no-<switch>, "
                        f"memstep-no-<switch> or memstep-with-<switch> ({names})")
 
-DEFAULTS = {"rope": "compact", "scorer": "chunk-attention", "sinks": 4, "kernel": 5, "attention": "sdpa",
+DEFAULTS = {"rope": AUTO, "scorer": "chunk-attention", "sinks": 4, "kernel": 5, "attention": "sdpa",
             **asdict(Fidelity())}
 PRESETS = {"reference": {"rope": "compact", "scorer": "conv", "sinks": 4, "kernel": 5, "attention": "padded",
                          **asdict(REFERENCE)}}
 ROPE_HELP = {
+    AUTO: f"shared positions for a question-aware memory below {SHARED_BELOW} entries per KV head on a document "
+          "within the model's context, compact positions otherwise (memstep's default)",
     "compact": "contiguous positions, as the reference code: the memory sits at 0..m-1 and the chunk right "
                "after it, so no position exceeds sinks + M + c",
     "document": "every token keeps its true position in the document (memstep's first design)",
     "shared": "compact positions every layer and head agree on: each kept token sits at its rank among the "
               "tokens the memory holds anywhere, so a token has one position in every head",
 }
+
+
+def resolve_rope(rope: str, *, schedule: str, memory: int, question_aware: bool, ntk: str = "none",
+                 within_context: bool = True) -> str:
+    """The RoPE position mode a run uses: ``rope`` itself, or for ``auto`` shared positions where
+    a question-aware memory keeps fewer than SHARED_BELOW entries per KV head, compact elsewhere:
+    a full prefill evicts nothing, dynamic NTK rescales compact positions only, and a document
+    longer than the model's context (``within_context`` False) could put shared positions past
+    the trained ones, where compact positions never pass sinks + M + c."""
+    if rope != AUTO:
+        return rope
+    shared = question_aware and schedule != "full" and memory < SHARED_BELOW and ntk != "dynamic" and within_context
+    return "shared" if shared else "compact"
 
 
 def preset_settings(name: str | None, schedule: str | None = None) -> dict:

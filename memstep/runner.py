@@ -16,7 +16,7 @@ from memstep.errors import MemstepError
 from memstep.generate import (answer, answer_from_prefill, continuation_nll, crop_memory, memory_mark, prompt_form,
                               prompt_parts)
 from memstep.models import LoadedModel
-from memstep.presets import Fidelity
+from memstep.presets import Fidelity, resolve_rope
 from memstep.question_pool import SENTENCE, spans_need_text
 from memstep.records import RunResult, StepRecord
 from memstep.schedules import check_run_settings, make_schedule
@@ -35,7 +35,7 @@ class DocumentRun:
                  chunk: int = 512, memory: int = 512, growth: str = "linear",
                  scorer: str = "chunk-attention", sinks: int = 4, seed: int = 0, window: int = 32,
                  question: str | None = None, max_new_tokens: int = 32, continuation_tokens: int = 0,
-                 notices: list[str] | None = None, attention: str = "sdpa", rope: str = "compact",
+                 notices: list[str] | None = None, attention: str = "sdpa", rope: str = "compact",  # or auto
                  kernel: int = 5, question_aware: bool = False, question_weight: float = QUESTION_WEIGHT,
                  fidelity: Fidelity | None = None, review: tuple[str, int, int] | None = None,
                  question_pool: str = QUESTION_POOL, span: str | None = None):
@@ -70,6 +70,9 @@ class DocumentRun:
                                          np.asarray(tail, dtype=np.int64)])
         tokens = len(self.input_ids)
         check_run_settings(schedule, tokens, chunk, memory, sinks)
+        limit = getattr(lm.model.config, "max_position_embeddings", None)
+        rope = resolve_rope(rope, schedule=schedule, memory=memory, question_aware=bool(question_aware),
+                            ntk=self.fidelity.ntk, within_context=not limit or tokens + QUESTION_ROOM <= limit)
         self.schedule = make_schedule(schedule, tokens, chunk, memory, growth,
                                       layers=lm.model.config.num_hidden_layers,
                                       rounding=self.fidelity.growth_rounding, review=review)

@@ -298,11 +298,13 @@ def test_the_last_runs_views_say_when_the_controls_moved_on(fm):
     from ui.views import RunView
 
     view = RunView(word_document(fm), RunSettings("fm", 256, 256), fm, records=fake_records(fm))
-    same = ("fm", "linear", 256, 256, "chunk-attention", 4, "compact", False, "q?")
+    same = ("fm", "linear", 256, 256, "chunk-attention", 4, "auto", False, "q?")
     assert handlers.stale_note(None, *same) == "" and handlers.stale_note(view, *same) == ""
-    moved = handlers.stale_note(view, "fm", "linear", 512, 256, "chunk-attention", 4, "compact", False, "q?")
+    moved = handlers.stale_note(view, "fm", "linear", 512, 256, "chunk-attention", 4, "auto", False, "q?")
     assert "last run (FM c256 M256)" in moved and "Press **Run**" in moved
-    view.result = SimpleNamespace(question="Who?")
+    # another RoPE choice: the views say so
+    assert "Press **Run**" in handlers.stale_note(view, *same[:6], "shared", False, "q?")
+    view.result = SimpleNamespace(question="Who?", rope="compact")
     assert "asked “Who?”" in handlers.stale_note(view, *same[:-1], "Who is it?")
     assert handlers.stale_note(view, *same[:-1], " Who? ") == ""
 

@@ -71,7 +71,7 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
             schedule: str = "imdc", chunk: int = 512, memory: int = 512, growth: str = "linear",
             scorer: str = "chunk-attention", sinks: int = 4, question: str = "",
             max_tokens: int = DEFAULT_MAX_TOKENS, model: str = "", full_reference: bool = False,
-            rope: str = "compact", preset: str = "", question_aware: bool = False, attention: str = "sdpa",
+            rope: str = "auto", preset: str = "", question_aware: bool = False, attention: str = "sdpa",
             sink_scoring: str = "", growth_rounding: str = "", gqa_grouping: str = "", score_rows: str = "",
             question_place: str = "", ntk: str = "", request: gr.Request = None) -> Iterator[dict]:
     """Prefill a document chunk by chunk under a memory schedule (full, fm, im, imdc).
@@ -82,8 +82,10 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
     layer-head slots keeping each position, the answer to the question from the
     compressed memory and, for passkey documents, whether the passkey survived. An empty
     question asks the document's own question (bundled examples, passkey documents).
-    ``rope``: compact (contiguous positions, the reference code's) or document (true
-    positions); ``preset`` "reference" runs as the reference code (scorer conv, compact positions,
+    ``rope``: auto (memstep's default: shared positions for a question-aware memory below 256
+    entries per KV head on a document within the model's context, else compact), compact
+    (contiguous positions, the reference code's), document (true positions) or shared (one
+    position per kept token in every head); the result's ``rope`` says which ran; ``preset`` "reference" runs as the reference code (scorer conv, compact positions,
     4 sinks, padded attention and every switch below at the reference's value);
     ``question_aware`` also scores every step by the question's attention (needs a question).
     As the reference code, one at a time (empty: memstep's default): ``attention`` sdpa or padded,

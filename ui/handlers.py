@@ -19,7 +19,7 @@ from memstep.errors import MemstepError
 from memstep.documents import tokenize_prefix
 from memstep.generate import prompt_parts
 from memstep.models import default_model, offered_models
-from memstep.presets import SWITCHES, other_value, preset_settings
+from memstep.presets import AUTO, SWITCHES, other_value, preset_settings
 from memstep.schedules import MAX_SIZE_TOKENS, make_schedule
 
 from ui.documents import (DEFAULT_EXAMPLE, EXAMPLE_SETTINGS, TOKENIZER_FREE_EXAMPLE, DocumentSource, describe, example,
@@ -142,7 +142,7 @@ def _count_tokens(text: str, tokenizer) -> tuple[int, int]:
     return counts
 
 
-def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens, rope="compact",
+def preview(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens, rope=AUTO,
             ways=None):
     """The schedule the run would follow, from the schedule math alone (no model work), with the
     growth rounding the ticked reference boxes ask for, and the planner's estimate of its
@@ -188,7 +188,7 @@ def _estimate_note(model, plan, sinks: int) -> str:
 MEMORY_MAX = 8192  # the memory slider's end (the embedded model's context)
 
 
-def preview_page(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens, rope="compact",
+def preview_page(doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens, rope=AUTO,
                  ways=None, chunk_end=None, keep_chunk=False):
     """The preview, and the controls that follow it: Run only for a valid setting, the chunk
     slider no longer than the document (the same rule as the run). A size typed beyond its
@@ -265,7 +265,7 @@ def stale_note(view: RunView | None, schedule, growth, chunk, memory, scorer, si
     same_question = view.result is None or (question or "").strip() == asked.strip()  # asked: known at the answer
     if now == view.settings and same_question:
         return ""
-    return (f"⟳ The views below are of the last run ({view.settings.label()}"
+    return (f"⟳ The views below are of the last run ({view.label()}"
             + (f", asked “{html.escape(asked.strip())}”" if asked.strip() else "") + "): the settings or the "
             "question have changed since. Press **Run** to see them.")
 
@@ -279,7 +279,7 @@ def _downloads(view: RunView) -> tuple:
     """The run's JSON and step CSV, offered once the run (and its answer) is in."""
     if view.result is None or not view.finished:
         return gr.DownloadButton(visible=False), gr.DownloadButton(visible=False)
-    json_path, csv_path = write_files(view.result, view.settings.label(),
+    json_path, csv_path = write_files(view.result, view.label(),
                                       view.cpu_seconds if view.cpu_measured else None)
     return gr.DownloadButton(value=json_path, visible=True), gr.DownloadButton(value=csv_path, visible=True)
 
@@ -313,7 +313,7 @@ def reference_ways(ways) -> tuple[str, dict]:
 
 
 def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens,
-                 question, full_reference, rope="compact", question_aware=False, ways=None, query="",
+                 question, full_reference, rope=AUTO, question_aware=False, ways=None, query="",
                  progress=gr.Progress(), request: gr.Request = None):
     """Stream a run: one update as soon as the schedule is known, then one per step, then
     the answer (and the full-cache reference answer when asked)."""

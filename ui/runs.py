@@ -17,7 +17,7 @@ import numpy as np
 from memstep.documents import tokenize_prefix, truncation_notice
 from memstep.errors import MemstepError
 from memstep.generate import prompt_parts
-from memstep.presets import ATTENTIONS, ROPE_MODES, Fidelity
+from memstep.presets import AUTO, ATTENTIONS, ROPE_CHOICES, Fidelity, resolve_rope
 from memstep.runner import DocumentRun
 from memstep.schedules import GROWTHS, SCHEDULES, check_run_settings, check_steps
 from memstep.scorers import SCORERS
@@ -57,17 +57,25 @@ class RunSettings:
     growth: str = "linear"
     scorer: str = "chunk-attention"
     sinks: int = 4
-    rope: str = "compact"  # RoPE positions: compact (the reference's), document or shared
+    rope: str = AUTO  # RoPE positions as asked: auto (the run picks), compact (the reference's), document or shared
     question_aware: bool = False  # the question's attention also scores every step
     attention: str = "sdpa"  # or padded: the reference code's (m + c)^2 maps
     fidelity: Fidelity = Fidelity()  # the reference switches (memstep.presets.SWITCHES)
 
-    def label(self) -> str:
+    def positions(self) -> str:
+        """The RoPE positions a run of these settings reads at, auto picked as for a document within
+        the model's context (a run records what it used: RunView.label)."""
+        return resolve_rope(self.rope, schedule=self.schedule, memory=self.memory, question_aware=self.question_aware,
+                            ntk=self.fidelity.ntk)
+
+    def label(self, positions: str | None = None) -> str:
+        """``positions``: the RoPE positions the run used, where known."""
         if self.schedule == "full":
             return "FULL"
         growth = f" {self.growth}" if self.schedule in ("im", "imdc") and self.growth != "linear" else ""
         scorer = f" · {self.scorer}" if self.scorer != "chunk-attention" else ""
-        rope = f" · {self.rope} positions" if self.rope != "compact" else ""
+        positions = positions or self.positions()
+        rope = f" · {positions} positions" if positions != "compact" else ""
         aware = " · question-aware" if self.question_aware else ""
         ways = " · as the reference" if self.fidelity.changed() or self.attention != "sdpa" else ""
         return f"{self.schedule.upper()}{growth} c{self.chunk} M{self.memory}{scorer}{rope}{aware}{ways}"
@@ -76,7 +84,7 @@ class RunSettings:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def settings_from(schedule, chunk, memory, growth, scorer, sinks, rope="compact", question_aware=False,
+def settings_from(schedule, chunk, memory, growth, scorer, sinks, rope=AUTO, question_aware=False,
                   attention="sdpa", fidelity: dict | None = None) -> RunSettings:
     """Settings from the page's controls or an API call, each checked with a one-line reason;
     ``fidelity``: the reference switches by name (memstep.presets.SWITCHES), empty ones ignored."""
@@ -85,7 +93,7 @@ def settings_from(schedule, chunk, memory, growth, scorer, sinks, rope="compact"
     return RunSettings(name, whole_number(chunk, "chunk size", 1), whole_number(memory, "memory size", 0),
                        choice(growth, "growth", GROWTHS, "linear"),
                        choice(scorer, "scorer", list(SCORERS), "chunk-attention"),
-                       whole_number(sinks, "sinks", 0, MAX_SINKS), choice(rope, "RoPE positions", ROPE_MODES, "compact"),
+                       whole_number(sinks, "sinks", 0, MAX_SINKS), choice(rope, "RoPE positions", ROPE_CHOICES, AUTO),
                        question_aware and name != "full", choice(attention, "attention", ATTENTIONS, "sdpa"),
                        Fidelity.from_settings({k: (v.strip().lower() or None) if isinstance(v, str) else v
                                                for k, v in (fidelity or {}).items()}))
@@ -119,8 +127,9 @@ class PreparedDocument:
 
 def compact_positions(settings: RunSettings | None, context: int) -> bool:
     """Whether a run's keys stay inside the model's context whatever the document's length: compact
-    positions under an evicting schedule reach sinks + M + c (and the question after them)."""
-    return (settings is not None and settings.rope == "compact" and settings.schedule != "full"
+    positions under an evicting schedule reach sinks + M + c (and the question after them); auto
+    reads a document longer than the context at compact positions."""
+    return (settings is not None and settings.rope in ("compact", AUTO) and settings.schedule != "full"
             and settings.sinks + settings.memory + settings.chunk + RESERVED_TOKENS <= context)
 
 

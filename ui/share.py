@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 from memstep.errors import MemstepError
-from memstep.presets import ROPE_MODES
+from memstep.presets import AUTO, ROPE_CHOICES
 from memstep.records import RunResult
 from memstep.schedules import GROWTHS
 from memstep.scorers import SCORERS
@@ -73,7 +73,7 @@ def parse_query(params, models: list[str]) -> tuple[dict, list[str]]:
         "sinks": lambda v: whole_number(v, "sinks", 0, MAX_SINKS),
         "max_tokens": lambda v: whole_number(v, "max tokens", 1, MAX_TOKENS_LIMIT),
         "scorer": lambda v: choice(v, "scorer", list(SCORERS), "chunk-attention"),
-        "rope": lambda v: choice(v, "RoPE positions", ROPE_MODES, "compact"),
+        "rope": lambda v: choice(v, "RoPE positions", ROPE_CHOICES, AUTO),
         "question_aware": _flag,
         "question": lambda v: v[:MAX_QUESTION_CHARS],
         "model": lambda v: v if v in models else _refuse(f"model '{v[:60]}' is not offered here"),

@@ -42,6 +42,10 @@ class RunView:
     load_note: str | None = None  # set when the machine runs more work than it has cores
     planned_seconds: float | None = None  # the planner's prediction of the prefill's seconds (CPU runs)
 
+    def label(self) -> str:
+        """The run's settings in a line, with the RoPE positions it used (auto picks them per run)."""
+        return self.settings.label(self.result.rope if self.result is not None else None)
+
     @property
     def answer_chars(self) -> list[tuple[int, int]]:
         """Where the full cache's answer appears in the part of the document the run read
@@ -286,7 +290,7 @@ def stats_html(view: RunView, step: int | None = None) -> str:
     else:
         state = "running"
     items = [
-        ("state", "run", f"{state} · {view.settings.label()}"),
+        ("state", "run", f"{state} · {view.label()}"),
         ("steps", "step", f"{len(records)} / {view.steps}"),
         ("tokens", "tokens read", f"{last.tokens_seen if last else 0:,} / {view.schedule.tokens:,}"),
         ("memory", "memory kept", _memory_kept(last)),
@@ -314,12 +318,12 @@ def _planned(seconds: float) -> str:
 def charts_text(view: RunView, records: list[StepRecord]) -> str:
     """The charts in words (their text alternative): sizes per step, memory kept, the passkey."""
     if not records:
-        return f"{view.settings.label()}: {view.steps} steps planned over {view.schedule.tokens:,} tokens."
+        return f"{view.label()}: {view.steps} steps planned over {view.schedule.tokens:,} tokens."
     last = records[-1]
     chunks = ", ".join(f"{r.chunk_size:,}" for r in records[:24])
     kept = ", ".join(f"{max(r.layer_entries[i] for i in r.global_layers):,}" for r in records[:24])
     which = "global layer" if last.layer_types else "layer"
-    text = (f"{view.settings.label()}, after step {last.step + 1} of {view.steps}: chunks read {chunks}; memory kept "
+    text = (f"{view.label()}, after step {last.step + 1} of {view.steps}: chunks read {chunks}; memory kept "
             f"per {which} after each step {kept}; peak modeled {format_bytes(max(r.bytes_modeled for r in records))}.")
     story = passkey_story(view, records)
     return text + (" " + story.replace("**", "") if story else "")
@@ -349,7 +353,7 @@ def answer_markdown(view: RunView | None) -> str:
         return "*No question was asked: type one and run again to see the answer from the compressed memory.*"
     passkey = view.passkey
     lines = [f"**Question:** {html.escape(question)}", "",
-             f"**From the compressed memory ({view.settings.label()}):** {html.escape(view.result.answer or '')}"]
+             f"**From the compressed memory ({view.label()}):** {html.escape(view.result.answer or '')}"]
     if passkey:
         lines[-1] += f" &nbsp; passkey {passkey}: **{passkey_verdict(view.result.answer, passkey)}**"
     if view.reference_pending:

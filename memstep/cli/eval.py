@@ -21,8 +21,9 @@ DEFAULT_NEEDLES = "passkey,code,word,name"
 
 
 def register(sub) -> None:
-    from memstep.evaluation.grid import PRESSES, ROPES
+    from memstep.evaluation.grid import PRESSES
     from memstep.evaluation.needles import KINDS
+    from memstep.presets import ROPE_CHOICES, SHARED_BELOW
 
     p = sub.add_parser("eval", help="passkey accuracy, NLL gap, seconds and peak memory over a grid, "
                                            "with kvpress and the HF full cache as peers")
@@ -45,11 +46,12 @@ def register(sub) -> None:
     p.add_argument("--question-aware", default="no", choices=sorted(QUESTION_AWARE),
                    help="no (default), yes, or both: memstep scores each step with the question's attention "
                         "too; kvpress compresses the context with the question at its end")
-    p.add_argument("--ropes", default="compact",
-                   help=f"RoPE positions of memstep's runs: {' and/or '.join(ROPES)} (default compact, as the "
-                        "reference code: the memory at 0..len-1, the chunk right after it; document = each token "
-                        "at its position in the document; shared = compact positions with one position per token "
-                        "across layers and heads)")
+    p.add_argument("--ropes", default="auto",
+                   help=f"RoPE positions of memstep's runs: {' and/or '.join(ROPE_CHOICES)} (default auto, as "
+                        f"`memstep run`: shared for a question-aware memory below {SHARED_BELOW} entries per KV head, "
+                        "else compact; compact = as the reference code: the memory at 0..len-1, the chunk right "
+                        "after it; document = each token at its position in the document; shared = compact "
+                        "positions with one position per token across layers and heads)")
     p.add_argument("--fidelity", default="memstep",
                    help="the reference switches of memstep's runs, comma-separated: memstep (default), reference "
                         "(all as the reference code), reference-no-<switch> / memstep-no-<switch> (one switch "

@@ -10,7 +10,7 @@ from memstep.cli.common import at_least, check_output_path, write_output
 from memstep.cli.schedule import add_schedule_options, review_of
 from memstep.errors import MemstepError
 from memstep.models import WEIGHTS
-from memstep.presets import ATTENTIONS, PRESETS, ROPE_MODES, SWITCHES, Fidelity, apply_preset
+from memstep.presets import ATTENTIONS, PRESETS, ROPE_CHOICES, SHARED_BELOW, SWITCHES, Fidelity, apply_preset
 from memstep.question_pool import QUESTION_POOL, parse_question_pool
 
 
@@ -47,8 +47,9 @@ def register(sub) -> None:
                         "random-query")
     p.add_argument("--window", type=int, default=32, help="SnapKV observation window")
     p.add_argument("--kernel", type=int, default=5, help="conv scorer: keys pooled together (odd, default 5)")
-    p.add_argument("--rope", default=None, choices=ROPE_MODES,
-                   help="RoPE positions: compact (default; contiguous, at most sinks + M + c, as the reference "
+    p.add_argument("--rope", default=None, choices=ROPE_CHOICES,
+                   help=f"RoPE positions: auto (default: shared with --question-aware below {SHARED_BELOW} entries "
+                        "per KV head, else compact), compact (contiguous, at most sinks + M + c, as the reference "
                         "code), document (true document positions) or shared (compact positions every layer "
                         "and head agree on: a kept token has one position in every head)")
     p.add_argument("--preset", default=None, choices=sorted(PRESETS),
@@ -173,7 +174,7 @@ def cmd_run(args) -> int:
         print(json.dumps(payload))
         return 0
     print(f"{result.model}: {result.tokens} tokens, schedule {args.schedule}, scorer {args.scorer}, "
-          f"{args.rope} RoPE positions, {result.device}/{result.dtype}")
+          f"{result.rope} RoPE positions, {result.device}/{result.dtype}")
     by_type = result.layers.get("layers_by_type", {})
     if result.layers.get("window"):
         print(f"layers: {by_type.get('global', 0)} global (the schedule's budget), {by_type.get('sliding', 0)} sliding "

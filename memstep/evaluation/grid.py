@@ -14,6 +14,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 
 from memstep.errors import MemstepError
+from memstep.presets import AUTO, ROPE_CHOICES, ROPE_MODES
 from memstep.question_pool import EARLIER_POOLS, QUESTION_POOL, RAN_AS, before_last_cut, last_at, pool_at, spans_at
 from memstep.schedules import GROWTHS
 
@@ -45,8 +46,8 @@ KVPRESS_055 = ("adakv", "block", "cam", "cap", "chunk", "chunkkv", "compactor", 
 PEERS = ("kvpress", "hf")
 # RoPE positions of a memstep run: "compact" (the reference code's: the memory at 0..len-1,
 # the chunk right after it), "document" (each token at its position in the document) or "shared"
-# (compact, with one position per token across layers and heads).
-ROPES = ("compact", "document", "shared")
+# (compact, with one position per token across layers and heads); "auto" picks one per configuration.
+ROPES = ROPE_MODES
 ATTENTION_SCORERS = ("chunk-attention", "conv", "snapkv", "vatp")  # the ones question-aware scoring extends
 # "once": one compression at the end (one step reads the whole document, then cuts to M):
 # what chunked question-awareness is measured against.
@@ -231,7 +232,7 @@ def check_press(press: str) -> None:
 
 
 def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES,
-              ropes=("compact",), question_aware=(False,), fidelities=(None,),
+              ropes=(AUTO,), question_aware=(False,), fidelities=(None,),
               question_pools=(None,), question_weights=(None,), spans=(None,)) -> list[Config]:
     """memstep configurations (schedule x scorer x budget x rope x question-aware x the
     reference switches x question pooling x question weight; 'full' once: without eviction no
@@ -239,7 +240,7 @@ def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES
     presses only with the question, question-agnostic ones only without), and the HF full
     cache. Question-aware memstep configurations take the attention-based scorers only; the
     pooling and weight axes apply to them alone."""
-    from memstep.presets import fidelity_variant
+    from memstep.presets import fidelity_variant, resolve_rope
     from memstep.question_pool import parse_question_pool
     from memstep.scorers import SCORERS  # here, not at the top: `memstep --help` needs no torch
 
@@ -269,10 +270,10 @@ def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES
     for press in presses:
         check_press(press)
     for rope in ropes:
-        if rope not in ROPES:
-            raise MemstepError(f"unknown RoPE position mode '{rope}': choose from {', '.join(ROPES)}")
+        if rope not in ROPE_CHOICES:
+            raise MemstepError(f"unknown RoPE position mode '{rope}': choose from {', '.join(ROPE_CHOICES)}")
     if not ropes:
-        raise MemstepError(f"choose at least one RoPE position mode ({', '.join(ROPES)})")
+        raise MemstepError(f"choose at least one RoPE position mode ({', '.join(ROPE_CHOICES)})")
     for budget in budgets:
         if budget < 1:
             raise MemstepError(f"memory budgets must be at least 1 token (got {budget})")
@@ -288,7 +289,10 @@ def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES
             for aware in question_aware:
                 pools = question_pools if aware else (None,)
                 weights = question_weights if aware else (None,)
-                configs += [Config("memstep", schedule, growth, scorer, budget, None if schedule == "once" else chunk, rope,
+                ntk = fidelity_variant(ways).ntk if ways else "none"
+                # auto is stored as the mode it picks, so its cells are that mode's cells
+                configs += [Config("memstep", schedule, growth, scorer, budget, None if schedule == "once" else chunk,
+                                   resolve_rope(rope, schedule=schedule, memory=budget, question_aware=aware, ntk=ntk),
                                    aware, ways, pool, weight, span)
                             for budget in budgets for scorer in scorers for rope in ropes for span in spans
                             for pool in pools for weight in weights if not aware or scorer in ATTENTION_SCORERS]

@@ -11,6 +11,7 @@ from collections import defaultdict
 from statistics import mean
 
 from memstep.evaluation.stats import mean_interval, paired_difference_interval, wilson_interval
+from memstep.presets import AUTO, resolve_rope
 from memstep.question_pool import EARLIER_POOLS
 
 REFERENCE = "memstep full"  # the NLL gap is measured against memstep's own full cache
@@ -115,17 +116,22 @@ def anchor_of(rows: list[dict], length: int, budget: int | None = None) -> dict 
     """What the other rows are paired with at a length (and memory budget, when given: a row is
     never paired across budgets): memstep's question-aware FM with the engine's defaults (no pool
     or weight set); where that has not run, the same at an earlier default pool (results from
-    before the default changed, labelled with their pool); else its question-agnostic FM."""
+    before the default changed, labelled with their pool); else its question-agnostic FM. Each at
+    the RoPE positions memstep's default picks for it (auto) before any other."""
     for aware, pools in ((True, (None,)), *((True, (pool,)) for pool in EARLIER_POOLS), (False, (None,))):
-        for row in rows:
-            c = row["config"]
-            if budget is not None and c.get("budget") != budget:
-                continue
-            if row["length"] == length and c["kind"] == "memstep" and c["schedule"] == "fm" \
-                    and bool(c.get("question_aware")) == aware and c.get("question_pool") in pools \
-                    and c.get("question_weight") is None and not c.get("fidelity") and not c.get("span"):
-                return row
+        found = [row for row in rows if row["length"] == length and _default_fm(row["config"], aware, pools)
+                 and (budget is None or row["config"].get("budget") == budget)]
+        chosen = [row for row in found if row["config"].get("rope") == resolve_rope(
+            AUTO, schedule="fm", memory=row["config"].get("budget") or 0, question_aware=aware)]
+        if chosen or found:
+            return (chosen or found)[0]
     return None
+
+
+def _default_fm(c: dict, aware: bool, pools: tuple) -> bool:
+    return c["kind"] == "memstep" and c["schedule"] == "fm" and bool(c.get("question_aware")) == aware \
+        and c.get("question_pool") in pools and c.get("question_weight") is None and not c.get("fidelity") \
+        and not c.get("span")
 
 
 def paired(cells: list[dict], rows: list[dict], answered: set) -> list[dict]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from memstep.presets import ROPE_MODES
+from memstep.presets import AUTO, ROPE_CHOICES
 from memstep.schedules import GROWTHS
 from memstep.scorers import SCORERS
 
@@ -36,7 +36,7 @@ def build_tab(run: RunTab) -> None:
                 gr.Number(512, label="memory", precision=0, minimum=0, scale=1, min_width=90),
                 gr.Dropdown(list(SCORERS), value="chunk-attention", label="scorer", scale=2,
                             min_width=190),
-                gr.Dropdown(list(ROPE_MODES), value="compact", label="RoPE positions", scale=1,
+                gr.Dropdown(list(ROPE_CHOICES), value=AUTO, label="RoPE positions", scale=1,
                             min_width=150),
                 gr.Checkbox(False, label="question-aware", scale=1, elem_classes="memstep-wide-check"),
             ]

@@ -144,7 +144,7 @@ def headline(found: tuple[Path, dict] | None) -> str:
             f"{settings.get('model', '?')}, chunk {settings.get('chunk', '?')}"
             f"{', haystacks ' + ', '.join(haystacks) if haystacks else ''}. Accuracy is k/n passkeys with its 95% "
             "Wilson interval; the NLL gap is the mean per-case difference to memstep's full cache with its 95% "
-            "t interval; compact/document in a label = memstep's RoPE positions. Peak memory is the peak "
+            "t interval; compact/document/shared in a label = memstep's RoPE positions. Peak memory is the peak "
             "resident memory of a fresh worker process per configuration and length (the baseline is the "
             "worker right after loading the model); peers are kvpress presses and the plain HF full cache.")
 
