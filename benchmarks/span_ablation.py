@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from memstep.evaluation.grid import upgrade_cell  # noqa: E402
 from memstep.evaluation.metrics import case_of  # noqa: E402
 from memstep.evaluation.stats import mean_interval, paired_difference_interval, wilson_interval  # noqa: E402
+from memstep.presets import AUTO, resolve_rope  # noqa: E402
 
 FULL = "memstep full"
 
@@ -69,7 +70,7 @@ def rows_of(cells: list[dict], versus: list[str], kind_filter=None) -> list[dict
                "entries": sorted({c.get("memory_entries") for c in group.values()} - {None}),
                "paired": {}}
         for pattern in versus:
-            other_label = pattern.replace("{M}", str(budget))
+            other_label = pattern.replace("{M}", str(budget)).replace("{ROPE}", default_rope(budget))
             other = by.get((length, budget, other_label))
             if not other or other_label == label:
                 continue
@@ -87,6 +88,11 @@ def rows_of(cells: list[dict], versus: list[str], kind_filter=None) -> list[dict
                                               "retention_difference": kept}
         rows.append(row)
     return rows
+
+
+def default_rope(budget: int | None) -> str:
+    """The RoPE positions memstep's default (auto) reads a question-aware FM memory of ``budget`` at."""
+    return resolve_rope(AUTO, schedule="fm", memory=budget or 0, question_aware=True)
 
 
 def _mi(found, digits=2) -> str:
@@ -115,7 +121,7 @@ def markdown(rows: list[dict]) -> str:
              "paired difference in answered (95% CI) |",
              "|---:|---:|---|---:|---:|---:|---:|---|"]
     for r in rows:
-        paired = "; ".join(f"vs {other.split(' compact')[0].replace(' chunk-attention', '')}: "
+        paired = "; ".join(f"vs {other.replace(' chunk-attention', '').replace(' question-aware', '')}: "
                            f"{100 * p['difference']:+.0f} pts [{100 * p['low']:+.0f}, {100 * p['high']:+.0f}] "
                            f"({p['only_this']} only here, {p['only_other']} only there{_kept(p)})"
                            for other, p in r["paired"].items()) or "-"
@@ -132,7 +138,9 @@ def main(argv=None) -> int:
                    help="other results folders whose cells count too (the full cache and the M = 512 rows of "
                         "results/eval: `memstep eval` reuses them when their cells.jsonl is copied in first)")
     p.add_argument("--versus", nargs="*", default=["fm chunk-attention M={M} compact question-aware",
-                                                    "kvpress chunkkv M={M} question-aware"])
+                                                    "kvpress chunkkv M={M} question-aware"],
+                   help="labels each row is paired with; {M}: the row's budget, {ROPE}: the RoPE positions "
+                        "memstep's default reads a question-aware memory of that budget at")
     p.add_argument("--kinds", default=None, help="needle kinds to count (default all)")
     p.add_argument("--lengths", default=None, help="lengths to show, comma-separated (default all)")
     p.add_argument("--match", default=r"^fm chunk-attention M=\d+ compact question-aware( pool=(max|follow):15)?( span=\S+)?$"

@@ -40,3 +40,17 @@ def test_paired_retention_and_answers_on_the_counted_cases():
     assert kept["high"] - kept["mean"] == pytest.approx(4.303 * (42 / 288) ** 0.5 / 3 ** 0.5, abs=1e-3)
     assert "retention +0.17 [" in span_ablation.markdown([mine])
     assert PRESS not in rows[PRESS]["paired"]
+
+
+def test_rows_pair_with_the_default_positions_at_their_budget():
+    """{ROPE} names the positions memstep's default reads a question-aware memory at: shared below 256
+    entries per head, compact from 256 up."""
+    cells = []
+    for budget in (128, 256):
+        cells += [cell(span_ablation.FULL, 0.5, True, [1.0], budget=None)]
+        cells += [cell(f"fm chunk-attention M={budget} {rope} question-aware", 0.5, True, [1.0], budget=budget)
+                  for rope in ("compact", "shared")]
+        cells += [cell(f"kvpress chunkkv M={budget} question-aware", 0.5, False, [0.5], budget=budget)]
+    rows = {r["label"]: r for r in span_ablation.rows_of(cells, ["fm chunk-attention M={M} {ROPE} question-aware"])}
+    assert list(rows["kvpress chunkkv M=128 question-aware"]["paired"]) == ["fm chunk-attention M=128 shared question-aware"]
+    assert list(rows["kvpress chunkkv M=256 question-aware"]["paired"]) == ["fm chunk-attention M=256 compact question-aware"]
