@@ -22,9 +22,10 @@ AUTO = "auto"
 ROPE_CHOICES = (AUTO, *ROPE_MODES)
 # auto: a question-aware memory of fewer entries per KV head (besides the sinks) reads at shared
 # positions. On the public needle test and the Austen cases at M = 128 they answered more on every
-# row measured (held-out depths 48/48 against 43, password words 13/22 against 7); at 4,096 tokens
-# and M = 256 fewer (11/28 against 15), so from 256 entries up compact positions stay
-# (docs/spans-and-niah.md, "Shared positions").
+# row measured (held-out depths 48/48 against 43, password words 13/22 against 7); with more memory
+# they lost the needles read early (4,096 tokens at M = 256: 11/28 against 15; 8,192 at M = 512:
+# 23/35 against 29), so from 256 entries up compact positions stay (docs/spans-and-niah.md,
+# "Shared positions").
 SHARED_BELOW = 256
 ATTENTIONS = ("sdpa", "padded")
 

@@ -129,7 +129,7 @@ class RunResult:
     continuation_nll: float | None = None
     continuation_tokens: int = 0
     notices: list[str] = field(default_factory=list)
-    rope: str = "compact"  # RoPE positions used: compact (contiguous, as the reference), document or shared (auto picks one)
+    rope: str = "compact"  # RoPE positions used: compact (contiguous, as the reference), document or shared
     attention: str = "sdpa"  # sdpa (memstep's) or padded (the reference code's (m + c)^2 maps)
     question_aware: bool = False  # the question's attention also scored every step
     question_weight: float | None = None

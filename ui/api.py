@@ -85,8 +85,9 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
     ``rope``: auto (memstep's default: shared positions for a question-aware memory below 256
     entries per KV head on a document within the model's context, else compact), compact
     (contiguous positions, the reference code's), document (true positions) or shared (one
-    position per kept token in every head); the result's ``rope`` says which ran; ``preset`` "reference" runs as the reference code (scorer conv, compact positions,
-    4 sinks, padded attention and every switch below at the reference's value);
+    position per kept token in every head); the result's ``rope`` says which ran. ``preset``
+    "reference" runs as the reference code (scorer conv, compact positions, 4 sinks, padded
+    attention and every switch below at the reference's value);
     ``question_aware`` also scores every step by the question's attention (needs a question).
     As the reference code, one at a time (empty: memstep's default): ``attention`` sdpa or padded,
     ``sink_scoring`` strip or pool, ``growth_rounding`` divide-first or multiply-first,
