@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 
 from memstep.errors import MemstepError
-from memstep.presets import AUTO, ROPE_CHOICES, ROPE_MODES
+from memstep.presets import AUTO, ROPE_CHOICES
 from memstep.question_pool import EARLIER_POOLS, QUESTION_POOL, RAN_AS, before_last_cut, last_at, pool_at, spans_at
 from memstep.schedules import GROWTHS
 
@@ -44,10 +44,6 @@ KVPRESS_055 = ("adakv", "block", "cam", "cap", "chunk", "chunkkv", "compactor", 
                "per-layer-compression", "prefill-decoding", "pyramidkv", "qfilter", "random", "restorekv",
                "simlayerkv", "snapkv", "streaming-llm", "think", "tova")
 PEERS = ("kvpress", "hf")
-# RoPE positions of a memstep run: "compact" (the reference code's: the memory at 0..len-1,
-# the chunk right after it), "document" (each token at its position in the document) or "shared"
-# (compact, with one position per token across layers and heads); "auto" picks one per configuration.
-ROPES = ROPE_MODES
 ATTENTION_SCORERS = ("chunk-attention", "conv", "snapkv", "vatp")  # the ones question-aware scoring extends
 # "once": one compression at the end (one step reads the whole document, then cuts to M):
 # what chunked question-awareness is measured against.

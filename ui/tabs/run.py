@@ -12,7 +12,7 @@ import gradio as gr
 
 from memstep.documents import SUPPORTED_EXTENSIONS
 from memstep.models import allowed_models, default_model, offered_models
-from memstep.presets import AUTO, PRESETS, ROPE_HELP
+from memstep.presets import AUTO, PRESETS, ROPE_CHOICES, ROPE_HELP
 from memstep.schedules import GROWTHS
 from memstep.scorers import SCORERS
 
@@ -24,8 +24,9 @@ from ui.summary import stat_cards
 from ui.views import answer_markdown
 
 SCHEDULE_CHOICES = [("full", "full"), ("FM", "fm"), ("IM", "im"), ("IMDC", "imdc")]
-ROPE_CHOICES = [("auto", AUTO), ("compact (reference)", "compact"), ("document", "document"), ("shared", "shared")]
-ROPE_INFO = ". ".join(f"{mode}: {ROPE_HELP[mode]}" for _, mode in ROPE_CHOICES) + "."
+# every mode memstep offers (presets.ROPE_CHOICES), the reference's named as such
+ROPE_OPTIONS = [(f"{mode} (reference)" if mode == PRESETS["reference"]["rope"] else mode, mode) for mode in ROPE_CHOICES]
+ROPE_INFO = ". ".join(f"{mode}: {ROPE_HELP[mode]}" for mode in ROPE_CHOICES) + "."
 
 CHUNK_INFO = ("FM, IM: every chunk is c. IMDC: c sets the steps (⌈tokens/c⌉); chunks then shrink as memory "
               "grows, keeping memory + chunk level.")
@@ -160,7 +161,7 @@ def build_tab() -> RunTab:
                                               "positions, 4 sinks, every box below)", min_width=140)
                     scorer = gr.Dropdown(list(SCORERS), value="chunk-attention", label="Scorer",
                                          elem_id="scorer", min_width=140)
-                rope = gr.Radio(ROPE_CHOICES, value=AUTO, label="RoPE positions", info=ROPE_INFO,
+                rope = gr.Radio(ROPE_OPTIONS, value=AUTO, label="RoPE positions", info=ROPE_INFO,
                                 elem_id="rope")
                 ways = gr.CheckboxGroup(handlers.WAY_CHOICES, value=handlers.WAY_DEFAULTS,
                                         label="As the reference code",
