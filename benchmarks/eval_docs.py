@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from memstep.evaluation import report  # noqa: E402
-from memstep.evaluation.niah_standing import needle_headline, standing_table, standings  # noqa: E402
+from memstep.evaluation.niah_standing import (fidelities, fidelity_headline, fidelity_table,  # noqa: E402
+                                              needle_headline, standing_table, standings)
 from memstep.evaluation.metrics import REFERENCE, case_of, summarize  # noqa: E402
 from memstep.evaluation.stats import wilson_interval  # noqa: E402
 from memstep.evaluation.store import ResultStore, load_summary  # noqa: E402
@@ -40,6 +41,7 @@ COUNTED_TARGET = {2048: 24, 4096: 12, 8192: 12}  # counted cases each headline r
 README_START = "<!-- eval-summary:start -->"
 README_END = "<!-- eval-summary:end -->"
 NIAH_START, NIAH_END = "<!-- niah-standing:start -->", "<!-- niah-standing:end -->"
+FIDELITY_START, FIDELITY_END = "<!-- niah-fidelity:start -->", "<!-- niah-fidelity:end -->"
 
 
 def is_ablation(config: dict) -> bool:
@@ -528,6 +530,23 @@ def niah_block(folder: Path) -> str:
         f"*Written by `python benchmarks/eval_docs.py` from `{folder}/summary.json`.*"])
 
 
+def fidelity_block(folder: Path, table: bool = True) -> str:
+    """The needle test's fidelity beyond the needle (KL and top-1 agreement over the essay that follows),
+    from a folder `memstep eval --benchmark niah --metrics kl` wrote: the sentence, and with ``table``
+    the table under it."""
+    found = fidelities(load_summary(folder) or {})
+    if not found:
+        raise SystemExit(f"no needle-test rows with KL in {folder}/summary.json: run `memstep eval --benchmark "
+                         "niah --metrics accuracy,kl,retention` there first")
+    lines = [fidelity_headline(found)]
+    if table:
+        lines += ["", "Mean KL from the full cache's next-token distributions over the 32 essay tokens that follow "
+                  "each document (nats per token) · top-1 agreement with it, over the depths run; then memstep minus "
+                  "each press on the same depths (paired, 95% t interval; a negative KL difference: memstep's "
+                  "predictions are closer to the full cache's).", "", fidelity_table(found)]
+    return "\n".join(lines + ["", f"*Written by `python benchmarks/eval_docs.py` from `{folder}/summary.json`.*"])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", default="results/eval")
@@ -537,6 +556,10 @@ def main(argv=None) -> int:
     parser.add_argument("--readme", default=None)
     parser.add_argument("--niah", default="results/niah",
                         help="the needle test's results folder, for the README's needle table ('' = none)")
+    parser.add_argument("--niah-fidelity", default="results/niah-kl",
+                        help="a needle-test folder run with --metrics kl, for the README's sentence and the needle "
+                             "docs' table of KL and top-1 agreement ('' = none)")
+    parser.add_argument("--niah-docs", default="docs/spans-and-niah.md", help="where the needle test's table goes")
     args = parser.parse_args(argv)
     cells = ResultStore(args.results).cells()
     if not cells:
@@ -548,6 +571,10 @@ def main(argv=None) -> int:
         replace_block(Path(args.readme), readme_block(summary, gemma3))
         if args.niah:
             replace_block(Path(args.readme), niah_block(Path(args.niah)), NIAH_START, NIAH_END)
+        if args.niah_fidelity and Path(args.niah_fidelity).is_dir():
+            folder = Path(args.niah_fidelity)
+            replace_block(Path(args.readme), fidelity_block(folder, table=False), FIDELITY_START, FIDELITY_END)
+            replace_block(Path(args.niah_docs), fidelity_block(folder), FIDELITY_START, FIDELITY_END)
     print(f"wrote {args.docs}" + (f" and the block of {args.readme}" if args.readme else ""))
     return 0
 

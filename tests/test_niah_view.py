@@ -216,3 +216,94 @@ def test_eval_docs_writes_the_needle_table_between_its_markers_and_nothing_else(
     with pytest.raises(SystemExit, match="no needle-test rows"):
         docs.niah_block(tmp_path / "empty")
     assert readme.read_text() == text
+
+
+def test_the_fidelity_table_turns_each_pair_to_memsteps_side_and_says_closer_only_beyond_the_interval(tmp_path):
+    """Beyond the needle: KL and top-1 per row (from --metrics kl), memstep minus each press with its t
+    interval (the paired entries hold the press minus memstep), the verdict on KL alone; rows without KL
+    (a needle folder run without it) make no row, and eval_docs refuses such a folder in one line."""
+    from memstep.evaluation.niah_standing import fidelities, fidelity_headline, fidelity_table
+
+    def row(label, kind, length, budget, kl, top1, cases=12, **config):
+        return {"label": label, "length": length, "kinds": ["niah"], "kl": kl, "top1": top1, "kl_cases": cases,
+                "config": {"kind": kind, "budget": budget, **config}}
+
+    def pair(label, length, kl, kl_low, kl_high, top1, top1_low, top1_high):
+        return {"label": label, "length": length, "kl_difference": kl, "kl_difference_low": kl_low,
+                "kl_difference_high": kl_high, "top1_difference": top1, "top1_difference_low": top1_low,
+                "top1_difference_high": top1_high}
+
+    summary = {"rows": [{**row("fm 128", "memstep", 2048, 128, 1.25, 0.61, question_aware=True), "anchor": True},
+                        row("snapkv-max15 128", "kvpress", 2048, 128, 1.31, 0.6, scorer="snapkv-max15"),
+                        row("chunkkv 128", "kvpress", 2048, 128, 1.5, 0.55, scorer="chunkkv"),
+                        {**row("fm 512", "memstep", 4096, 512, 0.4, 0.8, question_aware=True), "anchor": True},
+                        row("chunkkv 512", "kvpress", 4096, 512, 0.3, 0.85, scorer="chunkkv"),
+                        {**row("fm 256", "memstep", 8192, 256, None, None, question_aware=True), "anchor": True}],
+               "paired": [pair("chunkkv 128", 2048, 0.25, 0.1, 0.4, -0.06, -0.1, -0.02),
+                          pair("snapkv-max15 128", 2048, 0.06, -0.02, 0.14, -0.01, -0.05, 0.03),
+                          pair("chunkkv 512", 4096, -0.1, -0.15, -0.05, 0.05, 0.0, 0.1)]}
+    found = fidelities(summary)
+    assert [(f.length, f.budget, [v.verdict for v in f.versus]) for f in found] == [
+        (2048, 128, ["closer", "as close"]), (4096, 512, ["farther"])]
+    assert fidelity_table(found).splitlines() == [
+        "| tokens | M | depths | memstep | ChunkKV | SnapKV, max-pool 15 | memstep minus each press: KL; top-1 in "
+        "points (95% CI) |",
+        "|---:|---:|---:|---:|---:|---:|---|",
+        "| 2,048 | 128 | 12 | 1.25 · 0.61 | 1.50 · 0.55 | 1.31 · 0.60 | ChunkKV: -0.25 (-0.40 to -0.10); +6 (+2 to "
+        "+10); SnapKV, max-pool 15: -0.06 (-0.14 to +0.02); +1 (-3 to +5) |",
+        "| 4,096 | 512 | 12 | 0.40 · 0.80 | 0.30 · 0.85 |  | ChunkKV: +0.10 (+0.05 to +0.15); -5 (-10 to +0) |"]
+    assert fidelity_headline(found) == (
+        "Beyond the needle (2 rows, 12 depths each): over the essay tokens that follow each document, memstep's "
+        "question-aware memory predicts the next token closer than ChunkKV on 1 of 2 rows, as close on none and "
+        "farther on 1; closer than SnapKV, max-pool 15 on none of 1 row, as close on 1 and farther on none (KL "
+        "from the full cache's predictions, paired 95% t intervals).")
+    assert fidelity_headline(fidelities({})) == ""
+
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("eval_docs_fidelity", ROOT / "benchmarks" / "eval_docs.py")
+    docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs)
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    block = docs.fidelity_block(tmp_path)
+    assert block.startswith(fidelity_headline(found) + "\n\nMean KL") and fidelity_table(found) in block
+    assert "|" not in docs.fidelity_block(tmp_path, table=False)
+    (tmp_path / "summary.json").write_text(json.dumps({"rows": [summary["rows"][-1]], "paired": []}))
+    with pytest.raises(SystemExit, match="no needle-test rows with KL"):
+        docs.fidelity_block(tmp_path)
+
+
+def test_the_note_adds_the_fidelity_table_from_the_first_folder_that_measured_kl(tmp_path):
+    """The Evaluate tab's needle note ends with KL and top-1 over the essay that follows, from the needle
+    folder itself when it ran --metrics kl, else from the committed KL folder; nothing where neither did."""
+    import ui.niah_view as view
+
+    def row(label, kind, kl, **config):
+        return {"label": label, "length": 2048, "kinds": ["niah"], "counted": 4, "counted_correct": 3, "kl": kl,
+                "top1": 0.5, "kl_cases": 12, "config": {"kind": kind, "budget": 128, **config}}
+
+    summary = {"rows": [{**row("fm", "memstep", 1.2, question_aware=True), "anchor": True},
+                        row("chunkkv", "kvpress", 1.4, scorer="chunkkv")],
+               "paired": [{"label": "chunkkv", "length": 2048, "kl_difference": 0.2, "kl_difference_low": 0.1,
+                           "kl_difference_high": 0.3, "top1_difference": 0.0, "top1_difference_low": -0.1,
+                           "top1_difference_high": 0.1}],
+               "niah": niah_maps([c for c in cells() if c["kind"] == "niah"])}
+    plain, measured = tmp_path / "plain", tmp_path / "kl"
+    for folder, kl in ((plain, None), (measured, 1.2)):
+        folder.mkdir()
+        found = json.loads(json.dumps(summary))
+        found["rows"][0]["kl"] = kl
+        (folder / "summary.json").write_text(json.dumps(found))
+    note = view.fidelity_note([plain, measured])
+    assert note.startswith("\n\nBeyond the needle (1 row, 12 depths each): ") and "From `kl`:" in note
+    assert "closer than ChunkKV on 1 of 1 row, as close on none and farther on none" in note
+    assert "| 2,048 | 128 | 12 | 1.20 · 0.50 | 1.40 · 0.50 | ChunkKV: -0.20 (-0.30 to -0.10); +0 (-10 to +10) |" \
+        in view.niah_view((measured, summary["niah"]), ())[0]
+    assert view.fidelity_note([plain, tmp_path / "absent"]) == ""
+    old = view.FIDELITY_FOLDERS
+    try:
+        view.FIDELITY_FOLDERS = (tmp_path / "absent",)
+        assert "Beyond the needle" not in view.niah_view((plain, summary["niah"]), ())[0]
+        view.FIDELITY_FOLDERS = (measured,)
+        assert "Beyond the needle" in view.niah_view((plain, summary["niah"]), ())[0]
+    finally:
+        view.FIDELITY_FOLDERS = old

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from memstep.evaluation.niah_standing import needle_headline, standing_table, standings
+from memstep.evaluation.niah_standing import (fidelities, fidelity_headline, fidelity_table, needle_headline,
+                                              standing_table, standings)
 from memstep.evaluation.niah_view import niah_figure
 from memstep.evaluation.store import load_summary
 
@@ -17,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # a run of one's own first (`memstep eval`'s default output), then the committed needle-test results
 # (the multi-needle variant in a folder of its own: `memstep eval` keeps one test per folder)
 NIAH_FOLDERS = (ROOT / "results" / "local", ROOT / "results" / "niah", ROOT / "results" / "niah-multi")
+# the committed run with --metrics kl (KL and top-1 over the essay that follows), in a folder of its own
+FIDELITY_FOLDERS = (ROOT / "results" / "niah-kl",)
 
 
 def niah_results(folders=None, kind: str = "niah") -> tuple[Path, dict] | None:
@@ -44,6 +47,16 @@ def _shown(folder: Path) -> str:
         return folder.name
 
 
+def fidelity_note(folders) -> str:
+    """The needle test's fidelity beyond the needle (fidelity_headline and fidelity_table) from the first
+    of ``folders`` whose summary measured KL; '' where none did."""
+    for folder in folders:
+        found = fidelities(load_summary(folder) or {}) if Path(folder).is_dir() else []
+        if found:
+            return f"\n\n{fidelity_headline(found)} From `{_shown(Path(folder))}`:\n\n{fidelity_table(found)}"
+    return ""
+
+
 def niah_view(found=None, found_multi=None):
     """(note, single-needle figure, multi-needle figure) for the tab."""
     found = found if found is not None else niah_results()
@@ -60,6 +73,7 @@ def niah_view(found=None, found_multi=None):
     if rows:  # the README's table: answered · retention per press, and memstep's verdict against each
         note += ("\n\nAnswered of the depths the full cache answers · the share of the answer's (KV head, token) "
                  "pairs still held, over every depth run; memstep minus each press, paired 95% interval:\n\n" + standing_table(rows))
+    note += fidelity_note(([found[0]] if found else []) + list(FIDELITY_FOLDERS))
     return (note, niah_figure(found[1] if found else {}, "niah"),
             niah_figure(found_multi[1] if found_multi else {}, "niah-multi"))
 

@@ -142,3 +142,107 @@ def _keeps_less(found: list[Standing]) -> str:
     return " It keeps less of the answer than " + "; than ".join(
         f"{PRESS_TITLES.get(press, press)} at {' and '.join(rows)}"
         for press, rows in sorted(where.items(), key=lambda item: _order(item[0]))) + "."
+
+
+# ---- fidelity beyond the needle: KL from the full cache and top-1 agreement over the essay that follows
+
+@dataclass(frozen=True)
+class Closeness:
+    """One configuration's fidelity at a length and budget, over the depths it ran: the mean KL of its
+    next-token distributions from the full cache's over the continuation (nats per token) and its top-1
+    agreement; for a press, memstep minus the press on the same depths (means with 95% t intervals)."""
+    press: str | None  # None: memstep's row
+    cases: int
+    kl: float
+    top1: float
+    kl_lead: tuple[float, float, float] | None = None  # memstep minus the press: negative = memstep closer
+    top1_lead: tuple[float, float, float] | None = None
+
+    @property
+    def verdict(self) -> str | None:
+        """closer / farther where the KL interval excludes 0, else 'as close'."""
+        if self.kl_lead is None or self.kl_lead[1] is None:
+            return None
+        return "closer" if self.kl_lead[2] < 0 else "farther" if self.kl_lead[1] > 0 else "as close"
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    length: int
+    budget: int
+    memstep: Closeness
+    versus: tuple[Closeness, ...]
+
+
+def _turned(found: dict, metric: str) -> tuple[float, float, float] | None:
+    """The paired entry holds the press minus memstep; memstep minus the press. None without pairs."""
+    if found.get(f"{metric}_difference") is None:
+        return None
+    low, high = found.get(f"{metric}_difference_low"), found.get(f"{metric}_difference_high")
+    return (-found[f"{metric}_difference"] + 0.0, None if high is None else -high + 0.0,
+            None if low is None else -low + 0.0)
+
+
+def fidelities(summary: dict) -> list[Fidelity]:
+    """One Fidelity per question-aware FM anchor row that measured KL (``--metrics kl``), by length and
+    budget; presses in PRESS_ORDER, each paired with it on the depths both ran."""
+    rows = [r for r in summary.get("rows", []) if r.get("kinds") == ["niah"] and r.get("kl") is not None]
+    paired = {(p["label"], p["length"]): p for p in summary.get("paired", [])}
+    out = []
+    for anchor in (r for r in rows if r.get("anchor") and r["config"].get("question_aware")):
+        length, budget = anchor["length"], anchor["config"].get("budget")
+        versus = [Closeness(press["config"]["scorer"], press["kl_cases"], press["kl"], press["top1"],
+                            _turned(found, "kl"), _turned(found, "top1"))
+                  for press in rows if press["length"] == length and press["config"]["kind"] == "kvpress"
+                  and press["config"].get("budget") == budget
+                  for found in [paired.get((press["label"], length)) or {}]]
+        out.append(Fidelity(length, budget, Closeness(None, anchor["kl_cases"], anchor["kl"], anchor["top1"]),
+                            tuple(sorted(versus, key=lambda v: _order(v.press)))))
+    return sorted(out, key=lambda f: (f.length, f.budget))
+
+
+def _lead(found: tuple[float, float, float] | None, digits: int) -> str:
+    if found is None or found[1] is None:
+        return "not paired"
+    return f"{found[0]:+.{digits}f} ({found[1]:+.{digits}f} to {found[2]:+.{digits}f})"
+
+
+def fidelity_table(found: list[Fidelity]) -> str:
+    """A Markdown table: one row per length and budget, KL · top-1 of memstep and of each press, and
+    memstep minus each press (KL, then top-1 in points) with the paired 95% t interval."""
+    presses = sorted({v.press for f in found for v in f.versus}, key=_order)
+    head = ["tokens", "M", "depths", "memstep"] + [PRESS_TITLES.get(p, p) for p in presses] + \
+        ["memstep minus each press: KL; top-1 in points (95% CI)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * (4 + len(presses)) + "---|"]
+    for f in found:
+        by_press = {v.press: v for v in f.versus}
+        cells = [f"{f.length:,}", str(f.budget), str(f.memstep.cases), f"{f.memstep.kl:.2f} · {f.memstep.top1:.2f}"]
+        cells += [f"{v.kl:.2f} · {v.top1:.2f}" if (v := by_press.get(p)) else "" for p in presses]
+        cells.append("; ".join(
+            f"{PRESS_TITLES.get(v.press, v.press)}: {_lead(v.kl_lead, 2)}; "
+            + _lead(None if v.top1_lead is None else tuple(None if x is None else 100 * x for x in v.top1_lead), 0)
+            for v in f.versus) or "no press paired here")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def fidelity_headline(found: list[Fidelity]) -> str:
+    """One plain sentence: against each press, on how many rows memstep's memory predicts the essay that
+    follows closer to the full cache (lower KL, paired interval below 0), as close, or farther. ''
+    without a paired row."""
+    tally: dict[str, dict[str, int]] = {}
+    for f in found:
+        for v in f.versus:
+            if v.verdict:
+                tally.setdefault(v.press, {"closer": 0, "as close": 0, "farther": 0})[v.verdict] += 1
+    if not tally:
+        return ""
+    against = "; ".join(
+        f"closer than {PRESS_TITLES.get(press, press)} on {c['closer'] or 'none'} of {_rows(sum(c.values()))}, "
+        f"as close on {c['as close'] or 'none'} and farther on {c['farther'] or 'none'}"
+        for press, c in sorted(tally.items(), key=lambda item: _order(item[0])))
+    cases = sorted({f.memstep.cases for f in found})
+    depths = f"{cases[0]}" if len(cases) == 1 else f"{cases[0]}-{cases[-1]}"
+    return (f"Beyond the needle ({_rows(len(found))}, {depths} depths each): over the essay tokens that follow "
+            f"each document, memstep's question-aware memory predicts the next token {against} (KL from the "
+            f"full cache's predictions, paired 95% t intervals).")
