@@ -50,27 +50,40 @@ def _order(press: str) -> tuple:
     return (PRESS_ORDER.index(press) if press in PRESS_ORDER else len(PRESS_ORDER), press)
 
 
+def _anchored(summary: dict, has) -> list[tuple[dict, list[tuple[dict, dict]]]]:
+    """The needle rows that pass ``has``: each question-aware FM row the others are paired with (its
+    "anchor") with the presses at its length and budget, each beside its paired entry ({} without one)."""
+    rows = [r for r in summary.get("rows", []) if r.get("kinds") == ["niah"] and has(r)]
+    paired = {(p["label"], p["length"]): p for p in summary.get("paired", [])}
+    return [(anchor, [(press, paired.get((press["label"], press["length"])) or {}) for press in rows
+                      if press["length"] == anchor["length"] and press["config"]["kind"] == "kvpress"
+                      and press["config"].get("budget") == anchor["config"].get("budget")])
+            for anchor in rows if anchor.get("anchor") and anchor["config"].get("question_aware")]
+
+
+def _turned(found: dict, metric: str, scale: float = 1.0) -> tuple[float, float | None, float | None] | None:
+    """A paired entry holds the press minus memstep: memstep minus the press (mean, low, high), times
+    ``scale``; None without pairs. + 0.0: never "-0"."""
+    if found.get(f"{metric}_difference") is None:
+        return None
+    low, high = found.get(f"{metric}_difference_low"), found.get(f"{metric}_difference_high")
+    return (-scale * found[f"{metric}_difference"] + 0.0, None if high is None else -scale * high + 0.0,
+            None if low is None else -scale * low + 0.0)
+
+
 def standings(summary: dict) -> list[Standing]:
     """One Standing per question-aware FM row the others are paired with (its "anchor"), by
     length and budget; presses in PRESS_ORDER."""
-    rows = [r for r in summary.get("rows", []) if r.get("kinds") == ["niah"] and r.get("counted")]
-    paired = {(p["label"], p["length"]): p for p in summary.get("paired", [])}
     out = []
-    for anchor in (r for r in rows if r.get("anchor") and r["config"].get("question_aware")):
-        length, budget = anchor["length"], anchor["config"].get("budget")
+    for anchor, presses in _anchored(summary, lambda r: r.get("counted")):
         versus = []
-        for press in (r for r in rows if r["length"] == length and r["config"]["kind"] == "kvpress"
-                      and r["config"].get("budget") == budget):
-            found = paired.get((press["label"], length)) or {}
-            interval = {}
-            if found.get("accuracy_difference") is not None:
-                # the entry holds the press minus memstep; turned round here. + 0.0: never "-0"
-                interval = {"lead": -100 * found["accuracy_difference"] + 0.0,
-                            "low": -100 * found["accuracy_difference_high"] + 0.0,
-                            "high": -100 * found["accuracy_difference_low"] + 0.0}
+        for press, found in presses:
+            lead = _turned(found, "accuracy", 100)
+            interval = dict(zip(("lead", "low", "high"), lead)) if lead else {}
             versus.append(Versus(press["config"]["scorer"], press["counted_correct"], press["counted"],
                                  press.get("retention"), **interval))
-        out.append(Standing(length, budget, anchor["counted_correct"], anchor["counted"], anchor.get("retention"),
+        out.append(Standing(anchor["length"], anchor["config"].get("budget"), anchor["counted_correct"],
+                            anchor["counted"], anchor.get("retention"),
                             tuple(sorted(versus, key=lambda v: _order(v.press)))))
     return sorted(out, key=lambda s: (s.length, s.budget))
 
@@ -156,7 +169,7 @@ class Closeness:
     kl: float
     top1: float
     kl_lead: tuple[float, float, float] | None = None  # memstep minus the press: negative = memstep closer
-    top1_lead: tuple[float, float, float] | None = None
+    top1_lead: tuple[float, float, float] | None = None  # in points
 
     @property
     def verdict(self) -> str | None:
@@ -174,29 +187,15 @@ class Fidelity:
     versus: tuple[Closeness, ...]
 
 
-def _turned(found: dict, metric: str) -> tuple[float, float, float] | None:
-    """The paired entry holds the press minus memstep; memstep minus the press. None without pairs."""
-    if found.get(f"{metric}_difference") is None:
-        return None
-    low, high = found.get(f"{metric}_difference_low"), found.get(f"{metric}_difference_high")
-    return (-found[f"{metric}_difference"] + 0.0, None if high is None else -high + 0.0,
-            None if low is None else -low + 0.0)
-
-
 def fidelities(summary: dict) -> list[Fidelity]:
     """One Fidelity per question-aware FM anchor row that measured KL (``--metrics kl``), by length and
     budget; presses in PRESS_ORDER, each paired with it on the depths both ran."""
-    rows = [r for r in summary.get("rows", []) if r.get("kinds") == ["niah"] and r.get("kl") is not None]
-    paired = {(p["label"], p["length"]): p for p in summary.get("paired", [])}
     out = []
-    for anchor in (r for r in rows if r.get("anchor") and r["config"].get("question_aware")):
-        length, budget = anchor["length"], anchor["config"].get("budget")
+    for anchor, presses in _anchored(summary, lambda r: r.get("kl") is not None):
         versus = [Closeness(press["config"]["scorer"], press["kl_cases"], press["kl"], press["top1"],
-                            _turned(found, "kl"), _turned(found, "top1"))
-                  for press in rows if press["length"] == length and press["config"]["kind"] == "kvpress"
-                  and press["config"].get("budget") == budget
-                  for found in [paired.get((press["label"], length)) or {}]]
-        out.append(Fidelity(length, budget, Closeness(None, anchor["kl_cases"], anchor["kl"], anchor["top1"]),
+                            _turned(found, "kl"), _turned(found, "top1", 100)) for press, found in presses]
+        out.append(Fidelity(anchor["length"], anchor["config"].get("budget"),
+                            Closeness(None, anchor["kl_cases"], anchor["kl"], anchor["top1"]),
                             tuple(sorted(versus, key=lambda v: _order(v.press)))))
     return sorted(out, key=lambda f: (f.length, f.budget))
 
@@ -219,8 +218,7 @@ def fidelity_table(found: list[Fidelity]) -> str:
         cells = [f"{f.length:,}", str(f.budget), str(f.memstep.cases), f"{f.memstep.kl:.2f} · {f.memstep.top1:.2f}"]
         cells += [f"{v.kl:.2f} · {v.top1:.2f}" if (v := by_press.get(p)) else "" for p in presses]
         cells.append("; ".join(
-            f"{PRESS_TITLES.get(v.press, v.press)}: {_lead(v.kl_lead, 2)}; "
-            + _lead(None if v.top1_lead is None else tuple(None if x is None else 100 * x for x in v.top1_lead), 0)
+            f"{PRESS_TITLES.get(v.press, v.press)}: {_lead(v.kl_lead, 2)}; {_lead(v.top1_lead, 0)}"
             for v in f.versus) or "no press paired here")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
