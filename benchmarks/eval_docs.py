@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from memstep.evaluation import report  # noqa: E402
-from memstep.evaluation.niah_standing import (fidelities, fidelity_headline, fidelity_table,  # noqa: E402
+from memstep.evaluation.niah_standing import (essay_tokens, fidelities, fidelity_headline, fidelity_table,  # noqa: E402
                                               needle_headline, standing_table, standings)
 from memstep.evaluation.metrics import REFERENCE, case_of, summarize  # noqa: E402
 from memstep.evaluation.stats import wilson_interval  # noqa: E402
@@ -534,14 +534,15 @@ def fidelity_block(folder: Path, table: bool = True) -> str:
     """The needle test's fidelity beyond the needle (KL and top-1 agreement over the essay that follows),
     from a folder `memstep eval --benchmark niah --metrics kl` wrote: the sentence, and with ``table``
     the table under it."""
-    found = fidelities(load_summary(folder) or {})
+    summary = load_summary(folder) or {}
+    found = fidelities(summary)
     if not found:
         raise SystemExit(f"no needle-test rows with KL in {folder}/summary.json: run `memstep eval --benchmark "
                          "niah --metrics accuracy,kl,retention` there first")
     lines = [fidelity_headline(found)]
     if table:
-        lines += ["", "Mean KL from the full cache's next-token distributions over the 32 essay tokens that follow "
-                  "each document (nats per token) · top-1 agreement with it, over the depths run; then memstep minus "
+        lines += ["", "Mean KL from the full cache's next-token distributions over "
+                  f"{essay_tokens(summary)} that follow each document (nats per token) · top-1 agreement with it, over the depths run; then memstep minus "
                   "each press on the same depths (paired, 95% t interval; a negative KL difference: memstep's "
                   "predictions are closer to the full cache's).", "", fidelity_table(found)]
     return "\n".join(lines + ["", f"*Written by `python benchmarks/eval_docs.py` from `{folder}/summary.json`.*"])

@@ -266,6 +266,9 @@ def test_the_fidelity_table_turns_each_pair_to_memsteps_side_and_says_closer_onl
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     block = docs.fidelity_block(tmp_path)
     assert block.startswith(fidelity_headline(found) + "\n\nMean KL") and fidelity_table(found) in block
+    assert "over the essay tokens that follow each document (nats" in block  # no run settings: no count
+    (tmp_path / "summary.json").write_text(json.dumps({**summary, "run": {"settings": {"continuation_tokens": 16}}}))
+    assert "over the 16 essay tokens that follow each document (nats" in docs.fidelity_block(tmp_path)
     assert "|" not in docs.fidelity_block(tmp_path, table=False)
     (tmp_path / "summary.json").write_text(json.dumps({"rows": [summary["rows"][-1]], "paired": []}))
     with pytest.raises(SystemExit, match="no needle-test rows with KL"):
@@ -292,10 +295,14 @@ def test_the_note_adds_the_fidelity_table_from_the_first_folder_that_measured_kl
         folder.mkdir()
         found = json.loads(json.dumps(summary))
         found["rows"][0]["kl"] = kl
+        found["run"] = {"settings": {"continuation_tokens": 24}}  # the caption says what the run scored
         (folder / "summary.json").write_text(json.dumps(found))
     note = view.fidelity_note([plain, measured])
     assert note.startswith("\n\nBeyond the needle (1 row, 12 depths each): ") and "From `kl`:" in note
     assert "closer than ChunkKV on 1 of 1 row, as close on none and farther on none" in note
+    assert "top-1 agreement over the 24 essay tokens after each document" in note
+    assert view.fidelity_note([(plain, {}), (measured, {"rows": []})]) == ""  # loaded summaries are not read again
+    assert view.fidelity_note([(plain, {}), measured]) == note
     assert "| 2,048 | 128 | 12 | 1.20 · 0.50 | 1.40 · 0.50 | ChunkKV: -0.20 (-0.30 to -0.10); +0 (-10 to +10) |" \
         in view.niah_view((measured, summary["niah"]), ())[0]
     assert view.fidelity_note([plain, tmp_path / "absent"]) == ""

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from memstep.evaluation.niah_standing import (fidelities, fidelity_headline, fidelity_table, needle_headline,
-                                              standing_table, standings)
+from memstep.evaluation.niah_standing import (essay_tokens, fidelities, fidelity_headline, fidelity_table,
+                                              needle_headline, standing_table, standings)
 from memstep.evaluation.niah_view import niah_figure
 from memstep.evaluation.store import load_summary
 
@@ -49,13 +49,17 @@ def _shown(folder: Path) -> str:
 
 def fidelity_note(folders) -> str:
     """The needle test's fidelity beyond the needle (fidelity_headline and fidelity_table) from the first
-    of ``folders`` whose summary measured KL; '' where none did."""
-    for folder in folders:
-        found = fidelities(load_summary(folder) or {}) if Path(folder).is_dir() else []
+    of ``folders`` whose summary measured KL; '' where none did. A folder may come as (folder, summary)
+    with its summary already loaded."""
+    for item in folders:
+        folder, summary = item if isinstance(item, tuple) else (Path(item), None)
+        if summary is None:
+            summary = load_summary(folder) if Path(folder).is_dir() else None
+        found = fidelities(summary or {})
         if found:
             return (f"\n\n{fidelity_headline(found)} From `{_shown(Path(folder))}`: KL (nats per token) · top-1 "
-                    "agreement over the 32 essay tokens after each document; memstep minus each press, paired 95% t "
-                    f"interval (a negative KL difference: memstep is closer):\n\n{fidelity_table(found)}")
+                    f"agreement over {essay_tokens(summary)} after each document; memstep minus each press, paired "
+                    f"95% t interval (a negative KL difference: memstep is closer):\n\n{fidelity_table(found)}")
     return ""
 
 
@@ -71,11 +75,12 @@ def niah_view(found=None, found_multi=None):
             + (f"Multi-needle from `{_shown(found_multi[0])}`. " if found_multi and found_multi is not found else "")
             + "Right = the answer names both key phrases ('sandwich', 'Dolores Park'); the multi-needle "
               "variant counts each pizza ingredient named. No judge model.")
-    rows = standings(load_summary(found[0]) or {}) if found else []
+    summary = (load_summary(found[0]) or {}) if found else {}  # read once: the standing and the KL table
+    rows = standings(summary)
     if rows:  # the README's table: answered · retention per press, and memstep's verdict against each
         note += ("\n\nAnswered of the depths the full cache answers · the share of the answer's (KV head, token) "
                  "pairs still held, over every depth run; memstep minus each press, paired 95% interval:\n\n" + standing_table(rows))
-    note += fidelity_note(([found[0]] if found else []) + list(FIDELITY_FOLDERS))
+    note += fidelity_note(([(found[0], summary)] if found else []) + list(FIDELITY_FOLDERS))
     return (note, niah_figure(found[1] if found else {}, "niah"),
             niah_figure(found_multi[1] if found_multi else {}, "niah-multi"))
 

@@ -159,6 +159,13 @@ def _keeps_less(found: list[Standing]) -> str:
 
 # ---- fidelity beyond the needle: KL from the full cache and top-1 agreement over the essay that follows
 
+def essay_tokens(summary: dict) -> str:
+    """What the run scored beyond the needle, in words: "the 32 essay tokens" from the run's own
+    --continuation-tokens (summary["run"]["settings"]), "the essay tokens" where the summary lacks it."""
+    tokens = ((summary.get("run") or {}).get("settings") or {}).get("continuation_tokens")
+    return f"the {tokens} essay tokens" if isinstance(tokens, int) and tokens > 0 else "the essay tokens"
+
+
 @dataclass(frozen=True)
 class Closeness:
     """One configuration's fidelity at a length and budget, over the depths it ran: the mean KL of its
