@@ -240,18 +240,20 @@ def test_the_fidelity_table_turns_each_pair_to_memsteps_side_and_says_closer_onl
                         row("chunkkv 512", "kvpress", 4096, 512, 0.3, 0.85, scorer="chunkkv"),
                         {**row("fm 256", "memstep", 8192, 256, None, None, question_aware=True), "anchor": True}],
                "paired": [pair("chunkkv 128", 2048, 0.25, 0.1, 0.4, -0.06, -0.1, -0.02),
-                          pair("snapkv-max15 128", 2048, 0.06, -0.02, 0.14, -0.01, -0.05, 0.03),
+                          pair("snapkv-max15 128", 2048, 0.06, -0.02, 0.14, 0.003, -0.05, 0.03),
                           pair("chunkkv 512", 4096, -0.1, -0.15, -0.05, 0.05, 0.0, 0.1)]}
     found = fidelities(summary)
     assert [(f.length, f.budget, [v.verdict for v in f.versus]) for f in found] == [
         (2048, 128, ["closer", "as close"]), (4096, 512, ["farther"])]
-    assert fidelity_table(found).splitlines() == [
-        "| tokens | M | depths | memstep | ChunkKV | SnapKV, max-pool 15 | memstep minus each press: KL; top-1 in "
-        "points (95% CI) |",
-        "|---:|---:|---:|---:|---:|---:|---|",
-        "| 2,048 | 128 | 12 | 1.25 · 0.61 | 1.50 · 0.55 | 1.31 · 0.60 | ChunkKV: -0.25 (-0.40 to -0.10); +6 (+2 to "
-        "+10); SnapKV, max-pool 15: -0.06 (-0.14 to +0.02); +1 (-3 to +5) |",
-        "| 4,096 | 512 | 12 | 0.40 · 0.80 | 0.30 · 0.85 |  | ChunkKV: +0.10 (+0.05 to +0.15); -5 (-10 to +0) |"]
+    assert fidelity_table(found).splitlines() == [  # one row per press; the row's own values on its first
+        "| tokens | M | depths | memstep | press | memstep is | press KL · top-1 | KL difference (95% CI) | "
+        "top-1 difference (points) |",
+        "|---:|---:|---:|---:|---|---|---:|---:|---:|",
+        "| 2,048 | 128 | 12 | 1.25 · 0.61 | ChunkKV | closer | 1.50 · 0.55 | -0.25 (-0.40 to -0.10) | +6 (+2 to +10) |",
+        "|  |  |  |  | SnapKV, max-pool 15 | as close | 1.31 · 0.60 | -0.06 (-0.14 to +0.02) | +0 (-3 to +5) |",  # not -0
+        "| 4,096 | 512 | 12 | 0.40 · 0.80 | ChunkKV | farther | 0.30 · 0.85 | +0.10 (+0.05 to +0.15) | -5 (-10 to +0) |"]
+    alone = fidelities({"rows": [r for r in summary["rows"] if r["config"]["kind"] == "memstep"]})
+    assert fidelity_table(alone).splitlines()[2] == "| 2,048 | 128 | 12 | 1.25 · 0.61 | no press paired here |  |  |  |  |"
     assert fidelity_headline(found) == (
         "Beyond the needle (2 rows, 12 depths each): over the essay tokens that follow each document, memstep's "
         "question-aware memory predicts the next token closer than ChunkKV on 1 of 2 rows, as close on none and "
@@ -303,7 +305,7 @@ def test_the_note_adds_the_fidelity_table_from_the_first_folder_that_measured_kl
     assert "top-1 agreement over the 24 essay tokens after each document" in note
     assert view.fidelity_note([(plain, {}), (measured, {"rows": []})]) == ""  # loaded summaries are not read again
     assert view.fidelity_note([(plain, {}), measured]) == note
-    assert "| 2,048 | 128 | 12 | 1.20 · 0.50 | 1.40 · 0.50 | ChunkKV: -0.20 (-0.30 to -0.10); +0 (-10 to +10) |" \
+    assert "| 2,048 | 128 | 12 | 1.20 · 0.50 | ChunkKV | closer | 1.40 · 0.50 | -0.20 (-0.30 to -0.10) | +0 (-10 to +10) |" \
         in view.niah_view((measured, summary["niah"]), ())[0]
     assert view.fidelity_note([plain, tmp_path / "absent"]) == ""
     old = view.FIDELITY_FOLDERS

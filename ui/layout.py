@@ -66,7 +66,7 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
 /* the needle test's standing (a Markdown table): numbers on one line, the verdicts wrap; on a phone
    it scrolls sideways inside its own box */
 #eval-niah-note table { display: block; overflow-x: auto; max-width: 100%; }
-#eval-niah-note th, #eval-niah-note td { white-space: nowrap; word-break: normal; }
+#eval-niah-note th, #eval-niah-note td { white-space: nowrap; word-break: normal; padding: 0.4em 0.6em; }
 #eval-niah-note td:last-child, #eval-niah-note th:last-child { white-space: normal; min-width: 16em; }
 @media (max-width: 640px) {
   #memstep-header h1 { font-size: 1.25rem; }

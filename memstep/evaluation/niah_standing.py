@@ -210,24 +210,27 @@ def fidelities(summary: dict) -> list[Fidelity]:
 def _lead(found: tuple[float, float, float] | None, digits: int) -> str:
     if found is None or found[1] is None:
         return "not paired"
-    return f"{found[0]:+.{digits}f} ({found[1]:+.{digits}f} to {found[2]:+.{digits}f})"
+    mean, low, high = (round(x, digits) + 0.0 for x in found)  # + 0.0: -0.3 shows as +0, not -0
+    return f"{mean:+.{digits}f} ({low:+.{digits}f} to {high:+.{digits}f})"
 
 
 def fidelity_table(found: list[Fidelity]) -> str:
-    """A Markdown table: one row per length and budget, KL · top-1 of memstep and of each press, and
-    memstep minus each press (KL, then top-1 in points) with the paired 95% t interval."""
-    presses = sorted({v.press for f in found for v in f.versus}, key=_order)
-    head = ["tokens", "M", "depths", "memstep"] + [PRESS_TITLES.get(p, p) for p in presses] + \
-        ["memstep minus each press: KL; top-1 in points (95% CI)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * (4 + len(presses)) + "---|"]
+    """A Markdown table, one row per press at each length and budget (the length, budget and memstep's
+    KL · top-1 on the first of them): the verdict, the press's KL · top-1, and memstep minus the press in
+    KL and in top-1 points with the paired 95% t interval. One row per press, not one column: four
+    presses' intervals side by side made a wall of text."""
+    head = ["tokens", "M", "depths", "memstep", "press", "memstep is", "press KL · top-1",
+            "KL difference (95% CI)", "top-1 difference (points)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * 4 + "---|---|" + "---:|" * 3]
     for f in found:
-        by_press = {v.press: v for v in f.versus}
-        cells = [f"{f.length:,}", str(f.budget), str(f.memstep.cases), f"{f.memstep.kl:.2f} · {f.memstep.top1:.2f}"]
-        cells += [f"{v.kl:.2f} · {v.top1:.2f}" if (v := by_press.get(p)) else "" for p in presses]
-        cells.append("; ".join(
-            f"{PRESS_TITLES.get(v.press, v.press)}: {_lead(v.kl_lead, 2)}; {_lead(v.top1_lead, 0)}"
-            for v in f.versus) or "no press paired here")
-        lines.append("| " + " | ".join(cells) + " |")
+        first = [f"{f.length:,}", str(f.budget), str(f.memstep.cases), f"{f.memstep.kl:.2f} · {f.memstep.top1:.2f}"]
+        for i, v in enumerate(f.versus):
+            cells = (first if i == 0 else [""] * 4) + [
+                PRESS_TITLES.get(v.press, v.press), v.verdict or "", f"{v.kl:.2f} · {v.top1:.2f}",
+                _lead(v.kl_lead, 2), _lead(v.top1_lead, 0)]
+            lines.append("| " + " | ".join(cells) + " |")
+        if not f.versus:
+            lines.append("| " + " | ".join(first + ["no press paired here", "", "", "", ""]) + " |")
     return "\n".join(lines)
 
 
