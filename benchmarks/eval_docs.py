@@ -542,9 +542,10 @@ def fidelity_block(folder: Path, table: bool = True) -> str:
     lines = [fidelity_headline(found)]
     if table:
         lines += ["", "Mean KL from the full cache's next-token distributions over "
-                  f"{essay_tokens(summary)} that follow each document (nats per token) · top-1 agreement with it, over the depths run; then memstep minus "
-                  "each press on the same depths (paired, 95% t interval; a negative KL difference: memstep's "
-                  "predictions are closer to the full cache's).", "", fidelity_table(found)]
+                  f"{essay_tokens(summary)} that follow each document (nats per token) · top-1 agreement with it, "
+                  "over the depths run; then memstep minus each press on the same depths (paired, 95% t interval; a "
+                  "negative KL difference: memstep's predictions are closer to the full cache's).", "",
+                  fidelity_table(found)]
     return "\n".join(lines + ["", f"*Written by `python benchmarks/eval_docs.py` from `{folder}/summary.json`.*"])
 
 
