@@ -246,14 +246,14 @@ def test_the_fidelity_table_turns_each_pair_to_memsteps_side_and_says_closer_onl
     assert [(f.length, f.budget, [v.verdict for v in f.versus]) for f in found] == [
         (2048, 128, ["closer", "as close"]), (4096, 512, ["farther"])]
     assert fidelity_table(found).splitlines() == [  # one row per press; the row's own values on its first
-        "| tokens | M | depths | memstep | press | memstep is | press KL · top-1 | KL difference (95% CI) | "
-        "top-1 difference (points) |",
-        "|---:|---:|---:|---:|---|---|---:|---:|---:|",
-        "| 2,048 | 128 | 12 | 1.25 · 0.61 | ChunkKV | closer | 1.50 · 0.55 | -0.25 (-0.40 to -0.10) | +6 (+2 to +10) |",
-        "|  |  |  |  | SnapKV, max-pool 15 | as close | 1.31 · 0.60 | -0.06 (-0.14 to +0.02) | +0 (-3 to +5) |",  # not -0
-        "| 4,096 | 512 | 12 | 0.40 · 0.80 | ChunkKV | farther | 0.30 · 0.85 | +0.10 (+0.05 to +0.15) | -5 (-10 to +0) |"]
+        "| tokens · M | memstep | press | memstep is | press KL · top-1 | KL difference (95% CI) | "
+        "top-1 difference (points) | depths |",
+        "|---:|---:|---|---|---:|---:|---:|---:|",
+        "| 2,048 · 128 | 1.25 · 0.61 | ChunkKV | closer | 1.50 · 0.55 | -0.25 (-0.40 to -0.10) | +6 (+2 to +10) | 12 |",
+        "|  |  | SnapKV, max-pool 15 | as close | 1.31 · 0.60 | -0.06 (-0.14 to +0.02) | +0 (-3 to +5) | 12 |",  # not -0
+        "| 4,096 · 512 | 0.40 · 0.80 | ChunkKV | farther | 0.30 · 0.85 | +0.10 (+0.05 to +0.15) | -5 (-10 to +0) | 12 |"]
     alone = fidelities({"rows": [r for r in summary["rows"] if r["config"]["kind"] == "memstep"]})
-    assert fidelity_table(alone).splitlines()[2] == "| 2,048 | 128 | 12 | 1.25 · 0.61 | no press paired here |  |  |  |  |"
+    assert fidelity_table(alone).splitlines()[2] == "| 2,048 · 128 | 1.25 · 0.61 | no press paired here |  |  |  |  | 12 |"
     assert fidelity_headline(found) == (
         "Beyond the needle (2 rows, 12 depths each): over the essay tokens that follow each document, memstep's "
         "question-aware memory predicts the next token closer than ChunkKV on 1 of 2 rows, as close on none and "
@@ -305,7 +305,7 @@ def test_the_note_adds_the_fidelity_table_from_the_first_folder_that_measured_kl
     assert "top-1 agreement over the 24 essay tokens after each document" in note
     assert view.fidelity_note([(plain, {}), (measured, {"rows": []})]) == ""  # loaded summaries are not read again
     assert view.fidelity_note([(plain, {}), measured]) == note
-    assert "| 2,048 | 128 | 12 | 1.20 · 0.50 | ChunkKV | closer | 1.40 · 0.50 | -0.20 (-0.30 to -0.10) | +0 (-10 to +10) |" \
+    assert "| 2,048 · 128 | 1.20 · 0.50 | ChunkKV | closer | 1.40 · 0.50 | -0.20 (-0.30 to -0.10) | +0 (-10 to +10) | 12 |" \
         in view.niah_view((measured, summary["niah"]), ())[0]
     assert view.fidelity_note([plain, tmp_path / "absent"]) == ""
     old = view.FIDELITY_FOLDERS

@@ -67,7 +67,11 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
    it scrolls sideways inside its own box */
 #eval-niah-note table { display: block; overflow-x: auto; max-width: 100%; }
 #eval-niah-note th, #eval-niah-note td { white-space: nowrap; word-break: normal; padding: 0.4em 0.6em; }
-#eval-niah-note td:last-child, #eval-niah-note th:last-child { white-space: normal; min-width: 16em; }
+/* the standing's last column holds the verdicts; the KL table's last holds a count */
+#eval-niah-note table:first-of-type td:last-child, #eval-niah-note table:first-of-type th:last-child {
+  white-space: normal; min-width: 16em; }
+/* the KL table's press names may wrap, so a phone shows them whole before it scrolls */
+#eval-niah-note table:nth-of-type(2) td:nth-child(3) { white-space: normal; overflow-wrap: normal; min-width: 7em; }
 @media (max-width: 640px) {
   #memstep-header h1 { font-size: 1.25rem; }
   .memstep-stat { flex: 1 1 44%; }

@@ -215,22 +215,24 @@ def _lead(found: tuple[float, float, float] | None, digits: int) -> str:
 
 
 def fidelity_table(found: list[Fidelity]) -> str:
-    """A Markdown table, one row per press at each length and budget (the length, budget and memstep's
-    KL · top-1 on the first of them): the verdict, the press's KL · top-1, and memstep minus the press in
-    KL and in top-1 points with the paired 95% t interval. One row per press, not one column: four
-    presses' intervals side by side made a wall of text."""
-    head = ["tokens", "M", "depths", "memstep", "press", "memstep is", "press KL · top-1",
-            "KL difference (95% CI)", "top-1 difference (points)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * 4 + "---|---|" + "---:|" * 3]
+    """A Markdown table, one row per press at each length and budget (the length · budget and memstep's
+    KL · top-1 on the first of them): the verdict, the press's KL · top-1, memstep minus the press in KL
+    and in top-1 points with the paired 95% t interval, and the depths paired. One row per press, not one
+    column: four presses' intervals side by side made a wall of text. The press comes third, so a phone
+    shows which press a row is about before it scrolls sideways."""
+    head = ["tokens · M", "memstep", "press", "memstep is", "press KL · top-1",
+            "KL difference (95% CI)", "top-1 difference (points)", "depths"]
+    lines = ["| " + " | ".join(head) + " |", "|---:|---:|---|---|" + "---:|" * 4]
     for f in found:
-        first = [f"{f.length:,}", str(f.budget), str(f.memstep.cases), f"{f.memstep.kl:.2f} · {f.memstep.top1:.2f}"]
+        first = [f"{f.length:,} · {f.budget}", f"{f.memstep.kl:.2f} · {f.memstep.top1:.2f}"]
         for i, v in enumerate(f.versus):
-            cells = (first if i == 0 else [""] * 4) + [
+            cells = (first if i == 0 else [""] * 2) + [
                 PRESS_TITLES.get(v.press, v.press), v.verdict or "", f"{v.kl:.2f} · {v.top1:.2f}",
-                _lead(v.kl_lead, 2), _lead(v.top1_lead, 0)]
+                _lead(v.kl_lead, 2), _lead(v.top1_lead, 0), str(f.memstep.cases)]
             lines.append("| " + " | ".join(cells) + " |")
         if not f.versus:
-            lines.append("| " + " | ".join(first + ["no press paired here", "", "", "", ""]) + " |")
+            lines.append("| " + " | ".join(first + ["no press paired here", "", "", "", "", str(f.memstep.cases)])
+                         + " |")
     return "\n".join(lines)
 
 
