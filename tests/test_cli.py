@@ -33,7 +33,7 @@ def assert_one_line_error(code, err, *words):
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    assert lines[0].startswith("memstep: error:")
+    assert lines[0].startswith("memstep: error:") and not lines[0].startswith("memstep: error: memstep")
     for word in words:
         assert word in lines[0], (word, lines[0])
 
@@ -81,6 +81,14 @@ def test_schedule_bad_input(capsys, argv, words):
 def test_no_command_and_unknown_command(capsys):
     assert_one_line_error(*cli(capsys)[::2], "required")
     assert_one_line_error(*cli(capsys, "fly")[::2], "invalid choice")
+
+
+def test_usage_errors_name_the_subcommand_once(capsys):
+    """argparse's messages say "memstep" once, and which subcommand refused the value."""
+    code, _, err = cli(capsys, "run", EXAMPLE, "--budget", 128)
+    assert code == 2 and err.strip() == "memstep: error: unrecognized arguments: --budget 128"
+    code, _, err = cli(capsys, "schedule", "--tokens", "many")
+    assert code == 2 and err.strip() == "memstep: error: schedule: argument --tokens: invalid int value: 'many'"
 
 
 # ---- memstep run: bad input fails before any model is loaded --------------------------------

@@ -15,7 +15,9 @@ from memstep.outputs import os_reason, shown
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's own usage errors: one line, exit 2
-        raise MemstepError(f"{self.prog}: {message}")
+        # fail() already says "memstep: error:"; name only the subcommand ("run: ..."), not "memstep" twice
+        command = self.prog.partition(" ")[2]
+        raise MemstepError(f"{command}: {message}" if command else message)
 
 
 def ints(text: str) -> list[int]:
