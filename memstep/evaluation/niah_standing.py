@@ -222,17 +222,17 @@ def fidelity_table(found: list[Fidelity]) -> str:
     shows which press a row is about before it scrolls sideways."""
     head = ["tokens · M", "memstep", "press", "memstep is", "press KL · top-1",
             "KL difference (95% CI)", "top-1 difference (points)", "depths"]
-    lines = ["| " + " | ".join(head) + " |", "|---:|---:|---|---|" + "---:|" * 4]
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(cells) + " |"
+
+    lines = [line(head), "|---:|---:|---|---|" + "---:|" * 4]
     for f in found:
-        first = [f"{f.length:,} · {f.budget}", f"{f.memstep.kl:.2f} · {f.memstep.top1:.2f}"]
-        for i, v in enumerate(f.versus):
-            cells = (first if i == 0 else [""] * 2) + [
-                PRESS_TITLES.get(v.press, v.press), v.verdict or "", f"{v.kl:.2f} · {v.top1:.2f}",
-                _lead(v.kl_lead, 2), _lead(v.top1_lead, 0), str(f.memstep.cases)]
-            lines.append("| " + " | ".join(cells) + " |")
+        first, depths = [f"{f.length:,} · {f.budget}", f"{f.memstep.kl:.2f} · {f.memstep.top1:.2f}"], str(f.memstep.cases)
+        lines += [line((first if i == 0 else [""] * 2) + [
+            PRESS_TITLES.get(v.press, v.press), v.verdict or "", f"{v.kl:.2f} · {v.top1:.2f}",
+            _lead(v.kl_lead, 2), _lead(v.top1_lead, 0), depths]) for i, v in enumerate(f.versus)]
         if not f.versus:
-            lines.append("| " + " | ".join(first + ["no press paired here", "", "", "", "", str(f.memstep.cases)])
-                         + " |")
+            lines.append(line(first + ["no press paired here", "", "", "", "", depths]))
     return "\n".join(lines)
 
 
