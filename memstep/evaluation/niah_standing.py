@@ -227,7 +227,8 @@ def fidelity_table(found: list[Fidelity]) -> str:
 
     lines = [line(head), "|---:|---:|---|---|" + "---:|" * 4]
     for f in found:
-        first, depths = [f"{f.length:,} · {f.budget}", f"{f.memstep.kl:.2f} · {f.memstep.top1:.2f}"], str(f.memstep.cases)
+        first = [f"{f.length:,} · {f.budget}", f"{f.memstep.kl:.2f} · {f.memstep.top1:.2f}"]
+        depths = str(f.memstep.cases)
         lines += [line((first if i == 0 else [""] * 2) + [
             PRESS_TITLES.get(v.press, v.press), v.verdict or "", f"{v.kl:.2f} · {v.top1:.2f}",
             _lead(v.kl_lead, 2), _lead(v.top1_lead, 0), depths]) for i, v in enumerate(f.versus)]
