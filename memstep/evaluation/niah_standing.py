@@ -222,6 +222,7 @@ def fidelity_table(found: list[Fidelity]) -> str:
     shows which press a row is about before it scrolls sideways."""
     head = ["tokens · M", "memstep", "press", "memstep is", "press KL · top-1",
             "KL difference (95% CI)", "top-1 difference (points)", "depths"]
+
     def line(cells: list[str]) -> str:
         return "| " + " | ".join(cells) + " |"
 
