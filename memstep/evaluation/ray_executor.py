@@ -245,6 +245,7 @@ class Driver:
             done, _ = self.ray.wait(list(self.flight), num_returns=1)
             for task in done:
                 self.finish(task, *self.flight.pop(task))
+        assert not self.waiting, "a cell waited for a full cache that never ran"
 
     def window(self) -> int:
         """Cells in flight: twice what runs at once, so no worker waits for the driver. On a cluster,
@@ -291,7 +292,8 @@ class Driver:
             path = self.reference_of(case)
             if result is not None and result["logprobs"] is not None:
                 save_logprobs(path, result["logprobs"])
-                self.refs[path] = self.ray.put(result["logprobs"])
+                if self.uses[path]:
+                    self.refs[path] = self.ray.put(result["logprobs"])
             for waiting in self.waiting.pop(path, []):  # scored against it, or without KL if it failed
                 heapq.heappush(self.ready, waiting)
         elif self.divergence:
