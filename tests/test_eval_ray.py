@@ -6,7 +6,6 @@ Ray runs in a subprocess of its own (as a user runs it), never in the test's pro
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -185,6 +184,11 @@ def test_executor_arguments(tmp_path, capsys):
     for argv in (["--ray-address", "127.0.0.1:6379"], ["--workers", "2"], ["--executor", "ray", "--workers", "0"]):
         assert main(["eval", *GRID, *argv, "--output", str(tmp_path / "out")]) == 2
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    import torch
+
+    if not torch.cuda.is_available():  # CUDA asked for where there is none: one line, before any work
+        assert main(["eval", *GRID, "--device", "cuda", "--output", str(tmp_path / "out")]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
     assert task_resources(EvalSettings(threads=3)) == {"num_cpus": 3, "num_gpus": 0}
     assert task_resources(EvalSettings(threads=1, device="cuda")) == {"num_cpus": 1, "num_gpus": 1}

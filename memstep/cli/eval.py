@@ -231,6 +231,16 @@ def check_executor(args) -> str | None:
     return args.ray_address or os.environ.get("RAY_ADDRESS") or None
 
 
+def check_device(device: str, ray_address: str | None) -> None:
+    """CUDA where the workers run on this machine (a cluster's nodes have their own GPUs)."""
+    if device == "cuda" and ray_address is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise MemstepError("--device cuda: this machine has no CUDA device (a cluster's: --executor ray "
+                               "--ray-address ADDR)")
+
+
 def cmd_eval(args) -> int:
     from memstep.outputs import check_results_folder
 
@@ -238,6 +248,7 @@ def cmd_eval(args) -> int:
     check_results_folder(args.output, results_files(), args.force, legacy=written_by_eval, mark=False)
     check_one_benchmark(args.output, args.benchmark)
     ray_address = check_executor(args)
+    check_device(args.device, ray_address)
     from tqdm import tqdm
     from transformers import AutoTokenizer
 

@@ -22,12 +22,17 @@ class CellError(Exception):
     """A cell that could not run: its worker reported an error, or the worker died."""
 
 
+def served_key(command: list[str], env: dict) -> tuple:
+    """What a served worker is: its command, its GPU (Ray sets CUDA_VISIBLE_DEVICES per task) and threads."""
+    return tuple(command), env.get("CUDA_VISIBLE_DEVICES"), env.get("OMP_NUM_THREADS")
+
+
 class Served:
     """A served worker process (``--serve``) that a Ray worker keeps between its tasks: its model
     stays loaded while the tasks ask for the same command and devices."""
 
     def __init__(self, command: list[str], env: dict):
-        self.key = (tuple(command), env.get("CUDA_VISIBLE_DEVICES"), env.get("OMP_NUM_THREADS"))
+        self.key = served_key(command, env)
         self.errors = tempfile.TemporaryFile("w+")
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
                                         text=True, env=env, cwd=ROOT)
@@ -67,8 +72,8 @@ _SERVED: list[Served] = []  # a Ray worker's one served worker (one model in mem
 
 
 def served(command: list[str], env: dict) -> Served:
-    key = (tuple(command), env.get("CUDA_VISIBLE_DEVICES"), env.get("OMP_NUM_THREADS"))
-    if _SERVED and (_SERVED[0].key != key or _SERVED[0].process.poll() is not None):
+    """This Ray worker's served worker for ``command``: the one it keeps, or a new one in its place."""
+    if _SERVED and (_SERVED[0].key != served_key(command, env) or _SERVED[0].process.poll() is not None):
         _SERVED.pop().close()
     if not _SERVED:
         _SERVED.append(Served(command, env))
@@ -81,15 +86,17 @@ def run_cell(config: dict, kvpress_python: str | None, job: dict, reference, div
     Returns the worker's events, which worker ran it, and the full cache's log-probabilities."""
     import ray
 
-    command = worker_command(Config.from_dict(config), "--serve", kvpress_python)
+    config = Config.from_dict(config)
+    command = worker_command(config, "--serve", kvpress_python)
     env = worker_env(job["threads"])
     with tempfile.TemporaryDirectory(prefix="memstep-cell-") as folder:
         path = os.path.join(folder, "reference.npy")
         if reference is not None:
             np.save(path, reference)
         if divergence:
-            job["cases"][0]["reference"] = {"read": path} if reference is not None or Config.from_dict(config) != \
-                REFERENCE else {"write": path}
+            # the full cache writes its log-probabilities; another configuration reads its case's (when
+            # the full cache failed there are none: it runs without KL, as under the local executor)
+            job["cases"][0]["reference"] = {"write": path} if config == REFERENCE else {"read": path}
         try:
             events = served(command, env).run(job)
         except CellError:
@@ -97,7 +104,7 @@ def run_cell(config: dict, kvpress_python: str | None, job: dict, reference, div
             raise
         if "error" in events:
             raise CellError(events["error"].get("message"))
-        written = np.load(path) if reference is None and divergence and os.path.exists(path) else None
+        written = np.load(path) if divergence and config == REFERENCE and os.path.exists(path) else None
     context = ray.get_runtime_context()
     return {"ready": events.get("ready", {}), "cell": events["cell"], "logprobs": written,
             "worker": context.get_worker_id(), "node": context.get_node_id()}
