@@ -156,6 +156,18 @@ bench-gemma3: install-dev model kvpress-venv
 	$(EVAL_GEMMA3) --lengths 16384 --depths 0.25,0.75 $(GEMMA3_16K) --schedules full,fm --question-aware both > /dev/null
 	$(EVAL_GEMMA3) --lengths 8192 --depths 0.25,0.75 --schedules full --peers kvpress \
 		--presses snapkv,chunkkv --question-aware yes > /dev/null
+# The test split (assets/test-split/cases.json, frozen: reported, never tuned on): the full cache first, then
+# memstep's question-aware memories and the presses on the cases it answers, at M = 128, 256 and 512.
+TEST_SPLIT ?= results/test-split
+TEST_EVAL := $(VENV)/bin/memstep eval --split test --chunk 512 --metrics accuracy,kl,retention --quiet --output $(TEST_SPLIT)
+.PHONY: bench-test-split
+bench-test-split: install-dev model kvpress-venv
+	$(TEST_EVAL) --schedules full > /dev/null
+	$(TEST_EVAL) --only-answered --schedules fm,imdc,once --budgets 128,256,512 --question-aware yes > /dev/null
+	$(TEST_EVAL) --only-answered --schedules full --peers kvpress --presses chunkkv,snapkv,snapkv-max15,finch \
+		--budgets 128,256,512 --question-aware yes > /dev/null
+	$(TEST_EVAL) --only-answered --schedules fm --scorers chunk-attention,conv,vatp,snapkv,knorm,recency \
+		--budgets 128,256,512 --question-aware no > /dev/null
 eval-docs: install-dev
 	$(PY) benchmarks/eval_docs.py --results $(RESULTS) --docs docs/evaluation.md --readme README.md
 bench-eval: bench-headline bench-ablations bench-long bench-gemma3 eval-docs

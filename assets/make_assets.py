@@ -53,9 +53,10 @@ def read_novels(data_dir: Path) -> dict[str, list[str]]:
     return novels
 
 
-def chapters_as_prose(lines: list[str], title: str, n_chapters: int | None) -> str:
-    """Chapters 1..n_chapters (all when None) with each hard-wrapped paragraph joined into one line."""
-    starts = [i for i, line in enumerate(lines) if re.fullmatch(r"(?i)chapter \d+", line.strip())]
+def chapters_as_prose(lines: list[str], title: str, n_chapters: int | None, heading: str = r"(?i)chapter \d+") -> str:
+    """Chapters 1..n_chapters (all when None) with each hard-wrapped paragraph joined into one line;
+    a chapter starts at a line that matches ``heading`` whole."""
+    starts = [i for i, line in enumerate(lines) if re.fullmatch(heading, line.strip())]
     end = starts[n_chapters] if n_chapters is not None and n_chapters < len(starts) else len(lines)
     paragraphs, current = [], []
     for line in lines[starts[0]:end] + [""]:

@@ -14,19 +14,8 @@ from memstep.errors import MemstepError
 # 256 entries per KV head up every carried peak fades, below only one carried through 8 cuts or more
 # (+fade:0.7@256/8); from 256 up every head of a layer keeps what the question finds through any of them
 # (+heads@256); below 256 a head whose vote is spread thin takes the layer's strongest vote (+lend:0.75),
-# and the prefill's last cut ranks by the question's vote alone (+last<256).
-# max:15 (centred) until the public needle test showed it cutting answers in two, then
-# follow:15 until the same test at 4,096 tokens showed answers worn away over the later cuts, then
-# follow:15+carry until +heads kept more of the answer at M = 256 and 512 (at M = 128 sharing left each
-# head too little of its own), then follow:15+carry+heads@256 until at 8,192 tokens the carried peaks
-# of 16 steps shut out the last pages' needles, then follow:15+fade:0.7@256+heads@256 until the same
-# showed at M = 128, where fading every peak wore away early facts at 4,096 tokens but fading those
-# held 8 cuts did not, then follow:15+fade:0.7@256/8+heads@256 until at M = 128 the question alone in
-# the last cut answered more at 2,048 tokens (grid and held out) and on the 4,096-token grid, 2 fewer of
-# 35 at 8,192, and kept a little more of the answer on every row, where the question alone in every
-# cut cost answers at 4,096 and 8,192, then follow:15+fade:0.7@256/8+heads@256+last<256 until, at M = 128,
-# lending the layer's strongest vote to the heads spread thin answered more at 2,048 tokens (grid and held
-# out) where sharing it with every head had cost answers (docs/spans-and-niah.md)
+# and the prefill's last cut ranks by the question's vote alone (+last<256). Built rule by rule on the
+# development split; its dated history is in docs/question-aware.md.
 QUESTION_POOL = "follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256"
 # the engine's earlier defaults, newest first: results that ran at one stand in for it
 EARLIER_POOLS = ("follow:15+fade:0.7@256/8+heads@256+last<256", "follow:15+fade:0.7@256/8+heads@256",

@@ -316,3 +316,21 @@ def test_the_note_adds_the_fidelity_table_from_the_first_folder_that_measured_kl
         assert "Beyond the needle" in view.niah_view((plain, summary["niah"]), ())[0]
     finally:
         view.FIDELITY_FOLDERS = old
+
+
+def test_eval_docs_writes_a_block_into_every_file_that_marks_it_and_refuses_when_none_does(tmp_path):
+    """The needle standing (the dev grid) sits in the docs, not the README: eval_docs writes it where its
+    markers are, leaves a file without them untouched, and stops in one line when no file has them."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("eval_docs_marked", ROOT / "benchmarks" / "eval_docs.py")
+    docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs)
+    readme, notes = tmp_path / "README.md", tmp_path / "notes.md"
+    readme.write_text("no markers here\n")
+    notes.write_text(f"a\n{docs.NIAH_START}\nold\n{docs.NIAH_END}\nb\n")
+    docs.replace_where_marked([readme, notes], "new", docs.NIAH_START, docs.NIAH_END)
+    assert readme.read_text() == "no markers here\n"
+    assert notes.read_text() == f"a\n{docs.NIAH_START}\nnew\n{docs.NIAH_END}\nb\n"
+    with pytest.raises(SystemExit, match="has a"):
+        docs.replace_where_marked([readme], "new", docs.NIAH_START, docs.NIAH_END)

