@@ -54,8 +54,11 @@ def seconds(flops: float, decode_steps: int, shape, save_bytes: int) -> float:
 
 
 def laco_work(shape, *, sentences: int, tokens: int, C: int, L: int, H: int, evaluate: bool,
-              probe: dict, repeats: int) -> tuple[float, int]:
-    """(FLOPs, decode steps) of a LaCo run from the page (upper bound: no merge shrinks the stack)."""
+              probe: dict, repeats: int, check: bool = False) -> tuple[float, int]:
+    """(FLOPs, decode steps) of a LaCo run from the page (upper bound: no merge shrinks the stack);
+    ``check``: without the measurements, the guard's check (three models' perplexity) still runs."""
+    from memstep.compress.guard import CHECK_WINDOWS
+
     depth = shape.layers
     flops = sentences * _forward(shape, tokens, depth)  # the dense model's layer inputs
     for base in range(L, H - C + 1):  # each candidate runs its base layer and everything above
@@ -68,6 +71,8 @@ def laco_work(shape, *, sentences: int, tokens: int, C: int, L: int, H: int, eva
                      + repeats * _forward(shape, probe["prefill_tokens"], depth))
         flops += models * per_model
         decode = models * probe["passkey_cases"] * 16
+    elif check:  # dense, LaCo and block influence on the check's windows
+        flops += 3 * CHECK_WINDOWS * _forward(shape, 256, depth, lm_head=True)
     return flops, decode
 
 
