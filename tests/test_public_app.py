@@ -175,7 +175,9 @@ def test_the_estimate_counts_the_work(monkeypatch):
     s = dict(method="wanda", technique="br+gp", calibration="text", samples=16, seq_len=128, held_out=8, steps=20,
              batch=4)
     assert estimates.sparse_work(shape, **s)[0] > estimates.sparse_work(shape, **{**s, "technique": "none"})[0]
-    assert estimates.sparse_work(shape, **{**s, "calibration": "self"})[1] == 127
+    # the model writes 20 texts of 512 tokens in two batches of 16 and 4: 2 x 511 decode steps
+    assert estimates.sparse_work(shape, **{**s, "calibration": "self", "generated_texts": 20})[1] == 2 * 511
+    assert estimates.sparse_work(shape, **s)[1] == 0
     assert estimates.seconds(1e10 * estimates.EFFICIENCY, 0, shape, 0) == pytest.approx(1.0)
 
 
