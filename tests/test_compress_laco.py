@@ -530,17 +530,23 @@ def test_chained_merges_differ_from_one_rdsc_over_the_run(monkeypatch):
 @pytest.mark.slow
 def test_cli_defaults_on_the_embedded_model_merge_for_real(tmp_path, capsys, embedded):
     """`memstep compress laco` with its search defaults: the saved merged layer differs from every
-    original layer, the members of its group included."""
+    original layer, the members of its group included. --no-eval still checks it against block
+    influence (it is worse on this model), so saving it takes --keep-worse, and the report says so."""
     from safetensors.torch import load_file
 
     out_folder = tmp_path / "laco-default"
     # the search's defaults (C, L, H, I, T, variant, reference, merge) on 2 of its 6 calibration
     # paragraphs, 64 tokens each (a quarter of the search's work; a merge of three layers either way)
     code = main(["compress", "laco", "--no-eval", "--quiet", "--output", str(out_folder), "--json",
-                 "--sentences", "2", "--calibration-tokens", "64"])
+                 "--sentences", "2", "--calibration-tokens", "64", "--keep-worse"])
     out, err = capsys.readouterr()
     assert code == 0, err
-    search = json.loads(out)["searches"]["paper"]
+    report = json.loads(out)
+    models = report["models"]
+    assert report["probe"]["check_only"] and set(models) == {"dense", "laco-paper", "block-influence"}
+    assert report["guard"]["worse"] and models["laco-paper"]["perplexity"] > models["block-influence"]["perplexity"]
+    assert report["kept_worse"].startswith("saved although the check finds it worse (--keep-worse)")
+    search = report["searches"]["paper"]
     assert search["settings"]["C"] >= 3 and search["merges"], search["candidates"]
     dense = embedded.model.state_dict()  # the session's load (tests/conftest.py)
     saved = {}
