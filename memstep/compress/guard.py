@@ -35,11 +35,16 @@ def compare(method: dict, baseline: dict, dense: dict) -> dict:
                "dense_perplexity": dense["perplexity"], "layers": method["layers"],
                "removed_layers": dense["layers"] - method["layers"], "message": None}
     if worse:
-        verdict["message"] = (
-            f"{method['label']} is worse than {baseline['label']} at the same layer count "
-            f"({method['layers']} of {dense['layers']} layers): perplexity {method['perplexity']:,.2f} against "
-            f"{baseline['perplexity']:,.2f} (dense {dense['perplexity']:,.2f}); keep the baseline's model instead")
+        verdict["message"] = f"{worse_text(verdict)}; keep the baseline's model instead"
     return verdict
+
+
+def worse_text(verdict: dict) -> str:
+    """A worse verdict in words, with both perplexities (and the dense model's)."""
+    depth = verdict["layers"] + verdict["removed_layers"]
+    return (f"{verdict['method']} is worse than {verdict['baseline']} at the same layer count ({verdict['layers']} of "
+            f"{depth} layers): perplexity {verdict['perplexity']:,.2f} against {verdict['baseline_perplexity']:,.2f} "
+            f"(dense {verdict['dense_perplexity']:,.2f})")
 
 
 def past_limit(row: dict, dense: dict, limit: float | None) -> str | None:
@@ -57,11 +62,7 @@ def past_limit(row: dict, dense: dict, limit: float | None) -> str | None:
 def findings(row: dict, dense: dict, verdict: dict | None, limit: float | None) -> list[str]:
     """Why the check finds ``row``'s model worse: against the baseline (``verdict`` from
     ``compare``) and against the limit; empty when it passes."""
-    found = []
-    if verdict and verdict["worse"]:
-        found.append(f"{verdict['method']} is worse than {verdict['baseline']} at the same layer count "
-                     f"({verdict['layers']} of {dense['layers']} layers): perplexity {verdict['perplexity']:,.2f} "
-                     f"against {verdict['baseline_perplexity']:,.2f} (dense {verdict['dense_perplexity']:,.2f})")
+    found = [worse_text(verdict)] if verdict and verdict["worse"] else []
     limit_text = past_limit(row, dense, limit)
     if limit_text:
         found.append(limit_text)

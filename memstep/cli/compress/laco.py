@@ -56,7 +56,6 @@ def add_measure_options(p, what: str, baselines_note: str, checked: str, keep_he
     """Calibration, measurement, output and guard options shared by `compress laco` and `compress drop`."""
     from memstep.compress.guard import CHECK_WINDOWS  # (torch-free)
 
-
     p.add_argument("--calibration", default=None, metavar="FILE",
                    help="your own text (.txt, .md, .pdf, .html): its paragraphs, separated by blank lines, are the "
                         "calibration sentences (default: Persuasion, bundled)")
