@@ -485,11 +485,15 @@ def test_app_handler_streams_records_and_saves(tokenizer, tmp_path, monkeypatch)
     lm.model.save_pretrained(src)
     tokenizer.save_pretrained(src)
     monkeypatch.setenv("MEMSTEP_COMPRESSED", str(tmp_path / "compressed"))
-    writes = calibration_module.self_generated_windows  # the model writes 48-token texts, not the app's 512
-    monkeypatch.setattr(calibration_module, "self_generated_windows",
-                        lambda model, tokenizer, count, seq_len, seed, length, **kw: writes(model, tokenizer, count,
-                                                                                            seq_len, seed, 48, **kw))
+    writes, calls = calibration_module.self_generated_windows, []  # 48-token texts, not the app's 512
+
+    def write(model, tokenizer, count, seq_len, seed, length, **kw):
+        calls.append(count)
+        return writes(model, tokenizer, count, seq_len, seed, 48, **kw)
+
+    monkeypatch.setattr(calibration_module, "self_generated_windows", write)
     updates = list(prune(str(src), "magnitude", "2:4", 0.5, ["br", "none"], "self", 2, 16, 2, 1e-3))
+    assert calls == [2]  # two techniques, one calibration set: the model writes its texts once
     statuses = [u[0] for u in updates]
     assert any("block 2/2" in s for s in statuses) and statuses[-1].startswith("**Done.**")
     assert "self-generated calibration sample" in statuses[-1]

@@ -199,15 +199,16 @@ def _configs(method, pattern, sparsity, techniques, calibration, samples, seq_le
 
 
 def _estimate(lm, configs) -> float:
-    """Seconds for every technique's run; "add" reconstructs on its real and its generated windows."""
+    """Seconds for every technique's run; "add" reconstructs on its real and its generated windows,
+    and the model writes its texts once, for the first run (the others reuse the windows)."""
     from memstep.engine import model_shape
 
     shape, needed = model_shape(lm.model), compressed.weight_bytes(lm.model)
     return sum(estimates.seconds(*estimates.sparse_work(
         shape, method=c.method, technique=c.reconstruct, calibration=c.calibration, samples=c.recon_windows,
         seq_len=c.seq_len, held_out=c.held_out_samples, steps=c.training_steps, batch=c.batch_size,
-        generated_texts=c.pool_texts if c.generated_samples else 0, self_length=c.self_length), shape, needed)
-        for c in configs)
+        generated_texts=c.pool_texts if c.generated_samples and i == 0 else 0, self_length=c.self_length),
+        shape, needed) for i, c in enumerate(configs))
 
 
 def estimate_note(spec, method, pattern, sparsity, techniques, calibration, samples, seq_len, epochs, lr,
@@ -251,13 +252,15 @@ def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq
         raise gr.Error(str(err)) from err
 
     def work():
+        shared = None  # the calibration windows: the first run makes them (the model writes its texts once)
         for technique, config, reservation in zip(techniques, configs, reservations):
             process = SparsePruning(_private_copy(lm), config, output=str(reservation.path),
-                                    info={"app": True, "technique": technique})
+                                    info={"app": True, "technique": technique}, calibration=shared)
             yield "start", technique, process
             for record in process:
                 yield "block", technique, record
             yield "done", technique, process.result
+            shared = process.calibration
             del process
 
     runs: list[dict] = []
@@ -340,8 +343,8 @@ def build_section(model_box=None, tabs=None) -> None:
             calibration = gr.Radio([("Persuasion (text)", "text"), ("text + self-generated added (reference)", "add"),
                                     ("self-generated", "self"), ("half of each", "both")],
                                    value=DEFAULTS["calibration"], label="Calibration data",
-                                   info="added: the model writes as many windows as there are samples and they join "
-                                        "the real ones (the reference code's gen_add)",
+                                   info="added: the model writes a text per sample; as many windows, drawn from them "
+                                        "at random offsets, join the real ones (the reference code's gen_add)",
                                    elem_id="sparse-calibration")
             with gr.Row():
                 samples = gr.Number(DEFAULTS["samples"], label=f"Samples (1-{MAX_SAMPLES})", precision=0,
