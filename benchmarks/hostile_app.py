@@ -426,8 +426,8 @@ def private_events(url: str) -> list[dict]:
             ("raw: file ~/.cache/memstep (a folder)", api.prefill, prefill_file(str(Path.home() / ".cache/memstep"))),
             ("raw: file README.md of the app", api.prefill, prefill_file(str(ROOT / "README.md"))),
             ("queue: LaCo C=10^9, 10^6 sentences", laco.run_laco,
-             ["embedded", 10**9, 1, 0, 1, 0.8, "paper", "dense", 10**6, 10**6, True, "chained"]),
-            ("queue: LaCo model /etc", laco.run_laco, ["/etc", 2, 1, 0, 1, 0.8, "paper", "dense", 6, 128, False, "chained"]),
+             ["embedded", 10**9, 1, 0, 1, 0.8, "paper", "dense", 10**6, 10**6, True, "chained", False]),
+            ("queue: LaCo model /etc", laco.run_laco, ["/etc", 2, 1, 0, 1, 0.8, "paper", "dense", 6, 128, False, "chained", False]),
             ("queue: pruning 10^6 samples", sparse.prune,
              ["embedded", "wanda", "unstructured", 0.5, ["br"], "text", 10**6, 128, 20, 1e-3, "norms"]),
             ("queue: load a server path into Run", laco.load_into_run, ["/root"])):
