@@ -107,7 +107,9 @@ def register(sub) -> None:
                         "resumes it)")
     p.add_argument("--force", action="store_true",
                    help="write into an --output folder that holds other files: files of the same names are "
-                        "replaced, nothing else in it is touched")
+                        "replaced, nothing else in it is touched (a summary.json memstep cannot read, such as one "
+                        "that is not JSON, is refused before any work, never replaced); the folder stays yours: "
+                        "a later run into it without --force is refused again")
     p.add_argument("--readme", default=None, help="refresh the results block of this README")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -209,6 +211,9 @@ def cmd_eval(args) -> int:
     # never a file memstep did not write: refused at once, before anything loads
     check_results_folder(args.output, results_files(), args.force, legacy=written_by_eval, mark=False)
     check_one_benchmark(args.output, args.benchmark)
+    from memstep.evaluation.store import load_summary
+
+    load_summary(args.output)  # a summary.json it cannot read: refused now, not after the run
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
