@@ -153,13 +153,26 @@ def staged_folder(target, info: dict | None = None, force: bool = False):
         yield partial
         _publish(partial, folder, info, force)
     except OSError as err:
-        shutil.rmtree(partial, ignore_errors=True)
+        _drop(partial, folder)
         raise MemstepError(f"cannot write the model to {shown(target)}: {os_reason(err)}") from None
     except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
+        _drop(partial, folder)
         raise
     finally:
         os.close(lock)  # the writer is gone: a sweep may take what is left
+
+
+def _drop(partial: Path, folder: Path) -> None:
+    """Remove a temporary folder after a failure; one holding the user's old folder (a publish
+    interrupted between its renames) first puts that back, and where it cannot (the name was taken
+    meanwhile) stays as it is: a later sweep puts it back once the name is free."""
+    aside = partial / REPLACED
+    if os.path.lexists(aside):
+        try:
+            os.rename(aside, folder)
+        except OSError:
+            return
+    shutil.rmtree(partial, ignore_errors=True)
 
 
 def _new_partial(parent: Path, name: str) -> tuple[Path, int]:
@@ -250,7 +263,11 @@ def _replace(partial: Path, folder: Path) -> None:
     try:
         _rename(partial, folder)
     except BaseException:
-        os.rename(aside, folder)  # the user's folder as it was
+        try:
+            os.rename(aside, folder)  # the user's folder as it was
+        except OSError:
+            raise MemstepError(f"{shown(folder)} was taken by another program while memstep replaced it: your "
+                               f"old folder is kept whole at {shown(aside)}") from None
         raise
     shutil.rmtree(folder / REPLACED, ignore_errors=True)
     (folder / PARTIAL_MARKER).unlink(missing_ok=True)
