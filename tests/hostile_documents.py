@@ -108,6 +108,27 @@ def nested_forms_pdf(levels: int = 3, fanout: int = 100, leaf_objects: int = 500
     return pdf_file(objects)
 
 
+def long_pdf(chars: int = 4_500_000) -> bytes:
+    """An ordinary text PDF of about ``chars`` characters (Persuasion's lines, repeated): the slowest
+    read a document that yields text as it goes may take (the app reads 4.2 M characters of it,
+    seconds of CPU); one page stream shared by every page keeps the file small."""
+    from pathlib import Path
+
+    lines = [line for line in (Path(__file__).resolve().parent.parent / "assets" / "persuasion_excerpt.txt")
+             .read_text().splitlines() if line.strip()][:45]
+    page = ("BT /F1 11 Tf 14 TL 72 740 Td " + "".join(f"({line[:90]}) Tj T* " for line in lines) + "ET").encode(
+        "latin-1", "replace")
+    text_per_page = sum(len(line[:90]) + 1 for line in lines)
+    pages = chars // text_per_page + 1
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"", FONT, deflated(page)]
+    kids = []
+    for _ in range(pages):
+        objects.append(f"<< {PAGE} /Resources << /Font << /F1 3 0 R >> >> /Contents 4 0 R >>".encode())
+        kids.append(len(objects))
+    objects[1] = f"<< /Type /Pages /Kids [{' '.join(f'{k} 0 R' for k in kids)}] /Count {len(kids)} >>".encode()
+    return pdf_file(objects)
+
+
 def slow_pdf() -> bytes:
     """A PDF under the byte caps that takes a minute of CPU to read: 30 pages sharing one 0.9 MB stream
     (each page under the 1 MB a page may hold, 27 MB in all; over the work budget at its first page)."""

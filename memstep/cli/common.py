@@ -101,8 +101,9 @@ def write_output(output: str, text: str, force: bool = False) -> None:
 
 def add_force_option(p) -> None:
     p.add_argument("--force", action="store_true",
-                   help="write into an existing non-empty --output folder: files of the same names are replaced, "
-                        "nothing else in it is removed")
+                   help="replace the model in an existing non-empty --output folder: the folder is swapped whole "
+                        "for the new one when it is complete (the old model's files, of any format, go; every other "
+                        "file in it is kept; a failure at any point leaves it as it was)")
 
 
 def output_folder(args, model=None) -> None:
