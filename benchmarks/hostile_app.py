@@ -376,7 +376,8 @@ def cli_work() -> list[dict]:
         folder = Path(folder)
         for label, path in bombs(folder):
             before = listing(folder)
-            add(f"memstep run: {label}", *run_cli(["run", str(path), "--max-tokens", "256", "--quiet"], folder),
+            add(f"memstep run: {label}", *run_cli(["run", str(path), "--max-tokens", "256", "--chunk", "64", "--memory",
+                                                   "64", "--quiet"], folder),
                 len(set(listing(folder)) - set(before)))
         d = folder / "d"
         d.mkdir()
@@ -441,8 +442,8 @@ def cli_round4(folder: Path, add) -> list[dict]:
                                    sig=signal.SIGKILL)
     left_by_kill = sorted(p.name for p in kill.iterdir())
     (kill / "doc.txt").write_text("A short document about the sea. " * 10)
-    code2, err2, cpu2, wall2 = run_cli(["run", "doc.txt", "--max-tokens", "32", "--quiet", "--output", "result.json"],
-                                       kill)
+    code2, err2, cpu2, wall2 = run_cli(["run", "doc.txt", "--max-tokens", "32", "--chunk", "16", "--memory", "16",
+                                        "--quiet", "--output", "result.json"], kill)
     left = sorted(set(p.name for p in kill.iterdir()) - {"doc.txt", "result.json"})
     rows.append({"case": "memstep compress laco --output X, kill -9 during the save; then memstep run --output in "
                          "the same folder", "cpu_seconds": cpu + cpu2, "seconds": wall + wall2,
@@ -472,15 +473,20 @@ def as_visitor(address: str, timeout: float = 120) -> httpx.Client:
 
 
 def queue_call(http: httpx.Client, url: str, fn_index: int, data: list) -> str:
-    """A raw queue call: the error line, or "answered"."""
+    """A raw queue call: the error line, the warning the page shows, or "answered"."""
     session = uuid.uuid4().hex[:11]
     http.post(f"{url}gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session,
                                                    "event_data": None})
+    warning = None
     with http.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session}) as reply:
         for line in reply.iter_lines():
             message = json.loads(line[5:]) if line.startswith("data:") else {}
+            if message.get("msg") == "log":  # gr.Warning: the page's toast
+                warning = str(message.get("log"))
             if message.get("msg") == "process_completed":
-                return "answered" if message.get("success") else str(message.get("output", {}).get("error"))
+                if not message.get("success"):
+                    return str(message.get("output", {}).get("error"))
+                return f"warned: {warning}" if warning else "answered"
     return "no answer"
 
 
@@ -513,7 +519,7 @@ def visitors_apart(url: str, proc) -> list[dict]:
         alone = []
         for _ in range(3):
             began = time.perf_counter()
-            assert page_upload(b, url, fn_index, "small.txt", small) == "answered"
+            assert page_upload(b, url, fn_index, "small.txt", small) == "answered"  # read: no warning
             alone.append(time.perf_counter() - began)
     stop, a_reads = threading.Event(), []
 
@@ -575,9 +581,10 @@ def visitors_table(rows: list[dict]) -> str:
         by_name: dict[str, list[float]] = {}
         for read in reads:
             by_name.setdefault(read["name"], []).append(read["seconds"])
-        lines += ["", "Visitor A's reads meanwhile (seconds from upload to answer; the long PDF is read, the others "
-                      "refused in one line): "
-                  + "; ".join(f"{name} {min(v):.1f}-{max(v):.1f} s ({len(v)}x)" for name, v in by_name.items()) + "."]
+        answers = {read["name"]: read["answer"] for read in reads}
+        lines += ["", "Visitor A's reads meanwhile (seconds from upload to answer, and the answer): "
+                  + "; ".join(f"{name} {min(v):.1f}-{max(v):.1f} s ({len(v)}x: {answers[name][:70]})"
+                              for name, v in by_name.items()) + "."]
     during = next((r for r in rows if "hostile_reads" in r), None)
     if during:
         lines += ["", f"Target: the small upload answered within {TARGET_ANSWER_SECONDS:g} s while another visitor's "

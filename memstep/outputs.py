@@ -443,6 +443,7 @@ def check_new_file(path, force: bool = False, option: str = "--output") -> Path:
         raise MemstepError(f"{option}: give a file name")
     target = expanded(raw, option)
     try:
+        sweep_partials(target.absolute().parent)
         if target.is_symlink():
             raise MemstepError(f"{option} {shown(raw)} is a symbolic link: give a new file name")
         if target.is_dir():

@@ -18,30 +18,6 @@ import zlib
 CONTENT_OPERATORS = b"BT /F1 12 Tf 72 700 Td (x) Tj ET\n"
 
 
-def shared_stream_pdf(pages: int = 1, content_bytes: int = 4_600_000) -> bytes:
-    """A PDF whose ``pages`` pages all name one FlateDecode content stream that inflates to about
-    ``content_bytes`` of text-showing operators."""
-    content = CONTENT_OPERATORS * (content_bytes // len(CONTENT_OPERATORS))
-    packed = zlib.compress(content, 9)
-    kids = " ".join(f"{5 + i} 0 R" for i in range(pages))
-    objects = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        f"<< /Type /Pages /Kids [{kids}] /Count {pages} >>".encode(),
-        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-        f"<< /Length {len(packed)} /Filter /FlateDecode >>\nstream\n".encode() + packed + b"\nendstream",
-    ] + [b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> "
-         b"/Contents 4 0 R >>"] * pages
-    out, offsets = b"%PDF-1.4\n", []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += f"{number} 0 obj\n".encode() + body + b"\nendobj\n"
-    xref = len(out)
-    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
-    out += "".join(f"{offset:010d} 00000 n \n" for offset in offsets).encode()
-    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
-    return out
-
-
 def pdf_file(objects: list[bytes]) -> bytes:
     """A PDF of these objects (1: the catalog), with its cross-reference table."""
     out, offsets = b"%PDF-1.4\n", []
@@ -58,6 +34,17 @@ def pdf_file(objects: list[bytes]) -> bytes:
 def deflated(content: bytes, entries: str = "") -> bytes:
     packed = zlib.compress(content, 9)
     return f"<< {entries} /Length {len(packed)} /Filter /FlateDecode >>\nstream\n".encode() + packed + b"\nendstream"
+
+
+def shared_stream_pdf(pages: int = 1, content_bytes: int = 4_600_000) -> bytes:
+    """A PDF whose ``pages`` pages all name one FlateDecode content stream that inflates to about
+    ``content_bytes`` of text-showing operators."""
+    content = CONTENT_OPERATORS * (content_bytes // len(CONTENT_OPERATORS))
+    kids = " ".join(f"{5 + i} 0 R" for i in range(pages))
+    return pdf_file([b"<< /Type /Catalog /Pages 2 0 R >>", f"<< /Type /Pages /Kids [{kids}] /Count {pages} >>".encode(),
+                     b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>", deflated(content)]
+                    + [b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> "
+                       b"/Contents 4 0 R >>"] * pages)
 
 
 PAGE = "/Type /Page /Parent 2 0 R /MediaBox [0 0 612 792]"

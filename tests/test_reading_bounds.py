@@ -281,3 +281,18 @@ def test_an_upload_whose_visitor_left_frees_its_slot(tmp_path, monkeypatch):
     worker.join(10)
     assert outcome == ["reading slow.pdf was stopped"]
     assert not reading_children() and uploads._slots._value == free  # the worker gone, the slot free
+
+
+def test_the_watchdog_interrupts_a_read_that_makes_no_check_of_its_own():
+    """A parser's own loop (a font's tables on every page, say) runs between the budget's checks: the
+    reading process's watchdog interrupts it once the CPU is over what the text allows."""
+    from memstep.read_budget import Watchdog, WorkBudget
+
+    budget = WorkBudget("loop.pdf", ReadLimits(cpu_seconds=0.2, cpu_per_char=0), "steps")
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with Watchdog(interval=0.01) as watchdog:
+            watchdog.budget = budget
+            while time.monotonic() - began < 20:  # no check of its own (bounded, should the watch fail)
+                sum(range(1000))
+    assert "CPU limit per document" in watchdog.fired
