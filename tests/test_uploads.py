@@ -52,6 +52,29 @@ def test_a_visitor_is_its_address_not_its_session():
     assert "10.0.0.1" not in one and visitor_key(SimpleNamespace(client=None)) == ""
 
 
+def test_behind_a_trusted_proxy_the_visitor_is_the_address_it_appended(monkeypatch):
+    """On a Space every connection comes from its proxy: the address is the entry the proxy appended to
+    X-Forwarded-For; what the client wrote there itself (to its left) is never read."""
+    from starlette.datastructures import Headers
+
+    from ui.visitors import client_address
+
+    def behind(forwarded: str | None):
+        headers = Headers(headers={"x-forwarded-for": forwarded} if forwarded is not None else {})
+        return SimpleNamespace(client=SimpleNamespace(host="10.16.3.80"), headers=headers)
+
+    monkeypatch.delenv("MEMSTEP_TRUSTED_PROXY_HOPS", raising=False)
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    assert client_address(behind("203.0.113.9")) == "10.16.3.80"  # locally: the peer, headers ignored
+    monkeypatch.setenv("SPACE_ID", "someone/memstep")
+    assert client_address(behind("203.0.113.9")) == "203.0.113.9"
+    spoofed = [client_address(behind(f"198.51.100.{i}, 203.0.113.9")) for i in range(4)]
+    assert spoofed == ["203.0.113.9"] * 4  # made-up entries on the left: one visitor still
+    assert client_address(behind(None)) == "10.16.3.80"
+    monkeypatch.setenv("MEMSTEP_TRUSTED_PROXY_HOPS", "2")  # a load balancer in front of the proxy
+    assert client_address(behind("198.51.100.7, 203.0.113.9, 10.0.0.5")) == "203.0.113.9"
+
+
 # ---- reads --------------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -181,6 +204,17 @@ def test_each_address_uploads_at_most_its_share(monkeypatch):
     assert uploads.LEDGER.used(key) == 3 * MIB
     uploads.LEDGER.give_back(key, MIB)  # one of its uploads was read: deleted, its bytes back
     assert asyncio.run(_post_one("10.0.0.1")) == 200
+    uploads.LEDGER.clear()
+
+    async def too_big(scope, receive, send):  # what Gradio answers a file over its size limit
+        await send({"type": "http.response.start", "status": 413, "headers": []})
+        await send({"type": "http.response.body", "body": b"exceeds the maximum file size"})
+
+    async def refused_uploads():
+        async with upload_app("10.0.0.3", too_big) as client:
+            return [(await client.post("/gradio_api/upload", content=b"x" * MIB)).status_code for _ in range(5)]
+
+    assert asyncio.run(refused_uploads()) == [413] * 5  # never 429: nothing was stored, nothing counted
     uploads.LEDGER.clear()
 
 

@@ -170,7 +170,7 @@ def over_share_message() -> str:
 class UploadBudget:
     """ASGI middleware: each address's bytes to Gradio's upload route, counted in LEDGER, are refused
     past its share (status 429) before Gradio stores them. A body sent without a Content-Length is
-    counted as it arrives and cut off where it goes over."""
+    counted as it arrives and cut off where it goes over; an upload Gradio refuses gives them back."""
 
     def __init__(self, app):
         self.app = app
@@ -183,26 +183,40 @@ class UploadBudget:
         if not visitor:
             return await self.app(scope, receive, send)
         declared = _content_length(scope)
+        charged = [0]
+
+        async def answered(message):  # an upload Gradio did not store (too big, malformed): its bytes back
+            if message.get("type") == "http.response.start" and message.get("status") != 200:
+                LEDGER.give_back(visitor, charged[0])
+            await send(message)
+
         if declared is not None:
             if not LEDGER.charge(visitor, declared):
                 return await _refuse(send)
-            return await self.app(scope, receive, send)
+            charged[0] = declared
+            return await self.app(scope, receive, answered)
 
         async def counted():
             message = await receive()
-            if message.get("type") == "http.request" and not LEDGER.charge(visitor, len(message.get("body", b""))):
-                return {"type": "http.disconnect"}
+            if message.get("type") == "http.request":
+                if not LEDGER.charge(visitor, len(message.get("body", b""))):
+                    return {"type": "http.disconnect"}
+                charged[0] += len(message.get("body", b""))
             return message
 
-        return await self.app(scope, counted, send)
+        return await self.app(scope, counted, answered)
 
 
 class _ScopeRequest:
-    """What ui.visitors reads from a request, from an ASGI scope (the address uvicorn gives it)."""
+    """What ui.visitors reads from a request, from an ASGI scope (the address uvicorn gives it, and
+    the headers a trusted proxy added)."""
 
     def __init__(self, scope):
+        from starlette.datastructures import Headers
+
         client = scope.get("client")
         self.client = {"host": client[0]} if client else None
+        self.headers = Headers(scope=scope)
 
 
 def _content_length(scope) -> int | None:
