@@ -110,6 +110,16 @@ def test_nested_forms_are_charged_every_draw():
     one_line(err.value, "draws.pdf", "over 500 XObject draws", "draw limit")
 
 
+def test_a_form_too_big_to_parse_is_charged_at_its_draw():
+    """A form of 280,000 tokens drawn 50 times: pypdf's parser stops each draw at the budget and pypdf
+    swallows that error per form, so no operator of it is ever visited; the draw itself is charged
+    the form's bytes, and the first one is over the work limit."""
+    data = nested_forms_pdf(levels=1, fanout=50, leaf_objects=40_000)
+    with pytest.raises(MemstepError) as err:
+        read_document_bytes(data, "big-form.pdf")
+    one_line(err.value, "big-form.pdf", "XObject draws and their bytes", "0 characters", "work limit")
+
+
 def test_a_form_drawn_is_counted_with_the_content():
     data = nested_forms_pdf(levels=1, fanout=30, leaf_objects=1_000)  # 30 draws of a 22 KB form
     with pytest.raises(MemstepError) as err:

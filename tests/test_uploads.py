@@ -96,6 +96,14 @@ def gated_reads(monkeypatch, tmp_path):
     return gates, inside, paths
 
 
+def until(condition, what: str, seconds: float = 30) -> None:
+    """Wait for ``condition`` (a state, not a time: the bound only keeps a broken build from hanging)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.01)
+
+
 def test_one_visitors_reads_run_one_at_a_time_and_never_hold_another_visitor(gated_reads):
     gates, inside, paths = gated_reads
     outcomes = {}
@@ -109,19 +117,16 @@ def test_one_visitors_reads_run_one_at_a_time_and_never_hold_another_visitor(gat
 
     threads = [threading.Thread(target=upload, args=("10.0.0.1", "a1.txt"))]
     threads[0].start()
-    while inside != ["a1.txt"]:
-        time.sleep(0.01)
+    until(lambda: inside == ["a1.txt"], "the first read began")
     threads.append(threading.Thread(target=upload, args=("10.0.0.1", "a2.txt")))  # the same address, another session
     threads[-1].start()
     threads.append(threading.Thread(target=upload, args=("10.0.0.2", "b1.txt")))
     threads[-1].start()
-    while "b1.txt" not in inside:
-        time.sleep(0.01)  # the other visitor reads while the first one's read still runs
+    until(lambda: "b1.txt" in inside, "the other visitor read while the first one's read ran")
     assert inside == ["a1.txt", "b1.txt"]  # the first visitor's second upload waits for its first
     gates["b1.txt"].set()
     gates["a1.txt"].set()
-    while "a2.txt" not in inside:
-        time.sleep(0.01)
+    until(lambda: "a2.txt" in inside, "the first visitor's second read began")
     gates["a2.txt"].set()
     for thread in threads:
         thread.join(20)
@@ -134,8 +139,7 @@ def test_a_visitors_second_read_is_refused_after_a_wait(gated_reads, monkeypatch
     monkeypatch.setattr(uploads, "UPLOAD_WAIT_SECONDS", 0.3)
     first = threading.Thread(target=lambda: (as_client("10.0.0.1"), documents.read_upload(paths["a1.txt"])))
     first.start()
-    while inside != ["a1.txt"]:
-        time.sleep(0.01)
+    until(lambda: inside == ["a1.txt"], "the first read began")
     as_client("10.0.0.1")
     with pytest.raises(MemstepError, match="previous upload is still being read"):
         documents.read_upload(paths["a2.txt"])
