@@ -347,14 +347,20 @@ def sweep_partials(parent: Path) -> list[str]:
     it still holds. Nothing without memstep's marker is touched. The names cleaned."""
     cleaned = []
     try:
-        entries = [p for p in Path(parent).iterdir() if p.is_dir() and not p.is_symlink()]
+        entries = list(os.scandir(parent))
     except OSError:
         return cleaned
-    for folder in entries:
-        partial = folder.name.endswith(PARTIAL_SUFFIX)
-        info = partial_info(folder) if partial else (
-            _marker_of(folder) if (folder / PARTIAL_MARKER).is_file() else None)
-        if info is None or not writer_gone(folder, info):
+    for entry in entries:
+        folder = Path(entry.path)
+        try:  # (a sibling this user cannot read is none of memstep's business)
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            partial = folder.name.endswith(PARTIAL_SUFFIX)
+            info = partial_info(folder) if partial else (
+                _marker_of(folder) if (folder / PARTIAL_MARKER).is_file() else None)
+            if info is None or not writer_gone(folder, info):
+                continue
+        except OSError:
             continue
         try:
             if partial:

@@ -121,6 +121,20 @@ def test_a_publish_killed_between_its_renames_is_put_back_by_the_next_command(tm
     assert listing(out) == before and leftovers(tmp_path) == []
 
 
+def test_a_sibling_memstep_cannot_read_does_not_stop_the_sweep(tmp_path, monkeypatch):
+    (tmp_path / "locked").mkdir()
+    stat = Path.stat
+
+    def unreadable(self, *args, **kwargs):
+        if self.parent.name == "locked":
+            raise PermissionError(13, "Permission denied")
+        return stat(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", unreadable)  # (as root every folder is readable: stubbed)
+    assert sweep_partials(tmp_path) == []
+    assert check_output_folder(tmp_path / "out") == tmp_path / "out"
+
+
 def test_a_publish_killed_after_its_renames_is_finished_by_the_next_command(tmp_path):
     out = tmp_path / "out"
     (out / REPLACED).mkdir(parents=True)  # the old folder, still inside the new one
