@@ -203,7 +203,7 @@ def test_each_address_uploads_at_most_its_share(monkeypatch):
 
     sent, other, page, refused = asyncio.run(scenario())
     assert sent == [200, 200, 200, 429] and other == 200 and page == 200
-    assert refused.status_code == 429 and "the most one visitor may hold" in refused.text
+    assert refused.status_code == 429 and "one visitor may upload" in refused.text
     key = visitor_key(SimpleNamespace(client=SimpleNamespace(host="10.0.0.1")))
     assert uploads.LEDGER.used(key) == 3 * MIB
     uploads.LEDGER.give_back(key, MIB)  # one of its uploads was read: deleted, its bytes back

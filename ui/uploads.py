@@ -162,9 +162,10 @@ LEDGER = _Ledger()
 
 
 def over_share_message() -> str:
-    return (f"memstep: this address has uploaded {UPLOAD_VISITOR_BYTES / 2**20:,.0f} MiB in the last "
-            f"{UPLOAD_KEEP_SECONDS / 60:g} minutes that were not read yet, the most one visitor may hold: "
-            "try again later")
+    share, hours = UPLOAD_VISITOR_BYTES / 2**20, UPLOAD_KEEP_SECONDS / 3600
+    return (f"memstep: this upload would take your address past the {share:,.{0 if share >= 10 else 1}f} MiB one "
+            f"visitor may upload in {hours:g} hours (uploads already read into a document do not count): try again "
+            "later, or upload a smaller file")
 
 
 class UploadBudget:
