@@ -10,8 +10,8 @@
 - Locally, the models memstep made there (marked by memstep.outputs.MARKER) share a disk quota
   (``MEMSTEP_COMPRESS_QUOTA_MB``, default 4096): before a run, the oldest are removed until the
   new one fits. In a public app each visitor has a share of it
-  (``MEMSTEP_COMPRESS_VISITOR_QUOTA_MB``, default 1024), keyed by the client's address as Gradio
-  sees it (ui/visitors.py), never by the session hash the client sends: however many sessions one
+  (``MEMSTEP_COMPRESS_VISITOR_QUOTA_MB``, default 1024), keyed by the client's address
+  (ui/visitors.py), never by the session hash the client sends: however many sessions one
   address makes up, together they hold at most that share, and a run removes only that visitor's
   older models: one visitor never evicts another's. Another visitor's models go only once they
   are ``MEMSTEP_COMPRESS_TTL_HOURS`` old (default 24, by the date in their marker); when the

@@ -24,10 +24,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from memstep.documents import DEFAULT_MAX_BYTES
 from memstep.errors import MemstepError
 from ui.visitors import visitor_key
 
-MAX_UPLOAD_BYTES = int(os.environ.get("MEMSTEP_MAX_UPLOAD_BYTES", str(20 * 1024 * 1024)))
+MAX_UPLOAD_BYTES = int(os.environ.get("MEMSTEP_MAX_UPLOAD_BYTES", str(DEFAULT_MAX_BYTES)))
 UPLOAD_CONCURRENCY = max(1, int(os.environ.get("MEMSTEP_UPLOAD_CONCURRENCY", "2")))
 UPLOAD_WAIT_SECONDS = 15
 # A session's document (the Run tab's state) is dropped this long after it was last set: Gradio drops a
