@@ -15,7 +15,7 @@ from test_models import tiny_lm_folder  # noqa: F401  (fixture)
 
 from memstep.errors import MemstepError
 from memstep import reading
-from ui import api, documents, handlers
+from ui import api, documents, handlers, uploads
 from ui import models as app_models
 from ui.runs import prepare
 
@@ -95,20 +95,20 @@ def test_uploads_are_read_a_few_at_a_time(tmp_path, monkeypatch):
         return "Some text."
 
     monkeypatch.setattr(reading, "read_isolated", slow_read)
-    monkeypatch.setattr(documents, "UPLOAD_WAIT_SECONDS", 0.5)
+    monkeypatch.setattr(uploads, "UPLOAD_WAIT_SECONDS", 0.5)
     paths = []
-    for i in range(documents.UPLOAD_CONCURRENCY + 1):
+    for i in range(uploads.UPLOAD_CONCURRENCY + 1):
         paths.append(tmp_path / f"doc{i}.txt")
         paths[-1].write_text("x")
     threads = [threading.Thread(target=documents.read_upload, args=(p,)) for p in paths[:-1]]
     for t in threads:
         t.start()
-    while len(inside) < documents.UPLOAD_CONCURRENCY:
+    while len(inside) < uploads.UPLOAD_CONCURRENCY:
         time.sleep(0.01)
     with pytest.raises(MemstepError, match="busy reading other documents"):
         documents.read_upload(paths[-1])
     # refused while every slot is still held (the gate is closed): it did not wait for one to free
-    assert not gate.is_set() and len(inside) == documents.UPLOAD_CONCURRENCY
+    assert not gate.is_set() and len(inside) == uploads.UPLOAD_CONCURRENCY
     gate.set()
     for t in threads:
         t.join()

@@ -229,7 +229,7 @@ def test_load_into_run_in_a_public_app_then_run_with_the_token(tmp_path, monkeyp
 
 def test_in_a_public_app_one_visitor_never_evicts_anothers_models(store, monkeypatch):
     public(monkeypatch)
-    monkeypatch.setattr(compressed, "SESSION_QUOTA_BYTES", 2 * MIB + 65536)
+    monkeypatch.setattr(compressed, "VISITOR_QUOTA_BYTES", 2 * MIB + 65536)
     a, b = compressed.store_folder("session-a"), compressed.store_folder("session-b")
     now = time.time()
     a_old, a_new = made(a / "old", now - 300), made(a / "new", now - 200)

@@ -11,27 +11,22 @@ import dataclasses
 import functools
 import os
 import re
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from memstep.documents import _BOUNDARY_TOKENS as BOUNDARY_TOKENS  # the margin tokenize_prefix keeps
-from memstep.documents import (CHARS_PER_TOKEN_GUESS, DEFAULT_MAX_BYTES, SUPPORTED_EXTENSIONS, ReadLimits,
-                               chars_for_tokens)
+from memstep.documents import CHARS_PER_TOKEN_GUESS, SUPPORTED_EXTENSIONS, ReadLimits, chars_for_tokens
 from memstep.errors import MemstepError
 from memstep.passkey import make_haystack, question_for, random_passkey, random_thing
+from ui import uploads
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-MAX_UPLOAD_BYTES = int(os.environ.get("MEMSTEP_MAX_UPLOAD_BYTES", str(DEFAULT_MAX_BYTES)))
-UPLOAD_CONCURRENCY = max(1, int(os.environ.get("MEMSTEP_UPLOAD_CONCURRENCY", "2")))
-UPLOAD_WAIT_SECONDS = 15
+MAX_UPLOAD_BYTES = uploads.MAX_UPLOAD_BYTES  # (reads and upload files: ui/uploads.py)
 # A session's document (the Run tab's state, up to what MAX_DOCUMENT_TOKENS can use) is dropped this
-# long after it was last set: Gradio drops a closed page's state, but a raw API client never sends the
-# heartbeat that tells it a page closed.
-DOCUMENT_STATE_SECONDS = int(os.environ.get("MEMSTEP_DOCUMENT_STATE_SECONDS", str(6 * 3600)))
-_reading = threading.BoundedSemaphore(UPLOAD_CONCURRENCY)
+# long after it was last set (ui/uploads.py: uploads never read go then too).
+DOCUMENT_STATE_SECONDS = uploads.DOCUMENT_STATE_SECONDS
 PRIDE = ASSETS / "pride_and_prejudice_ch1-12.txt"
 PERSUASION = ASSETS / "persuasion_excerpt.txt"
 NOVEL = ASSETS / "pride_and_prejudice.txt"  # the whole novel: 155,850 SmolLM2 tokens
@@ -90,11 +85,13 @@ def uploaded_path(file) -> Path:
 
 def upload_limits() -> ReadLimits:
     """What reading one upload may cost: text up to what the longest run can use (the app's
-    MAX_DOCUMENT_TOKENS), and the pages, tags and decompressed bytes memstep.documents caps."""
+    MAX_DOCUMENT_TOKENS), and the work memstep.read_budget allows it for that text (the same
+    limits as the command line's: a document is refused at the same place in both)."""
     return ReadLimits(max_chars=chars_for_tokens(MAX_DOCUMENT_TOKENS), cpu_seconds=READ_CPU_SECONDS)
 
 
-READ_CPU_SECONDS = int(os.environ.get("MEMSTEP_READ_CPU_SECONDS", "20"))
+# CPU seconds any upload's read may take, whatever text it yields (memstep.read_budget.ReadLimits)
+READ_CPU_SECONDS = float(os.environ.get("MEMSTEP_READ_CPU_SECONDS", str(ReadLimits.cpu_seconds)))
 # A run with compact positions never puts a key past sinks + M + c, so the model's context does not
 # cut its document: a whole novel (Pride and Prejudice: 156k tokens) fits under this, and the step
 # cap (ui.runs.MAX_RUN_STEPS) bounds the work at a given chunk.
@@ -122,27 +119,28 @@ def visitor_gone() -> bool:
 
 def read_upload(path: str | Path, max_bytes: int = MAX_UPLOAD_BYTES) -> DocumentSource:
     """An uploaded file (checked on the server: type, size, empty or binary content), read in a
-    child process under upload_limits(); a visitor who leaves ends the reading (visitor_gone)."""
+    child process under upload_limits(), one at a time per visitor (ui/uploads.py); a visitor who
+    leaves ends the reading (visitor_gone). The file is deleted once read: its text is the state."""
     path = Path(path)
     if path.suffix.lower() not in SUPPORTED_EXTENSIONS:
         raise MemstepError(f"Unsupported file type {path.suffix or '(none)'!r} for {path.name}. "
                            f"Use one of: {', '.join(SUPPORTED_EXTENSIONS)}.")
     size = path.stat().st_size
     if size > max_bytes:  # checked before reading, like memstep.documents.read_document
+        uploads.discard(path, upload_folders()[0])
         raise MemstepError(f"{path.name} is {size / 1e6:.1f} MB, over the {max_bytes / 1e6:.1f} MB "
                            "upload limit. Use a shorter excerpt of it.")
     # Reading a 20 MB upload (decoding, normalizing, checking for binary content) takes seconds of
-    # CPU and a few copies of the text: only a few at a time, the others are told to retry.
-    if not _reading.acquire(timeout=UPLOAD_WAIT_SECONDS):
-        raise MemstepError("The server is busy reading other documents. Try the upload again in a moment.")
+    # CPU and a few copies of the text: only a few at a time, one per visitor, the others told to retry.
     try:
-        from memstep.reading import read_isolated
+        with uploads.reading_slot():
+            from memstep.reading import read_isolated
 
-        text = read_isolated(path.read_bytes(), path.name, max_bytes=max_bytes, limits=upload_limits(),
-                             should_stop=visitor_gone)
-        return with_needle(path.name, text)
-    finally:
-        _reading.release()
+            text = read_isolated(path.read_bytes(), path.name, max_bytes=max_bytes, limits=upload_limits(),
+                                 should_stop=visitor_gone)
+    finally:  # read or refused, the file has served: a new try is a new upload
+        uploads.discard(path, upload_folders()[0])
+    return with_needle(path.name, text)
 
 
 def _chapters(path: Path, first: int, last: int) -> str:

@@ -26,7 +26,7 @@ from ui.documents import (DEFAULT_EXAMPLE, EXAMPLE_SETTINGS, TOKENIZER_FREE_EXAM
                           read_upload, uploaded_path)
 from ui.fields import settle
 from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure, schedule_figure
-from ui.inputs import flag
+from ui.inputs import flag, valid_unicode
 from ui.models import cached_model, context_tokens, get_model, layer_count, normalize_spec, preview_tokenizer
 from ui.reference import lookup, reference_key
 from ui.runs import (MAX_DOCUMENT_TOKENS, MAX_NEW_TOKENS, MAX_TOKENS_LIMIT, check_settings, document_limit,
@@ -499,9 +499,14 @@ def search_text(query, step, view: RunView | None):
     what the memory did with each."""
     if view is None:
         return gr.skip()
+    try:  # a crafted request's lone surrogate: one line, not a traceback when the page's JSON is written
+        query = valid_unicode(str(query or ""), "the search")
+    except MemstepError as err:
+        gr.Warning(str(err), title=ERROR_TITLE)
+        return gr.skip()
     index = _replay_index(step, view)
     records = view.records[: index + 1]
-    return text_view(view, records[-1] if records else None, str(query or ""), records)
+    return text_view(view, records[-1] if records else None, query, records)
 
 
 def try_question_aware():

@@ -7,7 +7,7 @@ import os
 
 import gradio as gr
 
-from ui import api, handlers
+from ui import api, handlers, uploads
 from ui.documents import MAX_UPLOAD_BYTES
 from ui.summary import COMPARE_WIDTHS
 from ui.theme import dark_css
@@ -181,7 +181,10 @@ chunks; right after each layer's attention a <b>scorer</b> cuts that layer's cac
 """
 
 def build_app() -> gr.Blocks:
-    with gr.Blocks(title="memstep: memorize step by step") as demo:
+    # Gradio's cache sweep: uploads nobody read (and the app's own files) go once as old as a document
+    # state (ui/uploads.py; a read upload is deleted at once)
+    with gr.Blocks(title="memstep: memorize step by step",
+                   delete_cache=(uploads.sweep_seconds(), uploads.UPLOAD_KEEP_SECONDS)) as demo:
         gr.HTML(HEADER)
         with gr.Tabs(overflow_behavior="wrap") as tabs:  # every tab in view on a phone, no "..." menu
             with gr.Tab("Run", id="run"):
@@ -210,11 +213,15 @@ def build_app() -> gr.Blocks:
 
 
 def launch_options() -> dict:
-    """Arguments of demo.launch() that shape the page and the server's upload limit."""
+    """Arguments of demo.launch() that shape the page and the server's upload limits (a file's size, an
+    address's bytes: ui/uploads.UploadBudget)."""
+    from starlette.middleware import Middleware
+
     theme = gr.themes.Soft(primary_hue="blue", neutral_hue="slate",
                            font=[gr.themes.Font(name) for name in ("Inter", "Segoe UI", "system-ui", "sans-serif")],
                            font_mono=[gr.themes.Font(name) for name in ("ui-monospace", "monospace")])
-    return {"theme": theme, "css": CSS + _table_css() + dark_css(), "head": HEAD, "max_file_size": MAX_UPLOAD_BYTES}
+    return {"theme": theme, "css": CSS + _table_css() + dark_css(), "head": HEAD, "max_file_size": MAX_UPLOAD_BYTES,
+            "app_kwargs": {"middleware": [Middleware(uploads.UploadBudget)]}}
 
 
 # Tables that scroll sideways on a narrow screen: elem_id -> (minimum width in px, column widths)

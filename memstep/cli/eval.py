@@ -129,7 +129,9 @@ def register(sub) -> None:
                         "resumes it)")
     p.add_argument("--force", action="store_true",
                    help="write into an --output folder that holds other files: files of the same names are "
-                        "replaced, nothing else in it is touched")
+                        "replaced, nothing else in it is touched (a summary.json memstep cannot read, such as one "
+                        "that is not JSON, is refused before any work, never replaced); the folder stays yours: "
+                        "a later run into it without --force is refused again")
     p.add_argument("--readme", default=None, help="refresh the results block of this README")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -302,6 +304,9 @@ def cmd_eval(args) -> int:
     check_one_benchmark(args.output, "test" if test_split else args.benchmark)
     ray_address = check_executor(args)
     check_device(args.device, ray_address)
+    from memstep.evaluation.store import load_summary
+
+    load_summary(args.output)  # a summary.json it cannot read: refused now, not after the run
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
