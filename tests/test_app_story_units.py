@@ -194,16 +194,16 @@ def test_an_upload_shorter_than_the_chunk_brings_the_chunk_back_with_it(tmp_path
     model = default_model()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        source, *_, chunk, end = handlers.choose_upload(str(path), handlers.default_document(), model, 512, None)
+        source, *_, chunk, end, _, _, _ = handlers.choose_upload(str(path), handlers.default_document(), model, 512, None)
     tokens = handlers.preview_tokens(source, model, None)
     assert tokens < 512 and chunk == {"maximum": tokens, "value": tokens, "__type__": "update"} and end == tokens
     assert [str(w.message) for w in caught] == [
         f"Chunk size c: 512 is more than this document's tokens ({tokens:,}); using {tokens:,}."]
     assert handlers.preview_page(source, model, "fm", "linear", tokens, 256, 4, None, chunk_end=end)[3] == {
         "__type__": "update"}  # the preview that follows leaves the slider alone
-    *_, chunk, end = handlers.choose_upload(str(path), handlers.default_document(), model, 256, None)
+    *_, chunk, end, _, _, _ = handlers.choose_upload(str(path), handlers.default_document(), model, 256, None)
     assert chunk == {"maximum": tokens, "__type__": "update"}  # within the document: the user's chunk stays
-    *_, chunk, end = handlers.choose_upload(str(path), handlers.default_document(), model, 512, "many")
+    *_, chunk, end, _, _, _ = handlers.choose_upload(str(path), handlers.default_document(), model, 512, "many")
     assert chunk == end == {"__type__": "update"}  # tokens not counted: the preview names the fault
 
 
@@ -247,10 +247,10 @@ def test_an_example_keeps_the_chunk_within_its_tokens():
 
     model = default_model()
     assert "chunk" not in EXAMPLE_SETTINGS.get(DEFAULT_EXAMPLE, {})
-    source, *_, chunk, memory, max_tokens, rope, end = handlers.choose_example(DEFAULT_EXAMPLE, model, 100_000, None)
+    source, *_, chunk, memory, max_tokens, rope, end, _, _, _ = handlers.choose_example(DEFAULT_EXAMPLE, model, 100_000, None)
     tokens = handlers.preview_tokens(source, model, None)
     assert chunk == {"maximum": tokens, "value": tokens, "__type__": "update"} and end == tokens
-    *_, chunk, memory, max_tokens, rope, end = handlers.choose_example(DEFAULT_EXAMPLE, model, 256, None)
+    *_, chunk, memory, max_tokens, rope, end, _, _, _ = handlers.choose_example(DEFAULT_EXAMPLE, model, 256, None)
     assert chunk == {"maximum": tokens, "__type__": "update"}
 
 

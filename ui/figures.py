@@ -315,14 +315,15 @@ def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, 
                         sinks: int = 0, needle: tuple[int, int] | None = None, current: int | None = None,
                         max_columns: int = MAX_COLUMNS, height: int = 340 + LEGEND_ROOM,
                         answers: Sequence[tuple[int, int]] = (), stopped_of: int | None = None,
-                        words: Callable[[int, int], list[str]] | None = None) -> go.Figure:
+                        words: Callable[[int, int], list[str]] | None = None, document: str = "document") -> go.Figure:
     """Which positions are in memory after each step: rows are steps (top to bottom), columns
     token positions (prompt head + document), colour the fraction of (layer, KV head) slots
     that keep the position. ``needle`` is the passkey's [start, end) in the same positions,
     ``answers`` where the full cache's answer appears. ``words(width, columns)`` gives each column's
     text (the page shows it under the pointer: layout.meta, read by the page's script).
     ``stopped_of``: the run was stopped after ``steps`` of this many steps, and ``tokens`` are
-    the positions it read (the title says so). Colours and words: ui/legend.py."""
+    the positions it read (the title says so). ``document``: the run's document, as the axis names
+    it. Colours and words: ui/legend.py."""
     rows = map_rows(steps, records[-1].step if records else None, current)
     z, width = retained_matrix(records, tokens, steps, max_columns, rows)
     hybrid = bool(records and records[-1].layer_types)
@@ -343,7 +344,7 @@ def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, 
     what = "every " + _nth(math.ceil(steps / MAP_ROWS)) + " step" if sampled else "each step"
     stopped = f" · stopped at step {steps} of {stopped_of}" if stopped_of else ""
     _style(fig, f"Retained tokens: what memory holds after {what}" + (" (global layers)" if hybrid else "") + stopped,
-           height, f"token position (prompt head + document){column}", "after step")  # the title says when sampled
+           height, f"token position (prompt head + {document}){column}", "after step")  # the title says when sampled
     _hatch_unread(fig, records, tokens, rows)
     # the two states the colour bar cannot show, in the legend at the foot
     fig.add_scatter(x=[None], y=[None], mode="markers", name=legend.LEGEND_NAMES["evicted"], hoverinfo="skip",

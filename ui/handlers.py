@@ -25,6 +25,8 @@ from memstep.schedules import MAX_SIZE_TOKENS, make_schedule
 from ui.documents import (DEFAULT_EXAMPLE, EXAMPLE_SETTINGS, TOKENIZER_FREE_EXAMPLE, DocumentSource, describe, example,
                           read_upload, uploaded_path)
 from ui.fields import settle
+from ui.explain import NO_QUESTION
+from ui.identity import PREPARING_LABEL, RUN_LABEL, document_label, is_compressed, model_name, model_words, page_mismatch
 from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure, schedule_figure
 from ui.inputs import flag
 from ui.models import cached_model, context_tokens, get_model, layer_count, normalize_spec, preview_tokenizer
@@ -63,7 +65,7 @@ def choose_example(name: str | None, model: str | None, chunk=None, max_tokens=N
     a chunk it leaves is kept within its tokens, as for an upload (choose_upload). The chunk
     slider's end comes last."""
     if not name:
-        return (gr.skip(),) * (5 + len(EXAMPLE_CONTROLS))
+        return (gr.skip(),) * (5 + len(EXAMPLE_CONTROLS)) + ready_outputs(None)
     try:
         source = example(name, preview_tokenizer(model)[0])
     except MemstepError as err:
@@ -73,7 +75,19 @@ def choose_example(name: str | None, model: str | None, chunk=None, max_tokens=N
         source, model, chunk, needs.get("max_tokens", max_tokens))
     controls = {**{key: needs[key] if key in needs else gr.skip() for key in EXAMPLE_CONTROLS}, "chunk": chunk_update}
     return (source, source.question, describe_document(source, model), None,
-            *(controls[key] for key in EXAMPLE_CONTROLS), end)
+            *(controls[key] for key in EXAMPLE_CONTROLS), end, *ready_outputs(source))
+
+
+def ready_outputs(source: DocumentSource | None) -> tuple:
+    """The page's document marks once a document is in place (ui/identity.py): its id, nothing
+    pending, and the Run button back (the preview that follows checks the settings)."""
+    return (gr.skip() if source is None else source.doc_id, "", gr.update(value=RUN_LABEL, interactive=True))
+
+
+def preparation_failed(current: DocumentSource | None):
+    """Building a document failed (its message is the toast), or the upload box was cleared: the
+    page goes back to the document the session holds, with Run back."""
+    return (getattr(current, "example", None), *ready_outputs(current))
 
 
 def describe_document(source: DocumentSource, model) -> str:
@@ -93,14 +107,15 @@ def choose_upload(path: str | None, current: DocumentSource, model, chunk=None, 
     note) here, with the document: the preview that follows a new document leaves the chunk box
     alone (see controls_changed). The last two outputs: the chunk slider and its end."""
     if not path:
-        return (gr.skip(),) * 7
+        return (gr.skip(),) * 7 + ready_outputs(None)
     try:
         source = read_upload(uploaded_path(path))
     except MemstepError as err:
         gr.Warning(str(err), title=ERROR_TITLE)
-        return current, gr.skip(), describe_document(current, model), None, gr.skip(), gr.skip(), gr.skip()
+        return (current, gr.skip(), describe_document(current, model), None, gr.skip(), gr.skip(), gr.skip(),
+                *ready_outputs(current))
     return (source, source.question, describe_document(source, model), gr.skip(), None,
-            *_chunk_within(source, model, chunk, max_tokens))
+            *_chunk_within(source, model, chunk, max_tokens), *ready_outputs(source))
 
 
 def _chunk_within(doc: DocumentSource, model, chunk, max_tokens) -> tuple:
@@ -292,11 +307,14 @@ def _layers_plot(shown):
 RUN_OUTPUTS = 16  # the Run tab's outputs of a run update (see _run_outputs)
 
 
-def _loading_update(model) -> tuple:
-    """The first update of a run, before the model is loaded: only the status says so."""
+def _loading_update(model, doc: DocumentSource, question) -> tuple:
+    """The first update of a run, before the model is loaded: the status says what it runs, and
+    the answer box says at once when no question was asked."""
     now = ("loading the model: a few seconds (a model not on this machine downloads first)"
            if cached_model(model) is None else "preparing the document")
-    return (stat_cards([("state", "run", "starting")], 0.0, now=now),) + (gr.skip(),) * (RUN_OUTPUTS - 1)
+    cards = [("state", "run", "starting"), ("document", "document", document_label(doc))]
+    answer = NO_QUESTION if not (question or "").strip() else "*The answer appears when the prefill is done.*"
+    return (stat_cards(cards, 0.0, now=now),) + (gr.skip(),) * 5 + (answer,) + (gr.skip(),) * (RUN_OUTPUTS - 7)
 
 
 # The Run tab's "as the reference code" boxes: a ticked box takes the reference's way
@@ -313,10 +331,15 @@ def reference_ways(ways) -> tuple[str, dict]:
 
 
 def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens,
-                 question, full_reference, rope=AUTO, question_aware=False, ways=None, query="",
-                 progress=gr.Progress(), request: gr.Request = None):
+                 question, full_reference, rope=AUTO, question_aware=False, ways=None, query="", example_name=None,
+                 pending="", shown_id=None, progress=gr.Progress(), request: gr.Request = None):
     """Stream a run: one update as soon as the schedule is known, then one per step, then
-    the answer (and the full-cache reference answer when asked)."""
+    the answer (and the full-cache reference answer when asked). From the page, the example menu,
+    the pending mark and the document id it shows come last: a run starts only when they match the
+    session's document (ui/identity.py)."""
+    mismatch = page_mismatch(doc, example_name, pending, shown_id)
+    if mismatch:
+        _fail(MemstepError(mismatch))
     began = time.perf_counter()
     session = _session(request)
     _STOP_REQUESTS.discard(session)  # a Stop pressed before this run is not for it
@@ -324,7 +347,10 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
     try:
         settings = settings_from(schedule, chunk, memory, growth, scorer, sinks, rope, question_aware,
                                  *reference_ways(WAY_DEFAULTS if ways is None else ways))
-        yield _loading_update(model)
+        if settings.question_aware and not (question or "").strip():
+            raise MemstepError("Question-aware scoring needs a question: type one in the Question box, or untick "
+                               "Question-aware under Advanced (nothing was run)")
+        yield _loading_update(model, doc, question)
         progress(0.0, desc="Loading the model")
         lm = get_model(model, session)
         document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm), settings)
@@ -345,7 +371,8 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
         with closing(prefill_stream(model, document.ids, settings, question, reference, document.notices,
                                     cache_reference=doc.bundled, session=session)) as stream:
             yield from _stream_run(stream, document, settings, question, reference, began, progress, session,
-                                   lm=lm, model_spec=normalize_spec(model, session), query=str(query or ""))
+                                   lm=lm, model_spec=normalize_spec(model, session), query=str(query or ""),
+                                   model_given=model)
     except MemstepError as err:
         _fail(err)
     finally:
@@ -380,13 +407,16 @@ UPDATE_SECONDS = 0.5
 
 
 def _stream_run(stream, document, settings, question, full_reference, began, progress, session="", lm=None,
-                model_spec="", query=""):
+                model_spec="", query="", model_given=None):
     """The page updates for one run's stream of plain data; after Stop, one last update
     (the steps so far, stopped) and no more. Every update says what happens next, with an
     estimate from the run's own speed."""
     events = timed(stream)
     _, plan, _ = next(events)
-    view = RunView(document, settings, plan, wants_reference=bool(full_reference))
+    shown_model = model_given if is_compressed(model_given) else model_spec
+    view = RunView(document, settings, plan, wants_reference=bool(full_reference), question=str(question or ""),
+                   model_name=model_name(shown_model, lm), model_words=model_words(shown_model, lm),
+                   named_model=bool(model_spec) and model_spec != normalize_spec(None))
     device = getattr(lm, "device", "cpu")
     view.cpu_measured = cpu_time_measured(device)
     view.load_note = shared_note() if view.cpu_measured else None
@@ -402,6 +432,10 @@ def _stream_run(stream, document, settings, question, full_reference, began, pro
     for kind, item, cpu in ([] if view.stopped else events):
         if _take_stop(session):
             view.stopped = True
+            if kind == "step":  # the step Stop waited for has run: it counts, and shows
+                view.records.append(compact(item))
+                view.cpu_seconds.append(cpu)
+                view.seconds = time.perf_counter() - began
             yield _run_outputs(view, query=query)
             return
         view.seconds = time.perf_counter() - began
@@ -520,7 +554,7 @@ def share_link(example_name, doc: DocumentSource, schedule, growth, chunk, memor
 
 
 def controls_changed(example_name, doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens,
-                     scorer, rope, ways, question_aware, question, view: RunView | None, chunk_end=None,
+                     scorer, rope, ways, question_aware, question, view: RunView | None, chunk_end=None, pending="",
                      event: gr.EventData = None):
     """Every view that follows the Run tab's controls, from one listener: the preview (and the
     controls it settles), the stale-views line and the share link. One listener, not three, since
@@ -536,6 +570,10 @@ def controls_changed(example_name, doc: DocumentSource, model, schedule, growth,
     stale = stale_note(view, schedule, growth, chunk, memory, scorer, sinks, rope, question_aware, question, ways)
     share = share_link(example_name, doc, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope,
                        question_aware, question, model)
+    if page_mismatch(doc, example_name, pending, getattr(doc, "doc_id", None)):  # the new document is not in yet
+        shown = (*shown[:2], gr.update(value=PREPARING_LABEL, interactive=False), *shown[3:])
+    else:
+        shown = (*shown[:2], gr.update(value=RUN_LABEL, interactive=shown[2]["interactive"]), *shown[3:])
     return (*shown, stale, share)
 
 
@@ -551,12 +589,12 @@ def open_link(request: gr.Request):
     needs = EXAMPLE_SETTINGS.get(chosen.get("example"), {})  # what the link leaves out, the example sets
     updates = [chosen.get(key, needs.get(key, gr.skip())) for key in keys]
     model = chosen.get("model") or default_model()
-    doc_updates = (gr.skip(),) * 3
+    doc_updates = (gr.skip(),) * 4
     if "example" in chosen:
         source, question, info = choose_example(chosen["example"], model)[:3]
-        doc_updates = (source, question, info)
+        doc_updates = (source, question, info, source.doc_id)
     if "question" in chosen:
-        doc_updates = (doc_updates[0], chosen["question"], doc_updates[2])
+        doc_updates = (doc_updates[0], chosen["question"], *doc_updates[2:])
     return (*updates, *doc_updates)
 
 

@@ -57,6 +57,7 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
 .secondary-wrap { min-width: 0 !important; }
 .secondary-wrap input { min-width: 0; text-overflow: ellipsis; }
 #map-token { min-height: 2.6em; margin: -4px 0 4px; }
+.memstep-hidden { display: none !important; }
 #memstep-map-token b { color: var(--body-text-color); }
 .memstep-paper [data-t].memstep-pointed { outline: 3px solid #f59e0b; outline-offset: 1px; }
 /* tables scroll sideways instead of stacking their headers one letter per line (the header is
@@ -82,6 +83,29 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
 # Ctrl+Enter (Cmd+Enter) runs from anywhere on the Run tab.
 HEAD = """
 <script>
+// A file chosen or dropped for upload: Run waits for it from this moment ("preparing the document…",
+// ui/identity.py), not from when the file has reached the server. Files the upload box refuses at
+// once (type, size) leave Run as it was.
+(() => {
+  const LIMIT = __UPLOAD_LIMIT__;
+  const accepted = (input, file) => {
+    const types = (input?.accept || "").split(",").map((t) => t.trim().toLowerCase()).filter(Boolean);
+    const name = file.name.toLowerCase();
+    return file.size <= LIMIT && (!types.length || types.some((t) => name.endsWith(t)));
+  };
+  const started = (files, input) => {
+    if (files && files.length && [...files].every((file) => accepted(input, file))) {
+      document.querySelector("#upload-started")?.click();
+    }
+  };
+  document.addEventListener("change", (event) => {
+    if (event.target.matches?.("#upload input[type=file]")) started(event.target.files, event.target);
+  }, true);
+  document.addEventListener("drop", (event) => {
+    const box = event.target.closest?.("#upload");
+    if (box) started(event.dataTransfer?.files, box.querySelector("input[type=file]"));
+  }, true);
+})();
 document.addEventListener("keydown", (event) => {
   if (event.key !== "Enter" || !(event.ctrlKey || event.metaKey)) return;
   const run = document.querySelector("#run");
@@ -199,7 +223,7 @@ def build_app() -> gr.Blocks:
         c = run.controls
         demo.load(handlers.open_link, None,
                   [c[k] for k in ("example", "schedule", "growth", "chunk", "memory", "sinks", "max_tokens", "scorer",
-                                  "rope", "question_aware", "model", "doc_state", "question", "doc_info")],
+                                  "rope", "question_aware", "model", "doc_state", "question", "doc_info", "doc_key")],
                   api_visibility="private", show_progress="hidden")
         demo.load(handlers.share_link, [c[k] for k in ("example", "doc_state", "schedule", "growth", "chunk",
                                                        "memory", "sinks", "max_tokens", "scorer", "rope",
@@ -214,7 +238,8 @@ def launch_options() -> dict:
     theme = gr.themes.Soft(primary_hue="blue", neutral_hue="slate",
                            font=[gr.themes.Font(name) for name in ("Inter", "Segoe UI", "system-ui", "sans-serif")],
                            font_mono=[gr.themes.Font(name) for name in ("ui-monospace", "monospace")])
-    return {"theme": theme, "css": CSS + _table_css() + dark_css(), "head": HEAD, "max_file_size": MAX_UPLOAD_BYTES}
+    return {"theme": theme, "css": CSS + _table_css() + dark_css(),
+            "head": HEAD.replace("__UPLOAD_LIMIT__", str(MAX_UPLOAD_BYTES)), "max_file_size": MAX_UPLOAD_BYTES}
 
 
 # Tables that scroll sideways on a narrow screen: elem_id -> (minimum width in px, column widths)

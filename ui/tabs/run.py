@@ -16,7 +16,7 @@ from memstep.presets import AUTO, PRESETS, ROPE_CHOICES, ROPE_HELP
 from memstep.schedules import GROWTHS
 from memstep.scorers import SCORERS
 
-from ui import handlers, legend
+from ui import handlers, identity, legend
 from ui.fields import OpenSlider
 from ui.documents import DEFAULT_EXAMPLE, DOCUMENT_STATE_SECONDS, EXAMPLES, MAX_UPLOAD_BYTES
 from ui.runs import DEFAULT_MAX_TOKENS
@@ -118,18 +118,23 @@ def build_tab() -> RunTab:
         with gr.Column(scale=4, min_width=330, elem_id="memstep-controls"):
             # first in the column: visible without scrolling, a few Tab presses away
             with gr.Row(elem_id="run-row"):
-                run = gr.Button("Run", variant="primary", elem_id="run", min_width=120)
+                run = gr.Button(identity.RUN_LABEL, variant="primary", elem_id="run", min_width=120)
                 stop = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
             # what a newcomer needs: the document, the question, the schedule, c and M
             with gr.Group():
-                example = gr.Dropdown(list(EXAMPLES), value=DEFAULT_EXAMPLE, label="Example document",
-                                      elem_id="example")
+                example = gr.Dropdown(list(EXAMPLES), value=document.example or DEFAULT_EXAMPLE,
+                                      label="Example document", elem_id="example")
                 upload = gr.File(label=f"…or upload a document ({' '.join(SUPPORTED_EXTENSIONS)}, up to "
                                        f"{MAX_UPLOAD_BYTES // 2**20} MB)",
                                  file_types=list(SUPPORTED_EXTENSIONS), type="filepath", height=150,
                                  elem_id="upload")
             doc_info = gr.Markdown(handlers.describe_document(document, default_model()),
                                    elem_id="doc-info", elem_classes="memstep-note")
+            # what the page shows, for Run to carry (ui/identity.py): the document's id, and a mark
+            # while a document is being prepared; the hidden button marks an upload's start
+            doc_key = gr.Textbox(document.doc_id, visible=False, elem_id="doc-key")
+            pending = gr.Textbox("", visible=False, elem_id="doc-pending")
+            upload_started = gr.Button("upload started", elem_id="upload-started", elem_classes="memstep-hidden")
             question = gr.Textbox(document.question, label="Question (optional)", lines=1,
                                   elem_id="question")
             schedule = gr.Radio(SCHEDULE_CHOICES, value="imdc", label="Schedule", elem_id="schedule")
@@ -214,19 +219,28 @@ def build_tab() -> RunTab:
 
 
     chunk_end = gr.State(None)  # the chunk slider's end as the page holds it (handlers.preview_page)
+    # A new document: Run is disabled in the browser at once ("preparing the document…"), before the
+    # server builds it, and comes back with it (ui/identity.py).
+    preparing = dict(fn=None, inputs=None, outputs=[run, pending], js=identity.PREPARING_JS, api_visibility="private")
+    example.input(**preparing)
+    upload_started.click(**preparing)
+    upload.upload(**preparing)
+    ready = [doc_key, pending, run]
     example.input(handlers.choose_example, [example, model, chunk, max_tokens],
-                  [doc_state, question, doc_info, upload, chunk, memory, max_tokens, rope, chunk_end],
-                  concurrency_limit=None, api_visibility="private")
+                  [doc_state, question, doc_info, upload, chunk, memory, max_tokens, rope, chunk_end, *ready],
+                  concurrency_limit=None, api_visibility="private").failure(
+        handlers.preparation_failed, [doc_state], [example, *ready], api_visibility="private")
     upload.upload(handlers.choose_upload, [upload, doc_state, model, chunk, max_tokens],
-                  [doc_state, question, doc_info, upload, example, chunk, chunk_end],
+                  [doc_state, question, doc_info, upload, example, chunk, chunk_end, *ready],
                   concurrency_limit=None, api_visibility="private")
+    upload.clear(handlers.preparation_failed, [doc_state], [example, *ready], api_visibility="private")
 
     preset.input(handlers.choose_preset, [preset], [scorer, rope, sinks, ways], concurrency_limit=None,
                  api_visibility="private")
     run_outputs = [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, answer, replay_step,
                    view_state, run_views, run_hint, layers_plot, try_aware, run_json, steps_csv, run_charts]
     run_inputs = [doc_state, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens, question,
-                  full_reference, rope, question_aware, ways, search]
+                  full_reference, rope, question_aware, ways, search, example, pending, doc_key]
     # a new document: the last run's answer, map and numbers are of another text ("multiple": it
     # never defers, so it never re-sends the change to the listener that follows the controls)
     doc_state.change(handlers.reset_views, None, [stats, answer, view_state, run_views, run_charts, run_hint,
@@ -241,8 +255,8 @@ def build_tab() -> RunTab:
     # The views that follow the controls (preview, stale-views line, share link) are one listener: see
     # handlers.controls_changed. A run moving the views on (view_state) changes only the stale line.
     follow_inputs = [example, doc_state, model, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope, ways,
-                     question_aware, question, view_state, chunk_end]
-    gr.on([c.change for c in follow_inputs if c not in (view_state, chunk_end)], handlers.controls_changed,
+                     question_aware, question, view_state, chunk_end, pending]
+    gr.on([c.change for c in follow_inputs if c not in (view_state, chunk_end, pending)], handlers.controls_changed,
           follow_inputs, [sizes_plot, preview_note, run, chunk, memory, chunk_end, stale, share],
           trigger_mode="always_last", concurrency_limit=None, show_progress="hidden", api_visibility="private")
     view_state.change(handlers.stale_note, [view_state, schedule, growth, chunk, memory, scorer, sinks, rope,
@@ -262,7 +276,7 @@ def build_tab() -> RunTab:
                       api_visibility="private")
     controls = dict(example=example, schedule=schedule, growth=growth, chunk=chunk, memory=memory, sinks=sinks,
                     max_tokens=max_tokens, scorer=scorer, rope=rope, question_aware=question_aware, model=model,
-                    doc_state=doc_state, question=question, doc_info=doc_info, share=share)
+                    doc_state=doc_state, question=question, doc_info=doc_info, share=share, doc_key=doc_key)
     return RunTab(doc_state, model, question, sinks, max_tokens, controls)
 
 
