@@ -31,7 +31,7 @@ from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_
 from ui.inputs import flag
 from ui.models import cached_model, context_tokens, get_model, layer_count, normalize_spec, preview_tokenizer
 from ui.reference import lookup, reference_key
-from ui.runs import (MAX_DOCUMENT_TOKENS, MAX_NEW_TOKENS, MAX_TOKENS_LIMIT, check_settings, document_limit,
+from ui.runs import (MAX_DOCUMENT_TOKENS, MAX_NEW_TOKENS, MAX_SINKS, MAX_TOKENS_LIMIT, check_settings, document_limit,
                      prefill_stream, prepare, reference_fits, settings_from, whole_number)
 from ui.share import link_html, parse_query, settings_query, write_files
 from ui.summary import ComparedRun, compare_headers, compare_rows, stat_cards
@@ -287,7 +287,7 @@ def stale_note(view: RunView | None, schedule, growth, chunk, memory, scorer, si
 
 def run_failed():
     """The run raised (its message is the toast): the status says so instead of the last update's."""
-    return stat_cards([("state", "run", "failed: see the message; change what it names and press Run")])
+    return stat_cards([("state", "run", "failed: the message says why and what to change")])
 
 
 def _downloads(view: RunView) -> tuple:
@@ -565,6 +565,11 @@ def controls_changed(example_name, doc: DocumentSource, model, schedule, growth,
     put back from that old value landed over the one the user typed next."""
     target = getattr(event, "target", None)
     new_document = isinstance(target, gr.State) or getattr(target, "elem_id", None) == "example"
+    sinks, sinks_note = settle(sinks, "Sinks", 0, MAX_SINKS, default=4)
+    max_tokens, max_note = settle(max_tokens, "Max tokens", 1, MAX_TOKENS_LIMIT)
+    for note in (sinks_note, max_note):
+        if note:
+            gr.Warning(note, title=ERROR_TITLE)
     shown = preview_page(doc, model, schedule, growth, chunk, memory, sinks, max_tokens, rope, ways, chunk_end,
                          keep_chunk=new_document)
     stale = stale_note(view, schedule, growth, chunk, memory, scorer, sinks, rope, question_aware, question, ways)
@@ -574,7 +579,9 @@ def controls_changed(example_name, doc: DocumentSource, model, schedule, growth,
         shown = (*shown[:2], gr.update(value=PREPARING_LABEL, interactive=False), *shown[3:])
     else:
         shown = (*shown[:2], gr.update(value=RUN_LABEL, interactive=shown[2]["interactive"]), *shown[3:])
-    return (*shown, stale, share)
+    boxes = tuple(gr.update(value=value) if note else gr.skip() for value, note in ((sinks, sinks_note),
+                                                                                      (max_tokens, max_note)))
+    return (*shown, stale, share, *boxes)
 
 
 def open_link(request: gr.Request):

@@ -17,9 +17,9 @@ from memstep.schedules import GROWTHS
 from memstep.scorers import SCORERS
 
 from ui import handlers, identity, legend
-from ui.fields import OpenSlider
+from ui.fields import OpenNumber, OpenSlider
 from ui.documents import DEFAULT_EXAMPLE, DOCUMENT_STATE_SECONDS, EXAMPLES, MAX_UPLOAD_BYTES
-from ui.runs import DEFAULT_MAX_TOKENS
+from ui.runs import DEFAULT_MAX_TOKENS, MAX_SINKS, MAX_TOKENS_LIMIT
 from ui.summary import stat_cards
 from ui.views import answer_markdown
 
@@ -99,8 +99,8 @@ SHOW_STATUS_JS = """(...inputs) => {
   return inputs;  // the run's inputs, unchanged
 }"""
 
-MAP_POINTER = ('<span id="memstep-map-token">Point at the map to read the tokens under the pointer; click to '
-               "move the text below and the replay there.</span>")
+MAP_POINTER = ('<span id="memstep-map-token">Point at the map (or tap it) to read the tokens there; click (or tap '
+               "again) to show them in the text and move the replay to that step.</span>")
 
 
 def _model_choices() -> list[str]:
@@ -156,10 +156,11 @@ def build_tab() -> RunTab:
                 growth = gr.Dropdown(list(GROWTHS), value="linear", label="Growth curve (IM and IMDC)",
                                      elem_id="growth")
                 with gr.Row():
-                    sinks = gr.Number(4, label="Sinks", minimum=0, maximum=256, precision=0,
-                                      elem_id="sinks", min_width=90)
-                    max_tokens = gr.Number(DEFAULT_MAX_TOKENS, label="Max tokens", minimum=1, precision=0,
-                                           elem_id="max-tokens", min_width=90)
+                    sinks = OpenNumber(4, label="Sinks", minimum=0, maximum=MAX_SINKS, precision=0,
+                                       elem_id="sinks", min_width=90)
+                    max_tokens = OpenNumber(DEFAULT_MAX_TOKENS, label="Max tokens", minimum=1,
+                                            maximum=MAX_TOKENS_LIMIT, precision=0, elem_id="max-tokens",
+                                            min_width=90)
                 with gr.Row():
                     preset = gr.Dropdown(["none", *PRESETS], value="none", label="Preset", elem_id="preset",
                                          info="reference: the paper's code exactly (conv score, compact "
@@ -194,14 +195,17 @@ def build_tab() -> RunTab:
             run_hint = gr.Markdown(RUN_HINT, elem_id="run-hint", elem_classes="memstep-hint")
             # Hidden until the first streamed update: the page loads without drawing empty plots.
             with gr.Column(visible=False, elem_id="run-views") as run_views:
-                retained_plot = gr.Plot(show_label=False, elem_id="retained-plot")
-                gr.HTML(MAP_POINTER, elem_id="map-token", elem_classes="memstep-note")
-                replay_step = gr.Slider(0, 1, value=0, step=1, interactive=False, elem_id="replay",
-                                        label="Replay: the run after step (0 = before the first)")
-                with gr.Column(elem_id="answer-text"):
-                    search = gr.Textbox(label="Search the document", placeholder="a word, a name, a number…",
-                                        elem_id="search", lines=1, max_lines=1)
-                    text = gr.HTML(elem_id="retained-text")
+                # the map and the words side by side from 1,200 px (the page's CSS), stacked below
+                with gr.Row(elem_id="map-and-text", equal_height=False):
+                    with gr.Column(elem_id="map-column", min_width=0):
+                        retained_plot = gr.Plot(show_label=False, elem_id="retained-plot")
+                        gr.HTML(MAP_POINTER, elem_id="map-token", elem_classes="memstep-note")
+                        replay_step = gr.Slider(0, 1, value=0, step=1, interactive=False, elem_id="replay",
+                                                label="Replay: the run after step (0 = before the first)")
+                    with gr.Column(elem_id="answer-text", min_width=0):
+                        search = gr.Textbox(label="Search the document", placeholder="a word, a name, a number…",
+                                            elem_id="search", lines=1, max_lines=1)
+                        text = gr.HTML(elem_id="retained-text")
             # the preview (before a run) and the how (after): the schedule, its numbers, its link
             preview_note = gr.Markdown(first_note, elem_id="preview-note", elem_classes="memstep-note")
             share = gr.HTML(elem_id="share-link", elem_classes="memstep-note")
@@ -257,7 +261,7 @@ def build_tab() -> RunTab:
     follow_inputs = [example, doc_state, model, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope, ways,
                      question_aware, question, view_state, chunk_end, pending]
     gr.on([c.change for c in follow_inputs if c not in (view_state, chunk_end, pending)], handlers.controls_changed,
-          follow_inputs, [sizes_plot, preview_note, run, chunk, memory, chunk_end, stale, share],
+          follow_inputs, [sizes_plot, preview_note, run, chunk, memory, chunk_end, stale, share, sinks, max_tokens],
           trigger_mode="always_last", concurrency_limit=None, show_progress="hidden", api_visibility="private")
     view_state.change(handlers.stale_note, [view_state, schedule, growth, chunk, memory, scorer, sinks, rope,
                                             question_aware, question, ways], [stale],
