@@ -85,6 +85,11 @@ def suggests_question_aware(view) -> bool:
     return view.full is not None and answers_differ(view.result.answer, view.full.answer)
 
 
+def _said(answer: str | None) -> str:
+    """An answer on one line (a model's blank lines would break the box's Markdown), escaped."""
+    return html.escape(" ".join((answer or "").split()))
+
+
 def _verdict(answer: str | None, view) -> str:
     known = truth(view)
     if known is None:
@@ -108,13 +113,13 @@ def answer_markdown(view) -> str:
     if known is not None and known.kind != "passkey":
         lines[-1] += f"  \n**True answer:** {html.escape(known.shown)}"
     lines += ["", f"**From the compressed memory ({html.escape(view.label(with_model=True))}):** "
-                  f"{html.escape(view.result.answer or '')}{_verdict(view.result.answer, view)}"]
+                  f"{_said(view.result.answer)}{_verdict(view.result.answer, view)}"]
     full_name = "From the full cache" + ("" if known is not None else " (a reference, not the truth)")
     if view.reference_pending:
         lines += ["", f"**{full_name}:** *prefilling the whole document with nothing evicted…*"
                   if not view.stopped else "*Stopped before the reference answer.*"]
     if view.full is not None:
-        lines += ["", f"**{full_name}:** {html.escape(view.full.answer or '')}{_verdict(view.full.answer, view)}"]
+        lines += ["", f"**{full_name}:** {_said(view.full.answer)}{_verdict(view.full.answer, view)}"]
     story = answer_story(view)
     if story:
         lines += ["", story]

@@ -26,7 +26,7 @@ from ui.documents import (DEFAULT_EXAMPLE, EXAMPLE_SETTINGS, TOKENIZER_FREE_EXAM
                           read_upload, uploaded_path)
 from ui.fields import settle
 from ui.explain import NO_QUESTION
-from ui.identity import PREPARING_LABEL, RUN_LABEL, document_label, is_compressed, model_name, model_words, page_mismatch
+from ui.identity import RUN_LABEL, document_label, is_compressed, model_name, model_words, page_mismatch
 from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure, schedule_figure
 from ui.inputs import flag
 from ui.models import cached_model, context_tokens, get_model, layer_count, normalize_spec, preview_tokenizer
@@ -59,13 +59,13 @@ def default_document() -> DocumentSource:
 EXAMPLE_CONTROLS = ("chunk", "memory", "max_tokens", "rope")  # what an example may set (EXAMPLE_SETTINGS)
 
 
-def choose_example(name: str | None, model: str | None, chunk=None, max_tokens=None):
+def choose_example(name: str | None, model: str | None, chunk=None, max_tokens=None, current=None):
     """An example picked: it becomes the document, its question fills the question box, and the
     settings it needs (the whole novel: chunk and memory 1,024, no max tokens) fill their controls;
     a chunk it leaves is kept within its tokens, as for an upload (choose_upload). The chunk
-    slider's end comes last."""
+    slider's end comes, then the page's document marks (ready_outputs)."""
     if not name:
-        return (gr.skip(),) * (5 + len(EXAMPLE_CONTROLS)) + ready_outputs(None)
+        return (gr.skip(),) * (5 + len(EXAMPLE_CONTROLS)) + ready_outputs(current, back=True)
     try:
         source = example(name, preview_tokenizer(model)[0])
     except MemstepError as err:
@@ -75,30 +75,37 @@ def choose_example(name: str | None, model: str | None, chunk=None, max_tokens=N
         source, model, chunk, needs.get("max_tokens", max_tokens))
     controls = {**{key: needs[key] if key in needs else gr.skip() for key in EXAMPLE_CONTROLS}, "chunk": chunk_update}
     return (source, source.question, describe_document(source, model), None,
-            *(controls[key] for key in EXAMPLE_CONTROLS), end, *ready_outputs(source))
+            *(controls[key] for key in EXAMPLE_CONTROLS), end, *ready_outputs(source, back=source == current))
 
 
-def ready_outputs(source: DocumentSource | None) -> tuple:
-    """The page's document marks once a document is in place (ui/identity.py): its id, nothing
-    pending, and the Run button back (the preview that follows checks the settings)."""
-    return (gr.skip() if source is None else source.doc_id, "", gr.update(value=RUN_LABEL, interactive=True))
+def ready_outputs(source: DocumentSource | None, back: bool = False) -> tuple:
+    """The page's document marks once a document is in place (ui/identity.py): its id and nothing
+    pending. Run comes back from the preview that follows the new document (controls_changed, which
+    also checks the settings): Run enabled here too would flicker off and on again when an older
+    preview lands in between, and a click in that moment is lost. ``back``: no new document follows
+    (a failure, a cleared box, the same document again), so Run comes back here."""
+    run = gr.update(value=RUN_LABEL, interactive=True) if back else gr.skip()
+    return (gr.skip() if source is None else source.doc_id, "", run)
 
 
 def preparation_failed(current: DocumentSource | None):
     """Building a document failed (its message is the toast), or the upload box was cleared: the
     page goes back to the document the session holds, with Run back."""
-    return (getattr(current, "example", None), *ready_outputs(current))
+    return (getattr(current, "example", None), *ready_outputs(current, back=True))
 
 
 def describe_document(source: DocumentSource, model) -> str:
+    """The document's line under the upload box: its name, tokens, passkey, and id (the run card
+    shows the same id: what a run is of)."""
+    ident = f" · #{source.doc_id}"
     try:
         tokenizer, exact = preview_tokenizer(model)
     except MemstepError as err:  # the page keeps serving; the run will try the model again
-        return f"{describe(source)}  \n⚠ {err}. The page keeps working; Run tries to load the model again."
+        return f"{describe(source)}{ident}  \n⚠ {err}. The page keeps working; Run tries to load the model again."
     count = _count_tokens(source.text, tokenizer)[1]
     if count >= COUNT_LIMIT:
-        return f"{describe(source)} · over {COUNT_LIMIT:,} tokens"
-    return describe(source, count, exact)
+        return f"{describe(source)} · over {COUNT_LIMIT:,} tokens{ident}"
+    return describe(source, count, exact) + ident
 
 
 def choose_upload(path: str | None, current: DocumentSource, model, chunk=None, max_tokens=None):
@@ -107,15 +114,15 @@ def choose_upload(path: str | None, current: DocumentSource, model, chunk=None, 
     note) here, with the document: the preview that follows a new document leaves the chunk box
     alone (see controls_changed). The last two outputs: the chunk slider and its end."""
     if not path:
-        return (gr.skip(),) * 7 + ready_outputs(None)
+        return (gr.skip(),) * 7 + ready_outputs(current, back=True)
     try:
         source = read_upload(uploaded_path(path))
     except MemstepError as err:
         gr.Warning(str(err), title=ERROR_TITLE)
         return (current, gr.skip(), describe_document(current, model), None, gr.skip(), gr.skip(), gr.skip(),
-                *ready_outputs(current))
+                *ready_outputs(current, back=True))
     return (source, source.question, describe_document(source, model), gr.skip(), None,
-            *_chunk_within(source, model, chunk, max_tokens), *ready_outputs(source))
+            *_chunk_within(source, model, chunk, max_tokens), *ready_outputs(source, back=source == current))
 
 
 def _chunk_within(doc: DocumentSource, model, chunk, max_tokens) -> tuple:
@@ -247,6 +254,11 @@ def _whole(value) -> int | None:
 
 # ---- a run ---------------------------------------------------------------------------
 def _run_outputs(view: RunView, step: int | None = None, query: str = ""):
+    if view.stopped and not view.records:  # stopped before any step: nothing to draw, no empty charts
+        return (stats_html(view), gr.skip(), gr.skip(), gr.skip(), gr.skip(), "", answer_markdown(view),
+                gr.update(maximum=1, value=0, interactive=False), view, gr.Column(visible=False),
+                gr.Markdown(visible=True), gr.Plot(visible=False), gr.Button(visible=False),
+                gr.DownloadButton(visible=False), gr.DownloadButton(visible=False), gr.Column(visible=False))
     shown = render(view, step, query)
     steps = max(1, view.steps)
     slider = gr.update(maximum=steps, value=len(view.records) if step is None else step + 1,
@@ -575,8 +587,10 @@ def controls_changed(example_name, doc: DocumentSource, model, schedule, growth,
     stale = stale_note(view, schedule, growth, chunk, memory, scorer, sinks, rope, question_aware, question, ways)
     share = share_link(example_name, doc, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope,
                        question_aware, question, model)
-    if page_mismatch(doc, example_name, pending, getattr(doc, "doc_id", None)):  # the new document is not in yet
-        shown = (*shown[:2], gr.update(value=PREPARING_LABEL, interactive=False), *shown[3:])
+    # the example menu shows another document than the session's: it is being built. (Not the pending
+    # mark: a listener that follows the new document can read it before its reset reaches the page.)
+    if page_mismatch(doc, example_name, "", getattr(doc, "doc_id", None)):
+        shown = (*shown[:2], gr.skip(), *shown[3:])  # Run stays as the page set it: preparing
     else:
         shown = (*shown[:2], gr.update(value=RUN_LABEL, interactive=shown[2]["interactive"]), *shown[3:])
     boxes = tuple(gr.update(value=value) if note else gr.skip() for value, note in ((sinks, sinks_note),

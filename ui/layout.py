@@ -207,6 +207,9 @@ document.addEventListener("click", (event) => {
     if (how === "hover" || (how === "tap" && armed !== key)) {
       armed = how === "tap" ? key : armed;
       say(line + (how === "tap" ? " · tap again to show it in the text" : ""));
+      const said = document.querySelector("#memstep-map-token");  // a finger's line must be in view
+      const box = said?.getBoundingClientRect();
+      if (how === "tap" && box && (box.bottom > window.innerHeight || box.top < 0)) said.scrollIntoView({block: "nearest"});
       return;
     }
     armed = null;

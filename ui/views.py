@@ -162,7 +162,7 @@ def render(view: RunView, step: int | None = None, query: str = "") -> Rendered:
                                        sinks=view.settings.sinks, needle=needle, current=current,
                                        stopped_of=view.steps if partial else None, answers=answers,
                                        words=lambda width, columns: column_words(view.document, width, columns),
-                                       document=view.document_label())
+                                       document=f"document #{view.document.source.doc_id}")
     else:
         retained = placeholder_figure("Stopped before the first step ended: nothing was kept to show" if view.stopped
                                       else "The retained-token map fills in as the steps run",

@@ -230,7 +230,7 @@ def build_tab() -> RunTab:
     upload_started.click(**preparing)
     upload.upload(**preparing)
     ready = [doc_key, pending, run]
-    example.input(handlers.choose_example, [example, model, chunk, max_tokens],
+    example.input(handlers.choose_example, [example, model, chunk, max_tokens, doc_state],
                   [doc_state, question, doc_info, upload, chunk, memory, max_tokens, rope, chunk_end, *ready],
                   concurrency_limit=None, api_visibility="private").failure(
         handlers.preparation_failed, [doc_state], [example, *ready], api_visibility="private")
