@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import html
 
-from ui.outcome import answers_differ, describe_history, history
+from ui.outcome import answers_differ, describe_history, history, token_range
 from ui.summary import needle_kept, passkey_verdict
 
 EXCERPT_CHARS = 90  # the evidence quoted in the explanation
@@ -51,10 +51,19 @@ def truth_chars(view) -> tuple[int, int] | None:
 
 def truth_positions(view) -> tuple[int, int] | None:
     """The true answer's tokens in input positions, when the run read them."""
-    chars = truth_chars(view)
-    if chars is None or chars[1] > read_chars(view):
+    return document_truth_positions(view.document)
+
+
+def document_truth_positions(document) -> tuple[int, int] | None:
+    """The true answer's tokens in input positions (prompt head included) of a prepared document,
+    when the part a run reads holds them; None otherwise or when no answer is known."""
+    known = getattr(document.source, "truth", None)
+    chars = None if known is None else known.answer_chars(document.source.text)
+    read = int(document.spans[-1][1]) if len(document.spans) else 0
+    if chars is None or chars[1] > read:
         return None
-    return view.input_range(chars)
+    found = token_range(document.spans, chars)
+    return None if found is None else (document.prefix_tokens + found[0], document.prefix_tokens + found[1])
 
 
 def compressed_right(view) -> bool | None:

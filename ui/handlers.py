@@ -1,4 +1,5 @@
-"""Event functions of the Run and Compare tabs: small, and streaming where work is long.
+"""Event functions of the Run tab: small, and streaming where work is long (the Compare tab's:
+ui/comparison.py).
 
 Errors a user can cause arrive as MemstepError and leave as a toast (gr.Error, or
 gr.Warning where the page can carry on); the app keeps serving the next request.
@@ -27,14 +28,14 @@ from ui.documents import (DEFAULT_EXAMPLE, EXAMPLE_SETTINGS, TOKENIZER_FREE_EXAM
 from ui.fields import settle
 from ui.explain import NO_QUESTION
 from ui.identity import RUN_LABEL, document_label, is_compressed, model_name, model_words, page_mismatch
-from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure, schedule_figure
+from ui.figures import placeholder_figure, schedule_figure
 from ui.inputs import flag
 from ui.models import cached_model, context_tokens, get_model, layer_count, normalize_spec, preview_tokenizer
 from ui.reference import lookup, reference_key
 from ui.runs import (MAX_DOCUMENT_TOKENS, MAX_NEW_TOKENS, MAX_SINKS, MAX_TOKENS_LIMIT, check_settings, document_limit,
                      prefill_stream, prepare, reference_fits, settings_from, whole_number)
 from ui.share import link_html, parse_query, settings_query, write_files
-from ui.summary import ComparedRun, compare_headers, compare_rows, stat_cards
+from ui.summary import stat_cards
 from ui.timing import (about, cpu_time_measured, modeled_flops, planned_seconds, preview_config, resolved_device,
                        seconds_left, shared_note, timed)
 from ui.views import RunView, answer_markdown, compact, render, stats_html, text_view
@@ -617,103 +618,3 @@ def open_link(request: gr.Request):
     if "question" in chosen:
         doc_updates = (doc_updates[0], chosen["question"], *doc_updates[2:])
     return (*updates, *doc_updates)
-
-
-# ---- comparison ----------------------------------------------------------------------
-CONFIG_FIELDS = 8  # enabled, schedule, growth, chunk, memory, scorer, RoPE positions, question-aware
-TIME_NOTE = {
-    True: ("Time: the CPU seconds this app's process spent on each configuration (its own work, which other jobs "
-           "on the machine barely change; wall seconds beside them), and the planner's modeled FLOPs, which no load "
-           "changes. Ratios against the first FM configuration; memory columns do not depend on the load."),
-    False: ("Time: wall seconds of each configuration on the device, and the planner's modeled FLOPs. Ratios "
-            "against the first FM configuration."),
-}
-
-
-def _configs(values) -> list[tuple]:
-    return [tuple(values[i:i + CONFIG_FIELDS]) for i in range(0, len(values), CONFIG_FIELDS)]
-
-
-def _compare_outputs(runs: list[ComparedRun], status: str, cpu: bool = True):
-    traces = [(run.label, run.records) for run in runs]
-    return (status, compare_sizes_figure(traces), compare_memory_figure(traces),
-            {"headers": compare_headers(cpu), "data": compare_rows(runs)})
-
-
-def compare(doc: DocumentSource, model, sinks, max_tokens, question, request: gr.Request = None, *config_values,
-            progress=gr.Progress()):
-    """Run the ticked configurations one after another on the same document; stream the
-    overlaid plots and the summary table after every step, and say what runs now. (``request``
-    is Gradio's: it comes before the configurations, which arrive as the remaining inputs.)"""
-    session = _session(request)
-    try:
-        settings = [settings_from(s, c, m, g, sc, sinks, r, qa) for on, s, g, c, m, sc, r, qa
-                    in _configs(config_values) if on]
-        if not settings:
-            raise MemstepError("no configuration is ticked: tick at least one to compare")
-        yield ("**Loading the model**: a few seconds (a model not on this machine downloads first)…",
-               gr.skip(), gr.skip(), gr.skip())
-        progress(0.0, desc="Loading the model")
-        lm = get_model(model, session)
-        document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm))
-        cpu = cpu_time_measured(lm.device)
-        asked = (question or "").strip()  # what each configuration is asked (the Run tab's question box)
-        question_tokens = len(prompt_parts(lm.tokenizer, asked).tail) if asked else 0
-        runs, labels = [], set()
-        for s in settings:  # check every configuration before running any
-            check_settings(s, document.tokens)
-            plan = make_schedule(s.schedule, document.tokens, s.chunk, s.memory, s.growth,
-                                 layers=lm.model.config.num_hidden_layers)
-            label = s.label()
-            while label in labels:
-                label += "′"
-            labels.add(label)
-            needle = document.needle
-            runs.append(ComparedRun(label, s.schedule, [], plan.steps,
-                                    passkey=None if needle is None else document.source.passkey,
-                                    needle=None if needle is None else (document.prefix_tokens + needle[0],
-                                                                        document.prefix_tokens + needle[1]),
-                                    cpu_seconds=[] if cpu else None,
-                                    flops=modeled_flops(lm.model.config, plan, s.sinks,
-                                                        question_tokens if s.question_aware else 0)))
-        for notice in document.notices:
-            gr.Warning(notice, title=ERROR_TITLE)
-        total = sum(r.steps for r in runs)
-        done = 0
-        name = document.source.name
-        yield _compare_outputs(runs, f"Running {len(runs)} configurations on **{name}** ({document.tokens:,} "
-                                     "tokens)…", cpu)
-        for i, (s, run) in enumerate(zip(settings, runs), start=1):
-            head = f"**{run.label}** ({i} of {len(runs)})"
-            with closing(prefill_stream(model, document.ids, s, question, False, document.notices,
-                                        session=session)) as stream:
-                for kind, item, seconds in timed(stream):
-                    if kind == "step":
-                        run.records.append(compact(item))
-                        if run.cpu_seconds is not None:
-                            run.cpu_seconds.append(seconds)
-                        done += 1
-                        progress((done, total), desc=f"{run.label}: step {len(run.records)} of {run.steps}",
-                                 unit="steps")
-                        if len(run.records) == run.steps:
-                            now = (f"answering the question from the compressed memory (up to {MAX_NEW_TOKENS} "
-                                   "tokens, a few seconds)…" if asked else "finishing…")
-                        else:
-                            left = seconds_left(sum(r.seconds for r in run.records), item.tokens_seen,
-                                                document.tokens)
-                            now = (f"step {len(run.records)} of {run.steps} done"
-                                   + (f", {about(left)} left for this configuration" if left else "") + "…")
-                    elif kind == "result":
-                        item.steps = run.records
-                        run.result = item
-                        now = "done."
-                    else:
-                        continue
-                    yield _compare_outputs(runs, f"{head}: {now}", cpu)
-        note = shared_note() if cpu else None
-        yield _compare_outputs(runs, f"**Done**: {len(runs)} configurations on **{name}**, {document.tokens:,} "
-                                     f"tokens ({len(document.ids):,} document tokens). {TIME_NOTE[cpu]}"
-                                     + (f" ({note.capitalize()}.)" if note else "") + " "
-                                     + " ".join(document.notices), cpu)
-    except MemstepError as err:
-        _fail(err)
