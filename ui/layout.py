@@ -58,6 +58,8 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
 .secondary-wrap input { min-width: 0; text-overflow: ellipsis; }
 #map-token { min-height: 2.6em; margin: -4px 0 4px; }
 .memstep-hidden { display: none !important; }
+/* the selected tab's name on a dark page: the accent a step lighter (4.5:1) */
+.dark [role="tab"][aria-selected="true"] { color: var(--primary-400) !important; }
 /* the retained-token map and the document's words: stacked, and side by side from 1,200 px, so a
    click on the map shows its tokens in the text without scrolling the page */
 #map-and-text { flex-wrap: wrap; gap: 12px; }
@@ -68,7 +70,8 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
   #map-and-text > #answer-text { flex: 2 1 0; }
   #answer-text .memstep-paper { max-height: 520px !important; }
 }
-.memstep-paper .memstep-pointed { outline: 3px solid #b45309; outline-offset: 1px; border-radius: 2px; }
+.memstep-paper .memstep-pointed { outline: 3px solid #b45309; outline-offset: 1px; border-radius: 2px;
+  color: inherit !important; }  /* the token's own shade and ink, not the page's */
 #memstep-map-token b { color: var(--body-text-color); }
 /* tables scroll sideways instead of stacking their headers one letter per line (the header is
    a separate table from the body: both get the same minimum widths, and words never break) */
@@ -293,6 +296,16 @@ def launch_options() -> dict:
     theme = gr.themes.Soft(primary_hue="blue", neutral_hue="slate",
                            font=[gr.themes.Font(name) for name in ("Inter", "Segoe UI", "system-ui", "sans-serif")],
                            font_mono=[gr.themes.Font(name) for name in ("ui-monospace", "monospace")])
+    # Every text at least 4.5:1 against what is behind it, in both modes (tests/test_app_map.py measures
+    # it): Soft's help text, labels, selected tab, primary buttons and links are a step too light.
+    theme = theme.set(body_text_color_subdued="*neutral_600", body_text_color_subdued_dark="*neutral_400",
+                      block_label_text_color="*primary_700", block_title_text_color="*primary_700",
+                      button_primary_background_fill="*primary_600", button_primary_background_fill_hover="*primary_700",
+                      checkbox_label_background_fill_selected="*primary_600", color_accent="*primary_600",
+                      link_text_color="*primary_700", link_text_color_hover="*primary_800",
+                      link_text_color_visited="*primary_700", link_text_color_active="*primary_700",
+                      link_text_color_dark="*primary_300", link_text_color_hover_dark="*primary_200",
+                      link_text_color_visited_dark="*primary_300", link_text_color_active_dark="*primary_300")
     return {"theme": theme, "css": CSS + _table_css() + dark_css(),
             "head": HEAD.replace("__UPLOAD_LIMIT__", str(MAX_UPLOAD_BYTES)), "max_file_size": MAX_UPLOAD_BYTES}
 
