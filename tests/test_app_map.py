@@ -3,7 +3,8 @@
 clicked token in the text, in view, with no scrolling by hand; on a 390 px touch screen a tap
 shows the token line (in view) and a second tap outlines the token in the text. Every text of
 the page has a contrast of at least 4.5:1 in both themes, measured from the computed styles.
-A number box out of range is answered in memstep's words. Screenshots go to test-artifacts/."""
+A number box out of range is answered in memstep's words, and the Plan tab's tables keep their
+words whole on a phone. Screenshots go to test-artifacts/."""
 
 from __future__ import annotations
 
@@ -148,3 +149,17 @@ def test_a_number_box_out_of_range_names_its_field_and_goes_back(laptop):
     assert "5,000" in toast and "allowed 0 to 1,024" in toast and "Value 5000" not in toast
     page.wait_for_function("() => document.querySelector('#sinks input').value === '1024'", timeout=15_000)
     set_number(page, "sinks", 4)
+
+
+def test_at_390_px_the_plan_tables_keep_their_words_whole(phone, artifacts_dir):
+    """The Plan tab's tables scroll sideways on a phone instead of breaking words ("IMD C", "bf1 6")."""
+    from ui.browser import broken_words, wait_for_charts
+
+    page = phone
+    page.get_by_role("tab", name="Plan", exact=True).first.click()
+    wait_for_charts(page, "#plan-memory")
+    page.locator("#plan-needs table").first.scroll_into_view_if_needed()
+    page.screenshot(path=str(artifacts_dir / "plan_needs_390.png"))
+    cells = "#plan-needs th, #plan-needs td, #plan-table th, #plan-table td"
+    assert page.locator("#plan-needs td").count() > 0 and broken_words(page, cells) == []
+    page.get_by_role("tab", name="Run", exact=True).first.click()

@@ -315,3 +315,29 @@ def contrast_problems(page, scope: str = "body", least: float = 4.5) -> list[str
     """Visible texts under ``scope`` whose contrast with what is behind them is under ``least``:1
     (one line each: where, the text, the ratio, the colours); [] when every text passes."""
     return page.evaluate(_CONTRAST_JS, [scope, least])
+
+
+# Words a line break cuts in two inside the given elements (table cells, say): a word whose
+# characters lie on more than one line box.
+_BROKEN_WORDS_JS = """(selector) => {
+  const out = [];
+  for (const cell of document.querySelectorAll(selector)) {
+    if (cell.offsetParent === null) continue;
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const m of node.textContent.matchAll(/\\S+/g)) {
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        const tops = new Set([...range.getClientRects()].filter((r) => r.width > 0).map((r) => Math.round(r.top)));
+        if (tops.size > 1) out.push(m[0]);
+      }
+    }
+  }
+  return out;
+}"""
+
+
+def broken_words(page, selector: str) -> list[str]:
+    """Words split across lines inside the elements ``selector`` matches ([] when none is)."""
+    return page.evaluate(_BROKEN_WORDS_JS, selector)

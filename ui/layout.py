@@ -84,6 +84,11 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
 /* the standing's last column holds the verdicts; the KL table's last holds a count */
 #eval-niah-note table:first-of-type td:last-child, #eval-niah-note table:first-of-type th:last-child {
   white-space: normal; min-width: 16em; }
+/* the Plan tab's "what it takes" table: words whole ("IMDC", "bf16"), scrolling sideways on a phone; the
+   last column (the longest context) wraps between words */
+#plan-needs table { display: block; overflow-x: auto; max-width: 100%; }
+#plan-needs th, #plan-needs td { white-space: nowrap; word-break: normal; overflow-wrap: normal; }
+#plan-needs td:last-child, #plan-needs th:last-child { white-space: normal; min-width: 12em; }
 /* the KL table's press names may wrap, so a phone shows them whole before it scrolls */
 #eval-niah-note table:nth-of-type(2) td:nth-child(3) { white-space: normal; overflow-wrap: normal; min-width: 7em; }
 @media (max-width: 640px) {
