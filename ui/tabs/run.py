@@ -99,6 +99,22 @@ SHOW_STATUS_JS = """(...inputs) => {
   return inputs;  // the run's inputs, unchanged
 }"""
 
+# Stop pressed while a run streams: the status says so at once; the run ends on its own "stopped"
+# update once the step under way has finished (a long step takes a while).
+STOPPING_JS = """() => {
+  const state = document.querySelector('#stats [data-stat="state"] .memstep-stat-value');
+  if (!state || !/^(starting|running|reference run)/.test(state.innerText)) return;
+  state.innerText = state.innerText.replace(/^(starting|running|reference run)/, "stopping");
+  let now = document.querySelector("#memstep-now");
+  if (!now) {
+    now = document.createElement("p");
+    now.className = "memstep-now";
+    now.id = "memstep-now";
+    document.querySelector("#stats .memstep-stats")?.after(now);
+  }
+  now.innerText = "stopping… the step under way finishes first, then the run stops (its steps stay for replay)";
+}"""
+
 MAP_POINTER = ('<span id="memstep-map-token">Point at the map (or tap it) to read the tokens there; click (or tap '
                "again) to show them in the text and move the replay to that step.</span>")
 
@@ -273,7 +289,7 @@ def build_tab() -> RunTab:
         handlers.run_document, run_inputs, run_outputs, js=SHOW_STATUS_JS, **running).failure(**failed)
     search.change(handlers.search_text, [search, replay_step, view_state], [text], **searching)
     charts_png.click(None, None, None, js=CHARTS_PNG_JS)
-    stop.click(handlers.stop_run, None, None, concurrency_limit=None, api_visibility="private")
+    stop.click(handlers.stop_run, None, None, js=STOPPING_JS, concurrency_limit=None, api_visibility="private")
     replay_step.input(handlers.replay, [replay_step, view_state, search],
                       [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, layers_plot],
                       trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
