@@ -27,7 +27,7 @@ KEPT_SCALE = [(0.0, "#d6e6fb"), (0.12, "#a9cbf5"), (0.4, "#4a8fe0"), (0.72, "#1d
 CHUNK_OUTLINE = "#f59e0b"
 SINKS_MARK = "#c2410c"  # its name on the map: 5.2:1 on white
 PASSKEY_MARK = "#dc2626"
-ANSWER_MARK = "#059669"  # where the full cache's answer appears in the document
+ANSWER_MARK = "#059669"  # where the true answer sits in the document
 MATCH_MARK = "#facc15"  # search matches in the text view
 
 
@@ -48,7 +48,8 @@ KEPT = Entry("kept", "light to dark blue",
 CHUNK = Entry("chunk", "orange outline", "the chunk read in that step (on its row)")
 SINKS = Entry("sinks", "orange tick", "the sink tokens above the map, always kept")
 PASSKEY = Entry("passkey", "red tick and dotted line", "the hidden passkey")
-ANSWER = Entry("answer", "green tick", "where the full cache's answer appears in the document")
+ANSWER = Entry("answer", "green tick", "where the true answer sits in the document (an upload with no known "
+               "answer: where the full cache's answer appears)")
 ENTRIES = (UNREAD, EVICTED, KEPT, CHUNK, SINKS, PASSKEY, ANSWER)
 # the text view: the same three states on the words
 TEXT_ENTRIES = (
