@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from memstep.documents import CHARS_PER_TOKEN_GUESS, SUPPORTED_EXTENSIONS, ReadL
 from memstep.errors import MemstepError
 from memstep.passkey import make_haystack, question_for, random_passkey, random_thing
 from ui import uploads
+from ui.truths import EXAMPLE_TRUTHS, TrueAnswer, passkey_truth
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 MAX_UPLOAD_BYTES = uploads.MAX_UPLOAD_BYTES  # (reads and upload files: ui/uploads.py)
@@ -42,6 +44,15 @@ class DocumentSource:
     passkey: str | None = None
     needle_chars: tuple[int, int] | None = None  # [start, end) of the needle sentence in text
     bundled: bool = False  # one of the app's examples (its full-cache answer is cached)
+    example: str | None = None  # the example's name in the page's menu (bundled ones)
+    truth: TrueAnswer | None = None  # the known answer to the question (examples, passkey documents)
+
+    @functools.cached_property
+    def doc_id(self) -> str:
+        """The document's identity: a digest of its name and text (a run carries it; the page shows it)."""
+        digest = hashlib.blake2b(digest_size=4)
+        digest.update(self.name.encode("utf-8", "surrogatepass") + b"\0" + self.text.encode("utf-8", "surrogatepass"))
+        return digest.hexdigest()
 
 
 def with_needle(name: str, text: str, question: str = "") -> DocumentSource:
@@ -51,7 +62,7 @@ def with_needle(name: str, text: str, question: str = "") -> DocumentSource:
     if match is None:
         return DocumentSource(name, text, question)
     return DocumentSource(name, text, question or question_for(match.group(1)), match.group(2),
-                          (match.start(), match.end()))
+                          (match.start(), match.end()), truth=passkey_truth(match.group(2), match.group(0)))
 
 
 UPLOAD_REFUSED = ("the document file must be uploaded through the page or with gradio_client's handle_file "
@@ -154,7 +165,8 @@ def _passkey_example(name: str, path: Path, tokens: int, depth: float, seed: int
     haystack = path.read_text(encoding="utf-8")
     doc = make_haystack(haystack, tokenizer, tokens, depth, random_passkey(seed), thing=random_thing(seed))
     return DocumentSource(name, doc.text, doc.question, doc.answer,
-                          (doc.needle_char_start, doc.needle_char_end))
+                          (doc.needle_char_start, doc.needle_char_end),
+                          truth=passkey_truth(doc.answer, doc.text[doc.needle_char_start:doc.needle_char_end]))
 
 
 WHOLE_BOOK_EXAMPLE = "Pride and Prejudice, the whole novel (156k tokens)"
@@ -196,7 +208,8 @@ def example(name: str, tokenizer) -> DocumentSource:
     """A bundled example, built on first use (the passkey ones need the tokenizer)."""
     if name not in EXAMPLES:
         raise MemstepError(f"unknown example '{name}': choose one of {', '.join(EXAMPLES)}")
-    return dataclasses.replace(EXAMPLES[name][0](tokenizer), bundled=True)
+    source = EXAMPLES[name][0](tokenizer)
+    return dataclasses.replace(source, bundled=True, example=name, truth=source.truth or EXAMPLE_TRUTHS[name])
 
 
 def token_spans(text: str, tokenizer, ids: list[int]) -> np.ndarray:
