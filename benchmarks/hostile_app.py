@@ -497,8 +497,8 @@ def page_upload(http: httpx.Client, url: str, fn_index: int, name: str, data: by
     if reply.status_code != 200:
         return f"upload refused ({reply.status_code})"
     path = reply.json()[0]
-    return queue_call(http, url, fn_index, [{"path": path, "meta": {"_type": "gradio.FileData"}}, None, None, 512,
-                                            4096])
+    return queue_call(http, url, fn_index, [{"path": path, "meta": {"_type": "gradio.FileData"}}, None, None, 64,
+                                            4096])  # (a chunk within the small document's tokens: no warning)
 
 
 def visitors_apart(url: str, proc) -> list[dict]:
@@ -519,7 +519,7 @@ def visitors_apart(url: str, proc) -> list[dict]:
         alone = []
         for _ in range(3):
             began = time.perf_counter()
-            assert page_upload(b, url, fn_index, "small.txt", small) == "answered"  # read: no warning
+            alone_answer = page_upload(b, url, fn_index, "small.txt", small)  # "answered": read, no warning
             alone.append(time.perf_counter() - began)
     stop, a_reads = threading.Event(), []
 
@@ -545,7 +545,7 @@ def visitors_apart(url: str, proc) -> list[dict]:
     stop.set()
     thread.join(120)
     rows = [{"case": "another visitor's small upload, alone", "seconds": max(alone), "tries": alone,
-             "answer": "answered"},
+             "answer": alone_answer},
             {"case": "another visitor's small upload while one visitor's hostile reads run", "seconds": max(waits),
              "tries": waits, "answer": answer, "cpu_seconds": cpu_with_children(proc) - cpu0,
              "hostile_reads": a_reads}]

@@ -156,6 +156,7 @@ def test_a_run_the_page_did_not_prepare_is_refused_before_any_work():
     assert page_mismatch(doc, None, "preparing", doc.doc_id) == NOT_SHOWN
     assert page_mismatch(doc, "Passkey in Persuasion (1.5k tokens)", "", doc.doc_id) == NOT_SHOWN
     assert page_mismatch(doc, None, "", "0badc0de") == CHANGED
+    assert "choose the document again" in page_mismatch(None, None, "", doc.doc_id)  # the session's state expired
     run = handlers.run_document(doc, "no/such-model", "fm", "linear", 64, 32, "chunk-attention", 4, None, "",
                                 False, example_name=None, pending="preparing", shown_id=doc.doc_id)
     with pytest.raises(gr.Error, match="still preparing the document"):

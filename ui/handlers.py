@@ -572,7 +572,7 @@ def share_link(example_name, doc: DocumentSource, schedule, growth, chunk, memor
 
 
 def controls_changed(example_name, doc: DocumentSource, model, schedule, growth, chunk, memory, sinks, max_tokens,
-                     scorer, rope, ways, question_aware, question, view: RunView | None, chunk_end=None, pending="",
+                     scorer, rope, ways, question_aware, question, view: RunView | None, chunk_end=None,
                      event: gr.EventData = None):
     """Every view that follows the Run tab's controls, from one listener: the preview (and the
     controls it settles), the stale-views line and the share link. One listener, not three, since
@@ -593,8 +593,8 @@ def controls_changed(example_name, doc: DocumentSource, model, schedule, growth,
     stale = stale_note(view, schedule, growth, chunk, memory, scorer, sinks, rope, question_aware, question, ways)
     share = share_link(example_name, doc, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope,
                        question_aware, question, model)
-    # the example menu shows another document than the session's: it is being built. (Not the pending
-    # mark: a listener that follows the new document can read it before its reset reaches the page.)
+    # the example menu shows another document than the session's: it is being built. (Not the page's
+    # pending mark: this listener, run for the new document, could read it before its reset landed.)
     if page_mismatch(doc, example_name, "", getattr(doc, "doc_id", None)):
         shown = (*shown[:2], gr.skip(), *shown[3:])  # Run stays as the page set it: preparing
     else:

@@ -25,6 +25,7 @@ PREPARING_JS = ("(...inputs) => [{__type__: 'update', interactive: false, value:
                 "'preparing']")
 NOT_SHOWN = ("the page is still preparing the document it shows: press Run again once the Run button is back "
              "(nothing was run)")
+EXPIRED = "this page has been idle for hours and no longer holds its document: choose the document again"
 CHANGED = ("the document changed after Run was pressed: press Run again to run the one the page shows now "
            "(nothing was run)")
 
@@ -41,6 +42,8 @@ def page_mismatch(source, example: str | None, pending: str | None, shown_id: st
     ``pending`` set while the page prepares a document."""
     if shown_id is None:
         return None
+    if source is None:  # the session's document was dropped (DOCUMENT_STATE_SECONDS after it was set)
+        return EXPIRED
     if pending:
         return NOT_SHOWN
     if (example or None) != getattr(source, "example", None):

@@ -275,8 +275,8 @@ def build_tab() -> RunTab:
     # The views that follow the controls (preview, stale-views line, share link) are one listener: see
     # handlers.controls_changed. A run moving the views on (view_state) changes only the stale line.
     follow_inputs = [example, doc_state, model, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope, ways,
-                     question_aware, question, view_state, chunk_end, pending]
-    gr.on([c.change for c in follow_inputs if c not in (view_state, chunk_end, pending)], handlers.controls_changed,
+                     question_aware, question, view_state, chunk_end]
+    gr.on([c.change for c in follow_inputs if c not in (view_state, chunk_end)], handlers.controls_changed,
           follow_inputs, [sizes_plot, preview_note, run, chunk, memory, chunk_end, stale, share, sinks, max_tokens],
           trigger_mode="always_last", concurrency_limit=None, show_progress="hidden", api_visibility="private")
     view_state.change(handlers.stale_note, [view_state, schedule, growth, chunk, memory, scorer, sinks, rope,
