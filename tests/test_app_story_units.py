@@ -190,9 +190,13 @@ def test_an_upload_shorter_than_the_chunk_brings_the_chunk_back_with_it(tmp_path
     from ui import handlers
 
     folder = tmp_path / "gradio"
-    (folder / "upload").mkdir(parents=True)
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(folder))
-    path = netherfield(folder / "upload", 1500)
+
+    def uploaded():
+        (folder / "upload").mkdir(parents=True, exist_ok=True)
+        return netherfield(folder / "upload", 1500)
+
+    path = uploaded()
     model = default_model()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -204,8 +208,10 @@ def test_an_upload_shorter_than_the_chunk_brings_the_chunk_back_with_it(tmp_path
         f"back at {tokens:,}."]
     assert handlers.preview_page(source, model, "fm", "linear", tokens, 256, 4, None, chunk_end=end)[3] == {
         "__type__": "update"}  # the preview that follows leaves the slider alone
+    path = uploaded()  # uploaded again: a read upload is deleted (ui/uploads.py)
     *_, chunk, end, _, _, _ = handlers.choose_upload(str(path), handlers.default_document(), model, 256, None)
     assert chunk == {"maximum": tokens, "__type__": "update"}  # within the document: the user's chunk stays
+    path = uploaded()
     *_, chunk, end, _, _, _ = handlers.choose_upload(str(path), handlers.default_document(), model, 512, "many")
     assert chunk == end == {"__type__": "update"}  # tokens not counted: the preview names the fault
 

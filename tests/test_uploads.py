@@ -189,6 +189,16 @@ def upload_app(scope_client: str, inner=None):
                                                          client=(scope_client, 50000)), base_url="http://app")
 
 
+def run_async(make):
+    """Run the coroutine ``make()`` returns in a thread of its own (its own event loop: a test worker's
+    thread may hold a running one, from a browser test before this one)."""
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("value", asyncio.run(make())))
+    thread.start()
+    thread.join(120)
+    return result["value"]
+
+
 def test_each_address_uploads_at_most_its_share(monkeypatch):
     monkeypatch.setattr(uploads, "UPLOAD_VISITOR_BYTES", 3 * MIB)
     uploads.LEDGER.clear()
@@ -201,13 +211,13 @@ def test_each_address_uploads_at_most_its_share(monkeypatch):
             refused = await one.post("/gradio_api/upload", content=b"x")
             return sent, other, page, refused
 
-    sent, other, page, refused = asyncio.run(scenario())
+    sent, other, page, refused = run_async(scenario)
     assert sent == [200, 200, 200, 429] and other == 200 and page == 200
     assert refused.status_code == 429 and "one visitor may upload" in refused.text
     key = visitor_key(SimpleNamespace(client=SimpleNamespace(host="10.0.0.1")))
     assert uploads.LEDGER.used(key) == 3 * MIB
     uploads.LEDGER.give_back(key, MIB)  # one of its uploads was read: deleted, its bytes back
-    assert asyncio.run(_post_one("10.0.0.1")) == 200
+    assert run_async(lambda: _post_one("10.0.0.1")) == 200
     uploads.LEDGER.clear()
 
     async def too_big(scope, receive, send):  # what Gradio answers a file over its size limit
@@ -218,7 +228,7 @@ def test_each_address_uploads_at_most_its_share(monkeypatch):
         async with upload_app("10.0.0.3", too_big) as client:
             return [(await client.post("/gradio_api/upload", content=b"x" * MIB)).status_code for _ in range(5)]
 
-    assert asyncio.run(refused_uploads()) == [413] * 5  # never 429: nothing was stored, nothing counted
+    assert run_async(refused_uploads) == [413] * 5  # never 429: nothing was stored, nothing counted
     uploads.LEDGER.clear()
 
 
