@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: install install-dev model demo test test-fast bench chromium clean
+.PHONY: install install-dev model demo test test-fast bench chromium clean ray
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
 install: $(VENV)/.installed $(VENV)/.installed-gemma3
 
 install-dev: $(VENV)/.installed-dev
+
+# `memstep eval --executor ray` (pyproject's ray extra; install-dev has it too)
+ray: $(VENV)/.installed
+	$(PIP) ray==2.60.0
 
 # Convert the packaged GGUFs once into $MEMSTEP_CACHE (later loads take seconds; Gemma 3's
 # first conversion takes a minute or two: dequantizing and its 262k-entry tokenizer). Each model

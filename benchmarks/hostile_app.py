@@ -12,7 +12,15 @@ app and given to `memstep run`, a client that leaves while its upload is read, `
 folder with the user's files, and SIGTERM during `memstep compress laco`'s save. Each records its
 CPU seconds (the reading process included) and the server RSS it leaves; the table goes into
 docs/hardening.md (`<!-- hostile-work -->`). `--work-only` runs these cases only; `--table` renders
-that table again from the JSON."""
+that table again from the JSON.
+
+Round 4 (issue 61) adds documents whose operators yield no text (200 pages of empty text objects,
+nested Form XObjects, 5 MB of '<', a tag with 500,000 attributes), two visitors on addresses of
+their own (127.0.0.2 keeps hostile reads running through the page's upload event while 127.0.0.3
+uploads a small text: the seconds until its answer; `<!-- hostile-visitors -->`), twenty 19 MB
+uploads from one address (what the server keeps on disk), `memstep run` on the 200-page PDF beside
+a plain 256-token run, a question that is not UTF-8, `eval --force` onto a summary that is not JSON,
+and kill -9 during a save followed by the next command in the same folder."""
 
 from __future__ import annotations
 
@@ -33,10 +41,11 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 MB = 1e6
+UPLOADS = Path(tempfile.gettempdir()) / f"memstep-hostile-uploads-{os.getpid()}"  # the server's upload folder
 
 
 def start(port: int, public: bool):
-    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False")
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", GRADIO_TEMP_DIR=str(UPLOADS))
     if public:
         env.update(SPACE_ID="someone/memstep", MEMSTEP_MODEL="embedded")
     code = ("from ui.layout import build_app, launch_options; from ui.models import get_model; get_model(None); "
@@ -88,6 +97,9 @@ def table_from_results() -> None:
     write_block("hostile-work", work_table(summary["work"], summary["still_serving"]),
                 "python benchmarks/hostile_app.py --table", doc=ROOT / "docs" / "hardening.md",
                 measured=committed_on(path) or "the last run")
+    if summary.get("visitors"):
+        write_block("hostile-visitors", visitors_table(summary["visitors"]), "python benchmarks/hostile_app.py --table",
+                    doc=ROOT / "docs" / "hardening.md", measured=committed_on(path) or "the last run")
 
 
 def main() -> None:
@@ -135,13 +147,15 @@ def main() -> None:
             rows.extend(private_events(url))
         fn_index = prefill_index()
         work = (app_work(client, proc) + [client_leaves(url, proc, client, fn_index)]
-                + surrogates(url, proc, fn_index) + ([] if public else cli_work()))
+                + surrogates(url, proc, fn_index))
+        visitors = [] if public else visitors_apart(url, proc) + [upload_flood(url, proc)]
+        work += [] if public else cli_work()
         after = client.predict(tokens=4096, api_name="/schedule")
         small = client.predict(document_text="A short document about the sea. " * 30, schedule="fm", chunk=64,
                                memory=32, api_name="/prefill")
         serving = after["steps"] == 8 and small["event"] == "result"
         summary = {"public": public, "still_serving": serving, "rss_start_mb": rss_start / MB,
-                   "rss_end_mb": proc.memory_info().rss / MB, "requests": rows, "work": work}
+                   "rss_end_mb": proc.memory_info().rss / MB, "requests": rows, "work": work, "visitors": visitors}
         name = "hostile_app_public.json" if public else "hostile_app.json"
         path = ROOT / "benchmarks" / "results" / name
         if work_only and path.exists():  # keep the other requests' rows of the last full run
@@ -154,14 +168,21 @@ def main() -> None:
 
             write_block("hostile-work", work_table(work, serving), "python benchmarks/hostile_app.py",
                         doc=ROOT / "docs" / "hardening.md")
+            write_block("hostile-visitors", visitors_table(visitors), "python benchmarks/hostile_app.py",
+                        doc=ROOT / "docs" / "hardening.md")
     finally:
         server.terminate()
         server.wait(30)
+        import shutil
+
+        shutil.rmtree(UPLOADS, ignore_errors=True)
 
 
 # ---- work, not bytes (issue 31) ------------------------------------------------------------------
 
-TARGET_CPU_SECONDS, TARGET_RSS_MB, TARGET_FREED_SECONDS = 2.0, 20.0, 5.0
+# A read that yields no text: at most about half of a 256-token run (5.97 CPU-s in the issue); a small
+# upload answered within 5 s while another visitor's hostile reads run.
+TARGET_CPU_SECONDS, TARGET_RSS_MB, TARGET_FREED_SECONDS, TARGET_ANSWER_SECONDS = 3.0, 20.0, 5.0, 5.0
 
 
 def cpu_with_children(proc) -> float:
@@ -171,13 +192,19 @@ def cpu_with_children(proc) -> float:
 
 
 def bombs(folder: Path) -> list[tuple[str, Path]]:
-    from tests.hostile_documents import nested_html, paragraphs_html, shared_stream_pdf
+    from tests.hostile_documents import (angles_html, attributes_html, empty_text_pdf, entities_html, nested_forms_pdf,
+                                         nested_html, paragraphs_html, shared_stream_pdf)
 
     made = []
     for label, name, data in (("PDF, 1 page on a 4.6 MB shared stream", "shared1.pdf", shared_stream_pdf(1)),
                               ("PDF, 4 pages on a 4.6 MB shared stream", "shared4.pdf", shared_stream_pdf(4)),
+                              ("PDF, 200 pages of empty text objects", "empty200.pdf", empty_text_pdf()),
+                              ("PDF, forms 3 deep drawn 100 times each", "forms.pdf", nested_forms_pdf()),
                               ("HTML, 1 MB of <p>x</p>", "paragraphs.html", paragraphs_html()),
-                              ("HTML, 1 MB of nested <b>", "nested.html", nested_html())):
+                              ("HTML, 1 MB of nested <b>", "nested.html", nested_html()),
+                              ("HTML, one tag with 500,000 attributes", "attributes.html", attributes_html()),
+                              ("HTML, 5 MB of <", "angles.html", angles_html()),
+                              ("HTML, 5 MB of &amp;", "entities.html", entities_html())):
         (folder / name).write_bytes(data)
         made.append((f"{label} ({len(data) / 1e3:,.0f} KB)", folder / name))
     return made
@@ -262,17 +289,17 @@ with httpx.Client(timeout=None) as http:
 
 
 def client_leaves(url: str, proc, client, fn_index: int) -> dict:
-    """A client uploads a PDF that takes a minute of CPU to read (under every cap but the CPU limit),
+    """A client uploads a long text PDF (4.5 M characters: seconds of CPU to read, under every limit),
     asks /prefill to read it, and dies (its process killed, its connection gone) 1 s into the
     reading: the seconds until the reading process is gone and the run slot serves the next request."""
     import httpx
 
-    from tests.hostile_documents import slow_pdf
+    from tests.hostile_documents import long_pdf
 
     session = uuid.uuid4().hex[:11]
     rss0, cpu0 = proc.memory_info().rss, cpu_with_children(proc)
     with httpx.Client(timeout=60) as http:
-        uploaded = http.post(f"{url}gradio_api/upload", files={"files": ("slow.pdf", slow_pdf())}).json()[0]
+        uploaded = http.post(f"{url}gradio_api/upload", files={"files": ("long.pdf", long_pdf())}).json()[0]
         data = prefill_arguments(document_file={"path": uploaded, "meta": {"_type": "gradio.FileData"}},
                                  schedule="full", max_tokens=64)
         http.post(f"{url}gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session,
@@ -293,7 +320,7 @@ def client_leaves(url: str, proc, client, fn_index: int) -> dict:
     small = client.predict(document_text="A short document about the sea. " * 30, schedule="fm", chunk=64,
                            memory=32, api_name="/prefill")
     freed = time.perf_counter() - left
-    row = {"case": "app: a client leaves 1 s into reading a slow PDF (30 pages x 0.9 MB)",
+    row = {"case": "app: a client leaves 1 s into reading a long PDF (4.5 M characters of text)",
            "answer": f"reading process gone {gone:.1f} s after the client left; the next /prefill answered "
                      f"({small['event']}) after {freed:.1f} s" + ("" if was_reading else " (the reading never began)"),
            "cpu_seconds": cpu_with_children(proc) - cpu0, "seconds": freed, "freed_seconds": freed,
@@ -313,9 +340,9 @@ def prefill_arguments(**given) -> list:
     return [given.get(p.name, p.default) for p in parameters]
 
 
-def run_cli(argv: list[str], cwd: Path, term_when=None) -> tuple[int, str, float, float]:
+def run_cli(argv: list[str], cwd: Path, term_when=None, sig=signal.SIGTERM) -> tuple[int, str, float, float]:
     """(exit code, stderr, CPU seconds of the command and its children, wall seconds); with
-    ``term_when`` (a test on the cwd), SIGTERM is sent as soon as it holds."""
+    ``term_when`` (a test on the cwd), ``sig`` (SIGTERM) is sent as soon as it holds."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
@@ -325,7 +352,7 @@ def run_cli(argv: list[str], cwd: Path, term_when=None) -> tuple[int, str, float
         while child.poll() is None and not term_when():
             time.sleep(0.02)
         if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
+            child.send_signal(sig)
     _, err = child.communicate()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
@@ -349,7 +376,8 @@ def cli_work() -> list[dict]:
         folder = Path(folder)
         for label, path in bombs(folder):
             before = listing(folder)
-            add(f"memstep run: {label}", *run_cli(["run", str(path), "--quiet"], folder),
+            add(f"memstep run: {label}", *run_cli(["run", str(path), "--max-tokens", "256", "--chunk", "64", "--memory",
+                                                   "64", "--quiet"], folder),
                 len(set(listing(folder)) - set(before)))
         d = folder / "d"
         d.mkdir()
@@ -369,7 +397,199 @@ def cli_work() -> list[dict]:
                                         "--calibration-tokens", "32", "--quiet", "--output", "X"], save, saving)
         add("memstep compress laco --output X, SIGTERM during the save", code, err, cpu, wall,
             len(list(save.iterdir())))
+        rows.extend(cli_round4(folder, add))
     return rows
+
+
+def cli_round4(folder: Path, add) -> list[dict]:
+    """Issue 61's command-line cases: `memstep run` on the 200-page PDF of empty text objects beside a
+    plain 256-token run, a question that is not UTF-8, `eval --force` onto a summary that is not
+    JSON, and kill -9 during a save followed by the next command in the same folder."""
+    from tests.hostile_documents import empty_text_pdf
+
+    rows: list[dict] = []
+    plain = folder / "plain.txt"
+    plain.write_text((ROOT / "assets" / "persuasion_excerpt.txt").read_text()[:8_000])
+    (folder / "empty200.pdf").write_bytes(empty_text_pdf())
+    code, err, cpu, wall = run_cli(["run", "plain.txt", "--max-tokens", "256", "--quiet"], folder)
+    rows.append({"case": "memstep run plain.txt --max-tokens 256 (the reference run)", "cpu_seconds": cpu,
+                 "seconds": wall, "answer": f"exit {code}", "one_line": True, "files_left": 0, "reference": True})
+    print(f"{rows[-1]['case']:<58} {cpu:>5.2f} CPU-s", flush=True)
+    code, err, cpu, wall = run_cli(["run", "empty200.pdf", "--quiet"], folder)
+    lines = err.splitlines()
+    rows.append({"case": "memstep run: PDF, 200 pages of empty text objects (the acceptance)", "cpu_seconds": cpu,
+                 "seconds": wall, "answer": f"exit {code}: " + (lines[-1][:150] if lines else ""),
+                 "one_line": len(lines) == 1, "files_left": 0, "over_reference": cpu - rows[0]["cpu_seconds"]})
+    print(f"{rows[-1]['case']:<58} {cpu:>5.2f} CPU-s  {rows[-1]['answer'][:90]}", flush=True)
+    before = listing(folder)
+    add("memstep run plain.txt --question $'\\xff'",
+        *_run_bytes([b"run", b"plain.txt", b"--question", b"\xff", b"--quiet"], folder),
+        len(set(listing(folder)) - set(before)))
+    d = folder / "notjson"
+    d.mkdir()
+    (d / "summary.json").write_text("my notes, not JSON\n")
+    before = listing(d)
+    code, err, cpu, wall = run_cli(["eval", "--lengths", "160", "--output", "notjson", "--force", "--quiet"], folder)
+    add("memstep eval --force onto a summary.json that is not JSON", code, err, cpu, wall, int(listing(d) != before))
+    kill = folder / "kill"
+    kill.mkdir()
+
+    def saving() -> bool:
+        return any(p.name.endswith(".memstep-partial") for p in kill.iterdir())
+
+    code, err, cpu, wall = run_cli(["compress", "laco", "--no-eval", "--no-baselines", "--sentences", "2",
+                                    "--calibration-tokens", "32", "--quiet", "--output", "X"], kill, saving,
+                                   sig=signal.SIGKILL)
+    left_by_kill = sorted(p.name for p in kill.iterdir())
+    (kill / "doc.txt").write_text("A short document about the sea. " * 10)
+    code2, err2, cpu2, wall2 = run_cli(["run", "doc.txt", "--max-tokens", "32", "--chunk", "16", "--memory", "16",
+                                        "--quiet", "--output", "result.json"], kill)
+    left = sorted(set(p.name for p in kill.iterdir()) - {"doc.txt", "result.json"})
+    rows.append({"case": "memstep compress laco --output X, kill -9 during the save; then memstep run --output in "
+                         "the same folder", "cpu_seconds": cpu + cpu2, "seconds": wall + wall2,
+                 "answer": f"exit {code}, left {len(left_by_kill)} temporary folder; the next command exit {code2}, "
+                           f"left {len(left)}", "one_line": True, "files_left": len(left)})
+    print(f"{rows[-1]['case']:<58} {rows[-1]['answer']}", flush=True)
+    return rows
+
+
+def _run_bytes(argv: list[bytes], cwd: Path) -> tuple[int, str, float, float]:
+    """run_cli with arguments as raw bytes (a shell's $'\\xff')."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    began = time.perf_counter()
+    child = subprocess.run([os.fsencode(sys.executable), b"-m", b"memstep", *argv], cwd=cwd, capture_output=True,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"))
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return child.returncode, child.stderr.decode("utf-8", "replace").strip(), cpu, time.perf_counter() - began
+
+
+# ---- two visitors, and one that floods (issue 61) ------------------------------------------------------
+
+def as_visitor(address: str, timeout: float = 120) -> httpx.Client:
+    """A client whose connections come from ``address`` (a loopback address of its own: to the server,
+    another visitor)."""
+    return httpx.Client(timeout=timeout, transport=httpx.HTTPTransport(local_address=address))
+
+
+def queue_call(http: httpx.Client, url: str, fn_index: int, data: list) -> str:
+    """A raw queue call: the error line, the warning the page shows, or "answered"."""
+    session = uuid.uuid4().hex[:11]
+    http.post(f"{url}gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session,
+                                                   "event_data": None})
+    warning = None
+    with http.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session}) as reply:
+        for line in reply.iter_lines():
+            message = json.loads(line[5:]) if line.startswith("data:") else {}
+            if message.get("msg") == "log":  # gr.Warning: the page's toast
+                warning = str(message.get("log"))
+            if message.get("msg") == "process_completed":
+                if not message.get("success"):
+                    return str(message.get("output", {}).get("error"))
+                return f"warned: {warning}" if warning else "answered"
+    return "no answer"
+
+
+def page_upload(http: httpx.Client, url: str, fn_index: int, name: str, data: bytes) -> str:
+    """What the page does with a file: upload it, then its upload event reads it (a warning line, or
+    "answered" with the document read)."""
+    reply = http.post(f"{url}gradio_api/upload", files={"files": (name, data)})
+    if reply.status_code != 200:
+        return f"upload refused ({reply.status_code})"
+    path = reply.json()[0]
+    return queue_call(http, url, fn_index, [{"path": path, "meta": {"_type": "gradio.FileData"}}, None, None, 64,
+                                            4096])  # (a chunk within the small document's tokens: no warning)
+
+
+def visitors_apart(url: str, proc) -> list[dict]:
+    """Visitor A (127.0.0.2) keeps hostile documents in its page's upload event, one after another (its
+    reads run one at a time); visitor B (127.0.0.3) uploads a small text five times meanwhile, each
+    while one of A's reads runs: B's seconds from sending its file to its answer, beside B alone."""
+    import threading
+
+    from tests.hostile_documents import angles_html, empty_text_pdf, long_pdf, nested_forms_pdf
+    from ui import handlers
+    from ui.layout import build_app
+
+    fn_index = next(i for i, fn in build_app().fns.items() if fn.fn is handlers.choose_upload)
+    small = ("A short document about the sea. " * 30).encode()
+    hostile = [("empty200.pdf", empty_text_pdf()), ("forms.pdf", nested_forms_pdf()), ("angles.html", angles_html()),
+               ("long.pdf", long_pdf())]  # (the last: the longest read a document yielding text may take)
+    with as_visitor("127.0.0.3") as b:
+        alone = []
+        for _ in range(3):
+            began = time.perf_counter()
+            alone_answer = page_upload(b, url, fn_index, "small.txt", small)  # "answered": read, no warning
+            alone.append(time.perf_counter() - began)
+    stop, a_reads = threading.Event(), []
+
+    def visitor_a():
+        with as_visitor("127.0.0.2") as a:
+            while not stop.is_set():
+                for name, data in hostile:
+                    began = time.perf_counter()
+                    answer = page_upload(a, url, fn_index, name, data)
+                    a_reads.append({"name": name, "seconds": time.perf_counter() - began, "answer": answer[:120]})
+
+    thread = threading.Thread(target=visitor_a, daemon=True)
+    thread.start()
+    cpu0, waits = cpu_with_children(proc), []
+    with as_visitor("127.0.0.3") as b:
+        for _ in range(5):
+            while not reading_children(proc):
+                time.sleep(0.02)  # send while one of A's reads runs
+            began = time.perf_counter()
+            answer = page_upload(b, url, fn_index, "small.txt", small)
+            waits.append(time.perf_counter() - began)
+            print(f"visitor B's small upload while A reads: {waits[-1]:.2f} s ({answer})", flush=True)
+    stop.set()
+    thread.join(120)
+    rows = [{"case": "another visitor's small upload, alone", "seconds": max(alone), "tries": alone,
+             "answer": alone_answer},
+            {"case": "another visitor's small upload while one visitor's hostile reads run", "seconds": max(waits),
+             "tries": waits, "answer": answer, "cpu_seconds": cpu_with_children(proc) - cpu0,
+             "hostile_reads": a_reads}]
+    return rows
+
+
+def upload_flood(url: str, proc) -> dict:
+    """Twenty 19 MB uploads from one address, never read (a script's): how many the server stores,
+    and the bytes its upload folder holds afterwards."""
+    def held() -> int:
+        return sum(p.stat().st_size for p in UPLOADS.rglob("*") if p.is_file())
+
+    before, statuses = held(), []
+    began = time.perf_counter()
+    with as_visitor("127.0.0.4") as flood:
+        for i in range(20):
+            statuses.append(flood.post(f"{url}gradio_api/upload",
+                                       files={"files": (f"big{i}.txt", b"x" * 19_000_000)}).status_code)
+    kept = held() - before
+    return {"case": "twenty 19 MB uploads from one address, never read", "seconds": time.perf_counter() - began,
+            "answer": f"{statuses.count(200)} stored, {statuses.count(429)} refused (429); the upload folder holds "
+                      f"{kept / MB:,.0f} MB more, deleted with their state's time to live",
+            "stored": statuses.count(200), "refused": statuses.count(429), "held_mb": kept / MB}
+
+
+def visitors_table(rows: list[dict]) -> str:
+    lines = ["| case | seconds (each try) | answer |", "|---|---|---|"]
+    for row in rows:
+        tries = ", ".join(f"{t:.1f}" for t in row.get("tries", [])) or f"{row['seconds']:.1f}"
+        lines.append(f"| {row['case']} | {tries} | {row['answer'].replace('|', '/')[:150]} |")
+    reads = next((r["hostile_reads"] for r in rows if "hostile_reads" in r), [])
+    if reads:
+        by_name: dict[str, list[float]] = {}
+        for read in reads:
+            by_name.setdefault(read["name"], []).append(read["seconds"])
+        answers = {read["name"]: read["answer"] for read in reads}
+        lines += ["", "Visitor A's reads meanwhile (seconds from upload to answer, and the answer): "
+                  + "; ".join(f"{name} {min(v):.1f}-{max(v):.1f} s ({len(v)}x: {answers[name][:70]})"
+                              for name, v in by_name.items()) + "."]
+    during = next((r for r in rows if "hostile_reads" in r), None)
+    if during:
+        lines += ["", f"Target: the small upload answered within {TARGET_ANSWER_SECONDS:g} s while another visitor's "
+                      f"hostile reads run: most {during['seconds']:.1f} s."]
+    return "\n".join(lines)
 
 
 def work_table(rows: list[dict], serving: bool) -> str:
@@ -380,11 +600,13 @@ def work_table(rows: list[dict], serving: bool) -> str:
         case, answer = (text.replace("|", "/").replace("<", "&lt;") for text in (row["case"], row["answer"][:150]))
         lines.append(f"| {case} | {answer} | "
                      f"{row['cpu_seconds']:.2f} | {rss} | {row['files_left']} |")
-    app = [r for r in rows if r["case"].startswith("app: ") and "rss_left_mb" in r and "leaves" not in r["case"]]
-    cli = [r for r in rows if r["case"].startswith("memstep run")]
+    app = [r for r in rows if r["case"].startswith("app: ") and "rss_left_mb" in r and "leaves" not in r["case"]
+           and not r["answer"].startswith("read:")]
+    cli = [r for r in rows if r["case"].startswith("memstep run:") and "exit 0" not in r["answer"]]
+    acceptance = next((r for r in rows if "over_reference" in r), None)
     leave = [r for r in rows if "leaves" in r["case"]]
     freed = ", ".join(f"{r['freed_seconds']:.1f} s" for r in leave)
-    lines += ["", f"Targets: each document refused or read in at most {TARGET_CPU_SECONDS:g} CPU seconds "
+    lines += ["", f"Targets: each document refused in at most {TARGET_CPU_SECONDS:g} CPU seconds "
               f"(app: max {max((r['cpu_seconds'] for r in app), default=0):.2f}, CLI: max "
               f"{max((r['cpu_seconds'] for r in cli), default=0):.2f}, the CLI's own start included); at most "
               f"{TARGET_RSS_MB:g} MB of server RSS left by each (max "
@@ -392,6 +614,9 @@ def work_table(rows: list[dict], serving: bool) -> str:
               f"within {TARGET_FREED_SECONDS:g} s ({freed}); "
               f"files overwritten or left behind: {sum(r['files_left'] for r in rows)}. The app still served "
               f"afterwards: {serving}."]
+    if acceptance is not None:
+        lines += ["", f"`memstep run` on the 200-page PDF of empty text objects cost {acceptance['over_reference']:+.2f} "
+                      "CPU-s beside the plain 256-token run (the acceptance: at most +3)."]
     return "\n".join(lines)
 
 
@@ -426,8 +651,8 @@ def private_events(url: str) -> list[dict]:
             ("raw: file ~/.cache/memstep (a folder)", api.prefill, prefill_file(str(Path.home() / ".cache/memstep"))),
             ("raw: file README.md of the app", api.prefill, prefill_file(str(ROOT / "README.md"))),
             ("queue: LaCo C=10^9, 10^6 sentences", laco.run_laco,
-             ["embedded", 10**9, 1, 0, 1, 0.8, "paper", "dense", 10**6, 10**6, True, "chained"]),
-            ("queue: LaCo model /etc", laco.run_laco, ["/etc", 2, 1, 0, 1, 0.8, "paper", "dense", 6, 128, False, "chained"]),
+             ["embedded", 10**9, 1, 0, 1, 0.8, "paper", "dense", 10**6, 10**6, True, "chained", False]),
+            ("queue: LaCo model /etc", laco.run_laco, ["/etc", 2, 1, 0, 1, 0.8, "paper", "dense", 6, 128, False, "chained", False]),
             ("queue: pruning 10^6 samples", sparse.prune,
              ["embedded", "wanda", "unstructured", 0.5, ["br"], "text", 10**6, 128, 20, 1e-3, "norms"]),
             ("queue: load a server path into Run", laco.load_into_run, ["/root"])):

@@ -3,51 +3,37 @@
 Every problem a user can cause (missing file, wrong format, binary or empty file, a PDF
 without text, a file over the size limit) raises MemstepError with a one-line fix.
 
-Reading is bounded by work, not only by bytes (``ReadLimits``): extraction stops once the text
-holds what a run can use, and a PDF's pages and decompressed content, an HTML page's tags are
-capped. memstep.reading.read_document reads a file in a child process with a CPU and memory
-limit, since pypdf's parsing cannot be interrupted from outside.
+Reading is bounded by work, not only by bytes (``ReadLimits``, memstep.read_budget): extraction
+stops once the text holds what a run can use, and the parsers' work (memstep.pdf_text,
+memstep.html_text) follows the text they yield. memstep.reading.read_document reads a file in a
+child process with a CPU and memory limit, since pypdf's parsing cannot be interrupted from outside.
 """
 
 from __future__ import annotations
 
 import bisect
-import dataclasses
-import io
-import logging
+import codecs
 import re
 import unicodedata
 from pathlib import Path
-from html.parser import HTMLParser
 
-from memstep.cancel import checkpoint
 from memstep.errors import MemstepError
+from memstep.read_budget import OverBudget, ReadLimits, Watchdog, WorkBudget, refusal  # noqa: F401 (ReadLimits: here as before)
 
 SUPPORTED_EXTENSIONS = (".txt", ".md", ".pdf", ".html", ".htm")
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 _TEXT_EXTENSIONS = (".txt", ".md")
 _HTML_EXTENSIONS = (".html", ".htm")
-# Block-level HTML elements end a line; inline ones (b, a, span...) do not.
-_HTML_BLOCKS = ("p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre",
-                "blockquote", "section", "article", "header", "footer", "title", "dt", "dd")
-_HTML_PARAGRAPHS = ("p", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "blockquote", "title")
-_HTML_HIDDEN = ("script", "style", "noscript", "template")
 # A token of real text rarely spans more characters than this (SmolLM2: 4.5 on prose; long runs of
 # spaces or '=' are the exception): the text a run of N tokens can use is at most N times this.
 SAFE_CHARS_PER_TOKEN = 16
 
 
-@dataclasses.dataclass(frozen=True)
-class ReadLimits:
-    """How much work reading one document may take. ``max_chars`` (None: no cap): extraction stops
-    once the text holds this many characters; the others refuse the document, naming the limit."""
-    max_chars: int | None = None
-    max_pages: int = 2000                    # PDF pages read before max_chars is reached
-    max_page_content_bytes: int = 1 << 20     # one page's decompressed content stream(s)
-    max_content_bytes: int = 64 << 20         # all pages' decompressed content together
-    max_tags: int = 100_000                   # HTML start tags read before max_chars is reached
-    cpu_seconds: int = 20                     # the reading process (memstep.reading) ends there
-    memory_bytes: int = 2 << 30               # its address space
+def _budget(filename: str, limits: ReadLimits, watchdog: Watchdog | None, what: str) -> WorkBudget:
+    budget = WorkBudget(filename, limits, what)
+    if watchdog is not None:
+        watchdog.budget = budget
+    return budget
 
 
 def chars_for_tokens(tokens: int | None) -> int | None:
@@ -56,20 +42,37 @@ def chars_for_tokens(tokens: int | None) -> int | None:
 
 
 def read_document_bytes(data: bytes, filename: str, *, max_bytes: int = DEFAULT_MAX_BYTES,
-                        limits: ReadLimits | None = None) -> str:
+                        limits: ReadLimits | None = None, watchdog: Watchdog | None = None) -> str:
     """Text of an uploaded file's bytes, in this process (memstep.reading.read_isolated runs it in
-    a child with a CPU limit); the format comes from the file name's extension."""
+    a child with a CPU limit); the format comes from the file name's extension. Its work follows
+    the text it yields (memstep.read_budget); ``watchdog`` (the reading process's) watches its CPU."""
     ext = check_extension(filename)
     limits = limits or ReadLimits()
     if len(data) > max_bytes:
         raise MemstepError(too_big(filename, len(data), max_bytes))
-    if ext == ".pdf":
-        text = _pdf_text(data, filename, limits)
-    elif ext in _HTML_EXTENSIONS:
-        text = _html_text(_decode_text(data, filename), filename, limits)
-    else:
-        text = _decode_text(_text_prefix(data, limits.max_chars), filename)
-    text = normalize_text(text)
+    try:
+        if ext == ".pdf":
+            from memstep.pdf_text import pdf_text
+
+            budget = _budget(filename, limits, watchdog, "parsing steps (content-stream operators and operands, "
+                                                          "XObject draws and their bytes)")
+            text = pdf_text(data, filename, limits, budget)
+        elif ext in _HTML_EXTENSIONS:
+            from memstep.html_text import WHAT, html_text
+
+            budget = _budget(filename, limits, watchdog, WHAT)
+            text = html_text(_decode_text(data, filename), filename, limits, budget)
+        else:
+            budget = _budget(filename, limits, watchdog, "steps")
+            text = _decode_text(_text_prefix(data, limits.max_chars), filename)
+            budget.add_text(len(text))
+        text = normalize_text(text)
+    except OverBudget as err:
+        raise refusal(err) from None
+    except KeyboardInterrupt:
+        if watchdog is not None and watchdog.fired:  # the reading process's CPU watch interrupted it
+            raise MemstepError(watchdog.fired) from None
+        raise
     if not text.strip():
         raise MemstepError(f"{filename} contains no text. Pick a document with some text in it.")
     return text
@@ -180,36 +183,66 @@ def too_big(filename: str, size: int, max_bytes: int) -> str:
             "Use a shorter excerpt of it.")
 
 
+# Byte order marks, longest first (UTF-32's little-endian mark begins with UTF-16's)
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def _bom(data: bytes) -> tuple[int, str] | None:
+    """(length, codec) of the byte order mark ``data`` starts with."""
+    for mark, codec in _BOMS:
+        if data.startswith(mark):
+            return len(mark), codec
+    return None
+
+
 def _text_prefix(data: bytes, max_chars: int | None) -> bytes:
-    """The bytes that can hold the first ``max_chars`` characters (4 bytes each at most), cut
-    before a UTF-8 sequence the cut would split: decoding and the binary check then cost what
-    the run can use, not what the file holds."""
-    cut = None if max_chars is None else 4 * max_chars
+    """The bytes that can hold the first ``max_chars`` characters (a byte order mark, then 4 bytes
+    each at most), cut before a character the cut would split (UTF-8, UTF-16 and UTF-32 alike):
+    decoding and the binary check then cost what the run can use, not what the file holds."""
+    mark = _bom(data)
+    cut = None if max_chars is None else (mark[0] if mark else 0) + 4 * max_chars
     if cut is None or len(data) <= cut:
         return data
     data = data[:cut]
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        if err.reason == "unexpected end of data":
-            data = data[:err.start]
+    codec = mark[1] if mark else "utf-8"
+    if codec == "utf-16":
+        high = data[-2] if data.startswith(codecs.BOM_UTF16_BE) else data[-1]  # the last unit's high byte
+        if 0xD8 <= high <= 0xDB:
+            data = data[:-2]  # the first half of a surrogate pair
+    elif codec in ("utf-8", "utf-8-sig"):
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            if err.reason == "unexpected end of data":
+                data = data[:err.start]
     return data
 
 
 def _decode_text(data: bytes, filename: str) -> str:
-    """Decode text bytes: UTF-8 first (the common case), then UTF-16 without a byte order
-    mark, then the legacy single-byte encodings (see _decode_legacy)."""
+    """Decode text bytes: by their byte order mark (UTF-8, UTF-16, UTF-32) when they start with
+    one, else UTF-8 first (the common case), then UTF-16 without a byte order mark, then the
+    legacy single-byte encodings (see _decode_legacy)."""
     binary = MemstepError(f"{filename} looks like a binary file, not text. "
                           f"Upload a text document ({', '.join(SUPPORTED_EXTENSIONS)}).")
+    mark = _bom(data)
+    if mark is not None:
+        try:
+            text = data.decode(mark[1])
+        except UnicodeDecodeError:
+            raise binary from None
+        if looks_binary(text):
+            raise binary
+        return text
     try:
         # NUL bytes never occur in UTF-8 text; Cyrillic UTF-16 is even valid (control-character) UTF-8
         text = _decode_utf16_without_bom(data) if b"\x00" in data else None
-        text = text if text is not None else data.decode("utf-8-sig")
+        text = text if text is not None else data.decode("utf-8")
     except UnicodeDecodeError:
         text = _decode_utf16_without_bom(data)
         if text is None:
-            if b"\x00" in data and not data.startswith((b"\xff\xfe", b"\xfe\xff")):
-                raise binary from None  # NUL bytes without a UTF-16/32 byte order mark
+            if b"\x00" in data:
+                raise binary from None  # NUL bytes without a byte order mark, and not UTF-16
             text = _decode_legacy(data)
             if text is None:
                 raise binary from None
@@ -297,144 +330,3 @@ def _is_latin(text: str) -> bool:
     letters = [ch for ch in text if ch >= "\x80" and ch.isalpha()]
     latin = sum(1 for ch in letters if unicodedata.name(ch, "").startswith("LATIN"))
     return latin * 2 >= len(letters)
-
-
-def _pdf_text(data: bytes, filename: str, limits: ReadLimits) -> str:
-    """The text of a PDF's pages, read one page at a time until the text holds ``max_chars``.
-    Each page's content is decompressed and measured before pypdf parses it: parsing costs about
-    10 CPU seconds per MB of content operators, and pages may share one huge stream."""
-    import pypdf
-
-    if not data.lstrip()[:5] == b"%PDF-":
-        raise MemstepError(f"{filename} is not a PDF file (no %PDF header). "
-                           "Check the file, or rename it to its real type.")
-    pypdf_log = logging.getLogger("pypdf")
-    level = pypdf_log.level
-    pypdf_log.setLevel(logging.ERROR)  # we report problems ourselves; keep stderr clean
-    pages, chars, content = [], 0, 0
-    try:
-        reader = pypdf.PdfReader(io.BytesIO(data))
-        if reader.is_encrypted and not reader.decrypt(""):
-            raise MemstepError(f"{filename} is password-protected. Remove the password first.")
-        for number, page in enumerate(reader.pages, start=1):
-            checkpoint()
-            if limits.max_chars is not None and chars >= limits.max_chars:
-                break  # the run cannot use more
-            if number > limits.max_pages:
-                raise MemstepError(f"{filename}: over {limits.max_pages:,} pages before its text ends (the page "
-                                   "limit per document): upload an excerpt or a .txt version")
-            stream = page.get_contents()
-            size = len(stream.get_data()) if stream is not None else 0
-            if size > limits.max_page_content_bytes:
-                raise MemstepError(f"{filename}: page {number}'s content decompresses to {size / 1e6:.1f} MB, over "
-                                   f"the {limits.max_page_content_bytes / 1e6:.1f} MB a page may hold (the "
-                                   "decompressed-content limit): convert it to .txt")
-            content += size
-            if content > limits.max_content_bytes:
-                raise MemstepError(f"{filename}: its pages' content decompresses to over "
-                                   f"{limits.max_content_bytes / 1e6:.1f} MB (the decompressed-content limit "
-                                   "per document): upload an excerpt or a .txt version")
-            page_text = page.extract_text() or ""
-            pages.append(page_text)
-            chars += len(page_text) + 2
-    except MemstepError:
-        raise
-    except Exception as err:  # pypdf raises many types (PdfReadError, KeyError...) on bad files
-        raise MemstepError(f"Cannot read the PDF {filename}: it may be corrupt ({err}). "
-                           "Re-export it or convert it to .txt.") from None
-    finally:
-        pypdf_log.setLevel(level)
-    text = "\n\n".join(pages)
-    if not text.strip():
-        raise MemstepError(f"{filename} has no extractable text; it may be a scanned image. "
-                           "Run OCR on it or upload a .txt version.")
-    return text
-
-
-class _VisibleText(HTMLParser):
-    """An HTML page's visible text, as its tags stream past (no tree is built, so neither
-    nesting depth nor tag count costs more than one pass): scripts and styles dropped, the text
-    of each string with its whitespace collapsed (except inside <pre>), a line break after each
-    block element and a blank line after each paragraph."""
-
-    def __init__(self, max_tags: int):
-        super().__init__(convert_charrefs=True)
-        self.parts: list[str] = []
-        self.chars = self.tags = self.hidden = self.pre = 0
-        self.max_tags = max_tags
-        self._pending: list[str] = []  # one string's pieces (a feed may split it)
-
-    def _flush(self) -> None:
-        if self._pending:
-            piece = "".join(self._pending)
-            self._pending = []
-            self._add(piece if self.pre else re.sub(r"\s+", " ", piece))
-
-    def _add(self, piece: str) -> None:
-        self.parts.append(piece)
-        self.chars += len(piece)
-
-    def _count_tag(self) -> None:
-        self._flush()
-        self.tags += 1
-        if self.tags > self.max_tags:
-            raise _TooManyTags
-
-    def handle_starttag(self, tag, attrs):
-        self._count_tag()
-        if tag in _HTML_HIDDEN:
-            self.hidden += 1  # (script and style: the parser reads their raw text up to the end tag)
-        elif tag == "pre":
-            self.pre += 1
-        elif tag == "br":  # a void element: its line break comes now
-            self._add("\n")
-
-    def handle_startendtag(self, tag, attrs):
-        self._count_tag()
-        if tag in _HTML_BLOCKS:
-            self._add("\n\n" if tag in _HTML_PARAGRAPHS else "\n")
-
-    def handle_endtag(self, tag):
-        if tag in _HTML_HIDDEN:
-            self._pending = []
-            self.hidden = max(0, self.hidden - 1)
-            return
-        self._flush()
-        if tag == "pre":
-            self.pre = max(0, self.pre - 1)
-        if tag in _HTML_BLOCKS and tag != "br":
-            self._add("\n\n" if tag in _HTML_PARAGRAPHS else "\n")
-
-    def handle_data(self, data):
-        if not self.hidden:
-            self._pending.append(data)
-
-    def text(self) -> str:
-        self._flush()
-        return "".join(self.parts)
-
-
-class _TooManyTags(Exception):
-    pass
-
-
-_HTML_FEED_CHARS = 1 << 16
-
-
-def _html_text(html: str, filename: str = "page.html", limits: ReadLimits | None = None) -> str:
-    """Visible text of an HTML page (see _VisibleText), read a piece at a time until the text
-    holds ``max_chars``; refused past ``max_tags`` start tags."""
-    limits = limits or ReadLimits()
-    parser = _VisibleText(limits.max_tags)
-    try:
-        for start in range(0, len(html), _HTML_FEED_CHARS):
-            checkpoint()
-            parser.feed(html[start:start + _HTML_FEED_CHARS])
-            if limits.max_chars is not None and parser.chars >= limits.max_chars:
-                break  # the run cannot use more
-        else:
-            parser.close()
-    except _TooManyTags:
-        raise MemstepError(f"{filename}: over {limits.max_tags:,} HTML tags before its text ends (the tag limit "
-                           "per document): upload an excerpt or a .txt version") from None
-    return "\n".join(line.strip() for line in parser.text().splitlines())

@@ -3,9 +3,12 @@
 pypdf's parsing and decompression cannot be interrupted from outside, and a crafted file can
 make them cost minutes (a page whose content stream inflates to megabytes of operators). So
 the extraction (memstep.documents.read_document_bytes, under its ReadLimits) runs in a child
-Python with ``resource.setrlimit``: RLIMIT_CPU ends it after ``cpu_seconds`` of CPU, RLIMIT_AS
-bounds its memory, and the parent polls it every ``POLL_SECONDS`` so a Stop, a closed page or
-a cancelled request (``should_stop``, or this thread's memstep.cancel flag) kills it at once.
+Python: its work and CPU follow the text it yields (memstep.read_budget: counted by the parsers,
+and a watchdog thread that interrupts the read when its CPU is over what its text allows), with
+``resource.setrlimit`` under that: RLIMIT_CPU at the most the text it may yield allows, RLIMIT_AS
+for its memory. The parent polls it every ``POLL_SECONDS`` so a Stop, a closed page or a
+cancelled request (``should_stop``, or this thread's memstep.cancel flag) kills it at once, and
+a wall-clock bound ends it on a machine too loaded to reach the CPU limit in time.
 Whatever the child allocated is gone with it: a read leaves nothing behind in the parent.
 """
 
@@ -25,10 +28,12 @@ from pathlib import Path
 
 from memstep.cancel import current_flag
 from memstep.documents import DEFAULT_MAX_BYTES, ReadLimits, check_extension, too_big, read_document_bytes
+from memstep.read_budget import Watchdog
 from memstep.errors import MemstepError
 
 POLL_SECONDS = 0.1
-WALL_FACTOR = 4  # a loaded machine gives the child a share of a core: its wall-clock bound
+WALL_FACTOR = 4  # a loaded machine gives the child a share of a core: its wall-clock bound...
+WALL_EXTRA_SECONDS = 10  # ...plus its start
 _ROOT = str(Path(__file__).resolve().parent.parent)  # where the child imports memstep from
 _TEXT, _ERROR, _MEMORY = b"T", b"E", b"M"
 SAFE_PATH = ["-P"] if sys.version_info >= (3, 11) else []  # not the current folder first: memstep from _ROOT
@@ -81,7 +86,7 @@ def read_isolated(data: bytes, filename: str, *, max_bytes: int = DEFAULT_MAX_BY
                                   json.dumps({**dataclasses.asdict(limits), "max_bytes": max_bytes})],
                                  stdin=source, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     started = time.monotonic()
-    deadline = started + WALL_FACTOR * limits.cpu_seconds + 10
+    deadline = started + WALL_FACTOR * limits.hard_cpu_seconds() + WALL_EXTRA_SECONDS
     flag = current_flag()
     try:
         while True:
@@ -92,9 +97,11 @@ def read_isolated(data: bytes, filename: str, *, max_bytes: int = DEFAULT_MAX_BY
                 pass
             if (flag is not None and flag.cancelled) or (should_stop is not None and should_stop()):
                 raise MemstepError(f"reading {filename} was stopped")
-            if time.monotonic() > deadline:  # a machine so busy the CPU limit is not reached in time
-                raise MemstepError(f"reading {filename} took over {deadline - started:.0f} seconds: the server is "
-                                   "busy, try again in a moment")
+            if time.monotonic() > deadline:  # a machine so loaded the CPU limit is not reached in time
+                raise MemstepError(f"{filename}: reading it took over {deadline - started:.0f} seconds of wall-clock "
+                                   f"time (the time limit per document: {WALL_FACTOR} x its "
+                                   f"{limits.hard_cpu_seconds()} CPU seconds + {WALL_EXTRA_SECONDS:g}) on a machine this loaded: try "
+                                   "again when it is less busy, or upload a .txt version")
     finally:
         if child.poll() is None:
             child.kill()
@@ -113,8 +120,9 @@ def read_isolated(data: bytes, filename: str, *, max_bytes: int = DEFAULT_MAX_BY
 
 
 def _over_cpu(filename: str, limits: ReadLimits) -> MemstepError:
-    return MemstepError(f"{filename}: reading it took over {limits.cpu_seconds} CPU seconds (the reading limit "
-                        "per document): upload an excerpt or a .txt version")
+    return MemstepError(f"{filename}: reading it took over {limits.hard_cpu_seconds()} CPU seconds, its process's "
+                        "start included (the hard CPU limit of the reading process): upload an excerpt or a .txt "
+                        "version")
 
 
 def _can_isolate() -> bool:
@@ -131,13 +139,17 @@ def _child(filename: str, settings: str) -> None:
     options = json.loads(settings)
     max_bytes = options.pop("max_bytes")
     limits = ReadLimits(**options)
-    cpu = limits.cpu_seconds
+    cpu = limits.hard_cpu_seconds()
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at the soft limit, SIGKILL at the hard
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
     data = sys.stdin.buffer.read()
+    watchdog = Watchdog()
     try:
-        out = _TEXT + read_document_bytes(data, filename, max_bytes=max_bytes, limits=limits).encode(
-            "utf-8", "surrogatepass")
+        with watchdog:
+            text = read_document_bytes(data, filename, max_bytes=max_bytes, limits=limits, watchdog=watchdog)
+        out = _TEXT + text.encode("utf-8", "surrogatepass")
+    except KeyboardInterrupt:  # the watchdog's, just as the read ended
+        out = _ERROR + (watchdog.fired or f"reading {filename} was interrupted").encode("utf-8", "surrogatepass")
     except MemstepError as err:
         out = _ERROR + str(err).encode("utf-8", "surrogatepass")
     except MemoryError:

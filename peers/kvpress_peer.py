@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # memstep's mod
 
 import torch  # noqa: E402
 
-from memstep.evaluation.process import emit, load_job, serve_cases  # noqa: E402
+from memstep.evaluation.process import emit, load_job, model_identity, serve_cases, serve_jobs  # noqa: E402
 
 
 # finch as kvpress's evaluation registry runs it (FinchPress(): one top-k over the whole context,
@@ -406,42 +406,63 @@ def describe(job: dict) -> int:
     return 0
 
 
-def main(argv: list[str]) -> int:
-    if argv and argv[0] == "--describe":
-        return describe(load_job(argv[1]))
-    job = load_job(argv[0])
-    torch.set_num_threads(job.get("threads", 2))
+def press_family(config: dict) -> str:
+    """What a press leaves changed in the model it ran on: Finch adds its delimiter token to the
+    vocabulary, ObservedAttention switches to eager attention. A served peer (--serve) keeps its
+    model for the jobs of one family and loads it afresh for another."""
+    scorer = config.get("scorer")
+    return "finch" if scorer in FINCH else "eager" if scorer == "observed-attention" else "plain"
+
+
+def load(job: dict):
     from memstep.models import load_model
 
-    began = time.perf_counter()
     lm = load_model(job.get("model") or "embedded", device=job.get("device", "cpu"), dtype=job.get("dtype", "float32"))
+    lm.vocab = lm.model.get_output_embeddings().weight.shape[0]  # before Finch adds its delimiter
+    return lm
+
+
+def prepare(lm, job: dict):
+    """The press of the job's configuration on ``lm``, as run_case(case, reference) for serve_cases."""
     config, settings = job["config"], dict(job["settings"])
     settings["budget"] = config.get("budget")
     settings["question_aware"] = config.get("question_aware")
     settings["press_name"] = config.get("scorer")
-    settings["vocab"] = lm.model.get_output_embeddings().weight.shape[0]  # before Finch adds its delimiter
+    settings["vocab"] = lm.vocab
     settings["one_line"] = job.get("prompt_form") == "completion"
     question_tokens = len(job["cases"][0]["case"]["question_ids"]) if job["cases"] else 0
     press, settings["press_settings"] = make_press(config.get("scorer"), bool(config.get("question_aware")),
                                                    question_tokens, settings.get("peer_window", 64),
                                                    settings.get("chunk", 512))
     if config.get("scorer") in FINCH:  # the authors' way: a delimiter token between context and question
-        press.update_model_and_tokenizer(lm.model, lm.tokenizer)
+        press.update_model_and_tokenizer(lm.model, lm.tokenizer)  # (once per model: the token stays)
         settings["delimiter_id"] = press.delimiter_token_id
     if config.get("scorer") == "observed-attention":  # needs the attention weights
         lm.model.set_attn_implementation("eager")
 
     def one(case, reference):
         if press is not None and config.get("question_aware") and len(case["question_ids"]) != question_tokens:
-            # the window follows each case's question
-            fresh, settings["press_settings"] = make_press(config.get("scorer"), True, len(case["question_ids"]),
-                                                           settings.get("peer_window", 64), settings.get("chunk", 512))
+            # the window follows each case's question (and its settings are recorded with this case alone)
+            fresh, recorded = make_press(config.get("scorer"), True, len(case["question_ids"]),
+                                         settings.get("peer_window", 64), settings.get("chunk", 512))
             if config.get("scorer") in FINCH:
                 fresh.delimiter_token_id, fresh.delimiter_token = press.delimiter_token_id, press.delimiter_token
-            return run_case(lm.model, lm.tokenizer, fresh, settings, case, reference)
+            return run_case(lm.model, lm.tokenizer, fresh, {**settings, "press_settings": recorded}, case, reference)
         return run_case(lm.model, lm.tokenizer, press, settings, case, reference)
 
-    return serve_cases(lm, job, one, began)
+    return one
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--describe":
+        return describe(load_job(argv[1]))
+    if argv and argv[0] == "--serve":  # jobs on stdin (a Ray worker's peer): the model kept per press family
+        return serve_jobs(load, prepare, lambda job: (*model_identity(job), press_family(job["config"])))
+    job = load_job(argv[0])
+    torch.set_num_threads(job.get("threads", 2))
+    began = time.perf_counter()
+    lm = load(job)
+    return serve_cases(lm, job, prepare(lm, job), began)
 
 
 if __name__ == "__main__":

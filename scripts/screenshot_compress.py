@@ -4,7 +4,7 @@ LaCo at its defaults with the guard's verdict and block influence's row beside L
 self-generated calibration (small settings). Also checks that Stop leaves a status that says
 "stopped" (LaCo mid-search) and that each button starts its run in one press.
 
-    flock /tmp/memstep-heavy.lock .venv/bin/python scripts/screenshot_compress.py   # ~10 minutes on 2 cores
+    flock /work/team/heavy.lock .venv/bin/python scripts/screenshot_compress.py   # ~10 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
                     checkbox.click()
             set_number(page, "sparse-samples", 2)
             set_number(page, "sparse-seq-len", 16 if args.light else 32)
-            set_number(page, "sparse-steps", 1 if args.light else 2)
+            set_number(page, "sparse-epochs", 1)
             page.wait_for_function("() => /estimated/.test(document.querySelector('#sparse-estimate')?.innerText || '')",
                                    timeout=60_000)
             print("sparse estimate:", page.locator("#sparse-estimate").inner_text(), flush=True)

@@ -35,11 +35,11 @@ def set_techniques(page, techniques: list[str]) -> None:
             checkbox.click()
 
 
-def prune_in_app(page, techniques, samples, seq_len, steps, timeout_s=3600) -> float:
+def prune_in_app(page, techniques, samples, seq_len, epochs, timeout_s=3600) -> float:
     set_techniques(page, techniques)
     set_number(page, "sparse-samples", samples)
     set_number(page, "sparse-seq-len", seq_len)
-    set_number(page, "sparse-steps", steps)
+    set_number(page, "sparse-epochs", epochs)
     began = time.perf_counter()
     page.locator("#sparse-run").click()
     page.wait_for_function("() => /Done\\./.test(document.querySelector('#sparse-status')?.innerText || '')",
@@ -54,11 +54,11 @@ def main(argv=None) -> int:
     parser.add_argument("--techniques", nargs="+", default=["none", "LR", "BR+GP", "BR+GP+CR"])
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=2)
     args = parser.parse_args(argv)
     def act(page):
         open_section(page)
-        seconds = prune_in_app(page, args.techniques, args.samples, args.seq_len, args.steps)
+        seconds = prune_in_app(page, args.techniques, args.samples, args.seq_len, args.epochs)
         print(f"pruning: {seconds:.0f} s")
 
     capture_after(act, args.out, settle_s=1.0)

@@ -3,10 +3,12 @@ for the README and docs/ (docs/screenshots/).
 
 Launches the app on a free port and, at each width, in light and in dark mode: runs the default
 example (a 1.5k-token passkey document, IMDC, with the full-cache answer) on the Run tab, points
-at the retained-token map (its words show under it) and captures the tab and each of its views;
-runs the Compare tab (FM, IM, IMDC on the same document; light mode: the dark pass shows the tab
-as it opens); captures the Plan, Evaluate and Compress tabs. Dark files end in ``_dark``. PNGs are palette-quantized to stay small. Prints each file and the
-page's width, so a horizontal overflow shows here too.
+at the retained-token map (its words show under it), clicks it (the token outlined in the text)
+and captures the tab and each of its views; runs the Compare tab (FM, IM, IMDC and one cut after
+a full prefill on the same document, in the light pass, captured in both modes: the page's dark
+class switched on); captures the Plan, Evaluate and Compress tabs. Dark files end in ``_dark``.
+PNGs are palette-quantized to stay small. Prints each file and the page's width, so a horizontal
+overflow shows here too.
 
     flock /tmp/memstep-heavy.lock .venv/bin/python scripts/screenshots.py     # 10-15 minutes on 2 cores
     .venv/bin/python scripts/screenshots.py --quick     # no Compare run, the laptop width only
@@ -85,18 +87,29 @@ def point_at_map(page) -> None:
     time.sleep(0.5)
 
 
+def click_map(page) -> None:
+    """Click the retained-token map's last row: its token is outlined in the text view."""
+    drag = page.locator("#retained-plot .nsewdrag").first
+    drag.scroll_into_view_if_needed()
+    box = drag.bounding_box()
+    page.mouse.click(box["x"] + box["width"] * 0.45, box["y"] + box["height"] * 0.9)
+    page.wait_for_selector("#retained-text .memstep-pointed", timeout=30_000)
+    time.sleep(2)  # the replay redraws the text at that step; the outline goes back on
+
+
 def capture_width(browser, url: str, name: str, out: Path, compare: bool, theme: str = "light") -> list[Path]:
     shots: list[Path] = []
     tag = name if theme == "light" else f"{name}_{theme}"
 
-    def save(filename: str, selector: str | None = None, keep_pointer: bool = False) -> None:
-        path = out / f"{filename}_{tag}.png"
+    def save(filename: str, selector: str | None = None, keep_pointer: bool = False, suffix: str = tag,
+             whole: bool = True) -> None:
+        path = out / f"{filename}_{suffix}.png"
         if not keep_pointer:
             page.mouse.move(0, 0)
         if selector:
             element(page, selector, path)
         else:
-            page.screenshot(path=str(path), full_page=True)
+            page.screenshot(path=str(path), full_page=whole)
         shots.append(path)
         print(f"{path.name}: page overflow {overflow(page)} px", flush=True)
 
@@ -124,6 +137,8 @@ def capture_width(browser, url: str, name: str, out: Path, compare: bool, theme:
             save(f"view_{view}", selector)
         point_at_map(page)
         save("view_map_pointer", "#run-views", keep_pointer=True)
+    click_map(page)  # the map and the words together: the clicked token outlined in the text, in view
+    save("view_map_click", keep_pointer=True, whole=False)  # the window as the click left it
     open_tab(page, "Compare")
     if compare:
         began = time.perf_counter()
@@ -132,7 +147,14 @@ def capture_width(browser, url: str, name: str, out: Path, compare: bool, theme:
                                timeout=1_800_000)
         print(f"{name}: compare {time.perf_counter() - began:.1f} s", flush=True)
         time.sleep(1.5)
-    save("compare")
+        for dark in (False, True):  # the run's results in both modes (the page's own dark class)
+            page.evaluate("(dark) => document.body.classList.toggle('dark', dark)", dark)
+            time.sleep(1)
+            save("compare", suffix=f"{name}_dark" if dark else name)
+            save("compare_kept", "#compare-kept", suffix=f"{name}_dark" if dark else name)
+        page.evaluate("() => document.body.classList.remove('dark')")
+    elif theme == "light":
+        save("compare")
     for title in ("Plan", "Evaluate", "Compress"):
         open_tab(page, title)
         save(title.lower())
@@ -144,7 +166,8 @@ def index(shots: list[Path], out: Path) -> str:
     """docs/screenshots/README.md: what the pictures are, and a link to each, by tab and mode."""
     lines = [f"Screenshots of every tab at 1440 px (`*_wide`) and 390 px (`*_phone`), in light and dark mode "
              f"(`*_dark`), made by `scripts/screenshots.py` on {datetime.date.today().isoformat()} after real runs "
-             "of the default example (the Compare run in light mode only). Do not edit by hand: rerun the script.",
+             "of the default example (the Compare run once per width, shown in both modes). Do not edit by hand: "
+             "rerun the script.",
              "", "| picture | light | dark |", "|---|---|---|"]
     names = sorted({p.stem.removesuffix("_dark") for p in shots if p.parent == out})
     for stem in names:

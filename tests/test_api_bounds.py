@@ -15,7 +15,7 @@ from test_models import tiny_lm_folder  # noqa: F401  (fixture)
 
 from memstep.errors import MemstepError
 from memstep import reading
-from ui import api, documents, handlers
+from ui import api, documents, handlers, uploads
 from ui import models as app_models
 from ui.runs import prepare
 
@@ -95,20 +95,20 @@ def test_uploads_are_read_a_few_at_a_time(tmp_path, monkeypatch):
         return "Some text."
 
     monkeypatch.setattr(reading, "read_isolated", slow_read)
-    monkeypatch.setattr(documents, "UPLOAD_WAIT_SECONDS", 0.5)
+    monkeypatch.setattr(uploads, "UPLOAD_WAIT_SECONDS", 0.5)
     paths = []
-    for i in range(documents.UPLOAD_CONCURRENCY + 1):
+    for i in range(uploads.UPLOAD_CONCURRENCY + 1):
         paths.append(tmp_path / f"doc{i}.txt")
         paths[-1].write_text("x")
     threads = [threading.Thread(target=documents.read_upload, args=(p,)) for p in paths[:-1]]
     for t in threads:
         t.start()
-    while len(inside) < documents.UPLOAD_CONCURRENCY:
+    while len(inside) < uploads.UPLOAD_CONCURRENCY:
         time.sleep(0.01)
     with pytest.raises(MemstepError, match="busy reading other documents"):
         documents.read_upload(paths[-1])
     # refused while every slot is still held (the gate is closed): it did not wait for one to free
-    assert not gate.is_set() and len(inside) == documents.UPLOAD_CONCURRENCY
+    assert not gate.is_set() and len(inside) == uploads.UPLOAD_CONCURRENCY
     gate.set()
     for t in threads:
         t.join()
@@ -184,15 +184,17 @@ def test_the_model_field_does_not_tell_which_server_paths_exist(tmp_path, monkey
 LACO_OK = dict(model_spec="embedded", C=2, L=1, H=0, I=1, T=0.8, variant="paper", reference="dense", sentences=2,
                tokens=16, evaluate=False)
 SPARSE_OK = dict(spec="embedded", method="wanda", pattern="unstructured", sparsity=0.5, techniques=["none"],
-                 calibration="text", samples=2, seq_len=16, steps=1, lr=1e-3)
+                 calibration="text", samples=2, seq_len=16, epochs=1, lr=1e-3)
 
 
 @pytest.mark.parametrize("section, name, value, words", [
     ("laco", "C", "5", "C must be a whole number"), ("laco", "T", True, "T must be a number"),
     ("laco", "evaluate", "x", "measure must be true or false"), ("laco", "variant", {"a": 1}, "merge must be one of"),
     ("laco", "sentences", [6], "calibration sentences must be a whole number"),
+    ("laco", "keep_worse", "yes", "keep a worse model must be true or false"),
     ("sparse", "samples", "16", "samples must be a whole number"), ("sparse", "techniques", "br", "techniques must be"),
     ("sparse", "sparsity", None, "sparsity must be a number"), ("sparse", "lr", float("nan"), "learning rate must be"),
+    ("sparse", "epochs", 2.5, "epochs must be a whole number"),
 ])
 def test_compress_events_started_through_the_queue_have_strict_types_too(section, name, value, words):
     """The Compress tab's events are private, but the queue starts them for anyone: the same rule."""

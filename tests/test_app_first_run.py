@@ -70,7 +70,11 @@ def test_run_and_stop_are_visible_and_ctrl_enter_runs_the_story(page, artifacts_
     wait_for_state(page, "done", timeout_s=900)
     wait_for_plot(page, "retained-plot")
     answer = page.locator("#answer").inner_text()
-    assert "From the compressed memory" in answer and "From the full cache (reference)" in answer
+    assert "From the compressed memory" in answer and "From the full cache" in answer
+    for who in ("compressed memory", "full cache"):  # each verdict agrees with the answer and the passkey
+        line = next(line for line in answer.splitlines() if line.startswith(f"From the {who}"))
+        said, key, verdict = re.fullmatch(r"From the [^:]*: (.*)passkey (\d+): (✓ yes|✗ no)\s*", line).groups()
+        assert (verdict == "✓ yes") == bool(re.search(rf"(?<!\d){key}(?!\d)", said)), line
     assert re.search(r"What happened to the passkey\. The passkey \(\d+\) was read in step \d+ of \d+ and "
                      r"(left the memory in step \d+|stayed)", answer)
     assert page.locator('#stats [role="progressbar"]').count() == 1

@@ -73,8 +73,13 @@ def test_on_a_phone_run_brings_the_status_into_view_and_stop_leaves_no_time(phon
     wait_for_state(phone, "running", timeout_s=120)
     phone.wait_for_function("() => /step [1-9]/.test(document.querySelector('#memstep-now')?.innerText || '')",
                             timeout=120_000)
+    phone.evaluate("""() => { window.memstepSaw = []; new MutationObserver(() => window.memstepSaw.push(
+        document.querySelector('#stats')?.innerText || '')).observe(document.querySelector('#stats'),
+        {childList: true, subtree: true, characterData: true}); }""")
     phone.locator("#stop").click()
     wait_for_state(phone, "stopped", timeout_s=60)
+    seen = phone.evaluate("() => window.memstepSaw")  # what the status said between Stop and "stopped"
+    assert any("stopping" in s and "step under way finishes first" in s for s in seen), seen
     phone.wait_for_timeout(500)  # any update still on its way
     status = phone.locator("#stats").inner_text()
     now = phone.locator("#memstep-now").inner_text()

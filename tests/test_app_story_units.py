@@ -149,8 +149,10 @@ def test_a_size_beyond_its_slider_is_named_and_put_back_in_use():
     tokens = chunk["maximum"]
     assert end == tokens  # the slider's end the page holds now
     assert [str(w.message) for w in caught] == [
-        f"Chunk size c: 100,000 is more than this document's tokens ({tokens:,}); using {tokens:,}.",
-        "Memory size M: 1,000,000 is more than the largest memory this page runs (8,192); using 8,192."]
+        f"Chunk size c: 100,000 is more than this document's tokens ({tokens:,}; allowed 16 to {tokens:,}); the box is "
+        f"back at {tokens:,}.",
+        "Memory size M: 1,000,000 is more than the largest memory this page runs (8,192; allowed 0 to 8,192); the box "
+        "is back at 8,192."]
     assert chunk["value"] == tokens and memory["value"] == handlers.MEMORY_MAX
     assert note.startswith("**Preview** · 1 steps") and f"over {tokens:,} tokens" in note
     with warnings.catch_warnings(record=True) as caught:
@@ -188,22 +190,29 @@ def test_an_upload_shorter_than_the_chunk_brings_the_chunk_back_with_it(tmp_path
     from ui import handlers
 
     folder = tmp_path / "gradio"
-    (folder / "upload").mkdir(parents=True)
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(folder))
-    path = netherfield(folder / "upload", 1500)
+
+    def uploaded():
+        (folder / "upload").mkdir(parents=True, exist_ok=True)
+        return netherfield(folder / "upload", 1500)
+
+    path = uploaded()
     model = default_model()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        source, *_, chunk, end = handlers.choose_upload(str(path), handlers.default_document(), model, 512, None)
+        source, *_, chunk, end, _, _, _ = handlers.choose_upload(str(path), handlers.default_document(), model, 512, None)
     tokens = handlers.preview_tokens(source, model, None)
     assert tokens < 512 and chunk == {"maximum": tokens, "value": tokens, "__type__": "update"} and end == tokens
     assert [str(w.message) for w in caught] == [
-        f"Chunk size c: 512 is more than this document's tokens ({tokens:,}); using {tokens:,}."]
+        f"Chunk size c: 512 is more than this document's tokens ({tokens:,}; allowed 16 to {tokens:,}); the box is "
+        f"back at {tokens:,}."]
     assert handlers.preview_page(source, model, "fm", "linear", tokens, 256, 4, None, chunk_end=end)[3] == {
         "__type__": "update"}  # the preview that follows leaves the slider alone
-    *_, chunk, end = handlers.choose_upload(str(path), handlers.default_document(), model, 256, None)
+    path = uploaded()  # uploaded again: a read upload is deleted (ui/uploads.py)
+    *_, chunk, end, _, _, _ = handlers.choose_upload(str(path), handlers.default_document(), model, 256, None)
     assert chunk == {"maximum": tokens, "__type__": "update"}  # within the document: the user's chunk stays
-    *_, chunk, end = handlers.choose_upload(str(path), handlers.default_document(), model, 512, "many")
+    path = uploaded()
+    *_, chunk, end, _, _, _ = handlers.choose_upload(str(path), handlers.default_document(), model, 512, "many")
     assert chunk == end == {"__type__": "update"}  # tokens not counted: the preview names the fault
 
 
@@ -247,10 +256,10 @@ def test_an_example_keeps_the_chunk_within_its_tokens():
 
     model = default_model()
     assert "chunk" not in EXAMPLE_SETTINGS.get(DEFAULT_EXAMPLE, {})
-    source, *_, chunk, memory, max_tokens, rope, end = handlers.choose_example(DEFAULT_EXAMPLE, model, 100_000, None)
+    source, *_, chunk, memory, max_tokens, rope, end, _, _, _ = handlers.choose_example(DEFAULT_EXAMPLE, model, 100_000, None)
     tokens = handlers.preview_tokens(source, model, None)
     assert chunk == {"maximum": tokens, "value": tokens, "__type__": "update"} and end == tokens
-    *_, chunk, memory, max_tokens, rope, end = handlers.choose_example(DEFAULT_EXAMPLE, model, 256, None)
+    *_, chunk, memory, max_tokens, rope, end, _, _, _ = handlers.choose_example(DEFAULT_EXAMPLE, model, 256, None)
     assert chunk == {"maximum": tokens, "__type__": "update"}
 
 
@@ -319,6 +328,7 @@ def test_the_size_sliders_leave_the_bounds_to_memstep():
     assert slider.get_block_name() == "slider"  # the page draws Gradio's own slider
     assert slider.preprocess(100_000) == 100_000 and slider.preprocess("x") == "x"  # no generic error
     assert settle(100_000, "Chunk size c", 16, 1524, "this document's tokens") == (
-        1524, "Chunk size c: 100,000 is more than this document's tokens (1,524); using 1,524.")
+        1524, "Chunk size c: 100,000 is more than this document's tokens (1,524; allowed 16 to 1,524); the box is back "
+              "at 1,524.")
     assert settle(8, "Chunk size c", 16, 1524)[0] == 16 and settle(512, "Chunk size c", 16, 1524) == (512, None)
     assert settle(float("nan"), "M", 0, 10)[1] is None and settle("ten", "M", 0, 10) == ("ten", None)  # for the check

@@ -226,8 +226,8 @@ def served(app_server, tmp_path_factory):
     mp.undo()
 
 
-LACO = ["embedded", 2, 1, 0, 1, 0.8, "paper", "dense", 6, 128, True, "chained"]
-SPARSE = ["embedded", "wanda", "unstructured", 0.5, ["br+gp"], "text", 16, 128, 20, 1e-3, "norms"]
+LACO = ["embedded", 2, 1, 0, 1, 0.8, "paper", "dense", 6, 128, True, "chained", False]
+SPARSE = ["embedded", "wanda", "unstructured", 0.5, ["br+gp"], "text", 16, 128, 5, 1e-3, "norms"]  # 5 epochs: 20 steps
 
 
 @pytest.mark.slow

@@ -1,7 +1,9 @@
 """The guard and block influence: the verdict rule on hand-set rows, the guard firing on a
-constructed model where LaCo's merge is worse than dropping the same layers and staying silent
-where it is not, the guard's limit refusing a save, the block-influence ranking against one
-computed by hand, and `memstep compress drop` end to end. Tiny random-init models."""
+constructed model where LaCo's merge is worse than dropping the same layers (nothing saved
+unless kept by name, with measurements, with the check alone, and from the command line with
+--no-eval) and staying silent where it is not, the guard's limit (1, its minimum, included)
+refusing a save, the block-influence ranking against one computed by hand and its tie rule,
+and `memstep compress drop` end to end. Tiny random-init models."""
 
 from __future__ import annotations
 
@@ -37,15 +39,37 @@ def test_compare_says_worse_only_when_the_method_has_the_higher_perplexity():
         assert not verdict["worse"] and verdict["message"] is None
 
 
-def test_refusal_past_the_limit_only():
+def test_past_the_limit_only_and_the_limit_one_is_accepted():
     dense = row("dense", 10.0, 30)
-    assert guard.refusal(row("LaCo", 25.0, 28), dense, None) is None
-    assert guard.refusal(row("LaCo", 20.0, 28), dense, 2) is None  # x2.00 is at the limit, not past it
-    message = guard.refusal(row("LaCo", 25.0, 28), dense, 2)
-    assert message.startswith("not saved") and "x2.50" in message and "x2" in message
-    for bad in (0.5, float("nan"), float("inf"), -1):
+    assert guard.past_limit(row("LaCo", 25.0, 28), dense, None) is None
+    assert guard.past_limit(row("LaCo", 20.0, 28), dense, 2) is None  # x2.00 is at the limit, not past it
+    message = guard.past_limit(row("LaCo", 25.0, 28), dense, 2)
+    assert "x2.50" in message and "x2" in message and "25.00 against 10.00" in message
+    for bad in (0.5, 0.999, float("nan"), float("inf"), -1):
         with pytest.raises(MemstepError, match="perplexity ratio"):
             guard.check_limit(bad)
+    # 1, the documented minimum: accepted, and it refuses anything worse than dense, nothing else
+    assert guard.check_limit(1) == 1.0 and guard.check_limit(1.0) == 1.0
+    assert guard.past_limit(row("LaCo", 10.0, 28), dense, 1) is None
+    assert "x1.00" in guard.past_limit(row("LaCo", 10.01, 28), dense, 1)
+
+
+def test_refusal_and_kept_anyway_name_both_perplexities_and_the_flag():
+    dense = row("dense", 24.46, 30)
+    laco = row("LaCo", 1579.96, 28)
+    verdict = guard.compare(laco, row("block influence", 30.02, 28), dense)
+    found = guard.findings(laco, dense, verdict, None)
+    line = guard.refusal(found, keep_worse=False)
+    assert line.startswith("not saved: LaCo is worse than block influence") and "\n" not in line
+    assert "1,579.96 against 30.02" in line and line.endswith("--keep-worse saves it anyway")
+    assert guard.refusal(found, keep_worse=True) is None
+    kept = guard.kept_anyway(found)
+    assert kept.startswith("saved although the check finds it worse (--keep-worse)") and "1,579.96" in kept
+    both = guard.findings(laco, dense, verdict, 2)  # worse than the baseline and past the limit: one line, both
+    assert len(both) == 2 and "\n" not in guard.refusal(both, False) and "x64.59" in guard.refusal(both, False)
+    fine = guard.compare(row("LaCo", 29.0, 28), row("block influence", 30.02, 28), dense)
+    assert guard.findings(row("LaCo", 29.0, 28), dense, fine, 2) == [] and guard.refusal([], False) is None
+    assert guard.kept_anyway([]) is None
 
 
 # ---- a constructed model: a copying LM whose merge can be made destructive ----------------------
@@ -94,14 +118,15 @@ def probe() -> Probe:
     return Probe(windows=[[t] * 24 for t in (5, 40, 77)], passkeys=[], prefill_ids=list(range(2, 34)))
 
 
-def collapse(model, monkeypatch, **kwargs):
+def collapse(model, monkeypatch, probe_kind="full", **kwargs):
     from memstep.compress import laco
     from memstep.compress.collapse_run import CollapseRun
 
     monkeypatch.setattr(laco, "mean_similarity", lambda reference, candidate: 1.0)  # accept the first window
     model.generation_config.eos_token_id = 1
     lm = LoadedModel(model, Tokenizer(), "tiny", "cpu", "float32")
-    run = CollapseRun(lm, CALIBRATION, probe=probe(), baselines=False, C=3, L=0, H=3, I=1, T=0.5, **kwargs)
+    run = CollapseRun(lm, CALIBRATION, probe=probe() if probe_kind == "full" else None, baselines=False, C=3, L=0,
+                      H=3, I=1, T=0.5, **kwargs)
     events = list(run)
     assert run.report["searches"]["paper"]["removed"] == [1, 2]
     # identity layers (block influence 0; ties go to the lower layer)
@@ -113,17 +138,52 @@ def destructive(model) -> bool:
     return bool(model.model.layers[0].mlp.down_proj.weight.abs().sum() > 0)
 
 
-def test_guard_fires_where_the_merge_is_worse_than_dropping_and_its_limit_refuses_the_save(monkeypatch, tmp_path):
-    run, events = collapse(copying_model(destructive=True), monkeypatch, output=tmp_path / "bad", guard=2)
+def test_guard_fires_where_the_merge_is_worse_than_dropping_and_nothing_is_saved(monkeypatch, tmp_path):
+    """The default guard (no limit): worse than block influence is enough to refuse the save."""
+    run, events = collapse(copying_model(destructive=True), monkeypatch, output=tmp_path / "bad")
     models, verdict = run.report["models"], run.report["guard"]
     # dropping exact identities leaves the dense model; the merge does not
     assert models["block-influence"]["perplexity"] == pytest.approx(models["dense"]["perplexity"], rel=1e-5)
     assert models["laco-paper"]["perplexity"] > 2 * models["dense"]["perplexity"]
     assert verdict["worse"] and "worse than block influence (ShortGPT)" in verdict["message"]
     kinds = [e["event"] for e in events]
-    assert kinds.index("guard") < kinds.index("refused") < kinds.index("done")
-    assert run.report["refused"].startswith("not saved") and run.report["saved"] is None
-    assert not (tmp_path / "bad").exists()
+    assert kinds.index("guard") < kinds.index("refused") < kinds.index("done") and "saved" not in kinds
+    refused = run.report["refused"]
+    assert refused.startswith("not saved: LaCo (paper formula) is worse than block influence (ShortGPT)")
+    assert f"{models['laco-paper']['perplexity']:,.2f}" in refused and refused.endswith("--keep-worse saves it anyway")
+    assert run.report["saved"] is None and not (tmp_path / "bad").exists()
+
+
+def test_keep_worse_saves_the_worse_model_and_says_so(monkeypatch, tmp_path):
+    run, events = collapse(copying_model(destructive=True), monkeypatch, output=tmp_path / "kept", guard=2,
+                           keep_worse=True)
+    saved = [e for e in events if e["event"] == "saved"]
+    assert len(saved) == 1 and run.report["refused"] is None and (tmp_path / "kept" / "config.json").is_file()
+    kept = run.report["kept_worse"]
+    assert kept == saved[0]["kept_worse"] and kept.startswith("saved although the check finds it worse (--keep-worse)")
+    assert "worse than block influence" in kept and "past the guard's limit x2" in kept  # both findings
+
+
+def test_without_measurements_a_save_is_still_checked(monkeypatch, tmp_path):
+    """No probe given (the measurements off): the check's probe is measured, the worse merge is
+    refused; only the perplexity windows run (no passkey, prefill or uniform baseline). The
+    check's windows are the constant ones this copying model is made for (on real text it
+    repeats every token and the merge happens to help)."""
+    from memstep.compress import collapse_run
+
+    calls = []
+
+    def check_probe(tokenizer):
+        calls.append(tokenizer)
+        return Probe(windows=probe().windows, passkeys=[], prefill_ids=[], check_only=True)
+
+    monkeypatch.setattr(collapse_run, "make_check_probe", check_probe)
+    run, events = collapse(copying_model(destructive=True), monkeypatch, probe_kind=None, output=tmp_path / "quiet")
+    assert run.report["probe"]["check_only"] and run.report["probe"]["perplexity_windows"] >= 1
+    assert set(run.report["models"]) == {"dense", "laco-paper", "block-influence"}
+    assert run.report["models"]["laco-paper"]["prefill_seconds"] is None
+    assert run.report["refused"].startswith("not saved") and not (tmp_path / "quiet").exists()
+    assert "saved" not in [e["event"] for e in events] and len(calls) == 1
 
 
 def test_guard_stays_silent_where_the_merge_is_not_worse_and_the_model_is_saved(monkeypatch, tmp_path):
@@ -131,11 +191,34 @@ def test_guard_stays_silent_where_the_merge_is_not_worse_and_the_model_is_saved(
     models = run.report["models"]
     assert models["laco-paper"]["perplexity"] == pytest.approx(models["block-influence"]["perplexity"], rel=1e-5)
     assert not run.report["guard"]["worse"] and run.report["guard"]["message"] is None
-    assert run.report["refused"] is None and (tmp_path / "good" / "config.json").is_file()
+    assert run.report["refused"] is None and run.report["kept_worse"] is None
+    assert (tmp_path / "good" / "config.json").is_file()
     kinds = [e["event"] for e in events]
     assert kinds.index("guard") < kinds.index("saved")  # told before the save
     saved = run.save_baseline(tmp_path / "baseline")
     assert json.loads((saved / "memstep_compress.json").read_text())["removed"] == [0, 1]
+
+
+def test_guard_one_keeps_a_model_as_good_as_dense_and_refuses_a_worse_one(tmp_path):
+    """--guard 1, the minimum: dropping an exact identity layer (ratio 1) is saved, a harmful
+    drop is refused."""
+    identity = copying_model(destructive=False)  # layers 0-2 are identities: block influence 0
+    identity.generation_config.eos_token_id = 1
+    run = DropRun(LoadedModel(identity, Tokenizer(), "tiny", "cpu", "float32"), CALIBRATION, remove=1, probe=probe(),
+                  baselines=False, output=tmp_path / "same", guard=1)
+    list(run)
+    models = run.report["models"]
+    assert run.report["search"]["removed"] == [0]  # a three-way tie at 0: the lowest layer
+    assert models["block-influence"]["perplexity"] == pytest.approx(models["dense"]["perplexity"], rel=1e-6)
+    assert run.report["refused"] is None and (tmp_path / "same" / "config.json").is_file()
+    harmful = make_tiny_model(layers=4, seed=7)
+    harmful.generation_config.eos_token_id = 1
+    run = DropRun(LoadedModel(harmful, Tokenizer(), "tiny", "cpu", "float32"), CALIBRATION, remove=3, probe=probe(),
+                  baselines=False, output=tmp_path / "worse", guard=1)
+    list(run)
+    ratio = run.report["models"]["block-influence"]["perplexity_ratio"]
+    assert ratio > 1 and run.report["refused"].startswith("not saved") and "past the guard's limit x1" in \
+        run.report["refused"] and not (tmp_path / "worse").exists()
 
 
 # ---- block influence --------------------------------------------------------------------------
@@ -169,6 +252,18 @@ def test_block_influence_ranking_equals_a_hand_computed_one():
     assert scores == pytest.approx(hand, abs=1e-5)
     expected = sorted(range(4), key=lambda i: hand[i])
     assert ranking(scores) == expected == [1, 3, 0, 2]
+
+
+def test_block_influence_ties_go_to_the_lower_layer_first():
+    """Equal scores: the lower layer is ranked (and dropped) first, in the drop's order and in the
+    LaCo guard's baseline alike, whatever the order of the ties in the list."""
+    from memstep.compress.baselines import lowest_influence
+
+    scores = [0.5, 0.1, 0.3, 0.1, 0.1, 0.3]
+    assert ranking(scores) == [1, 3, 4, 2, 5, 0]
+    assert lowest_influence(scores, 1) == [1] and lowest_influence(scores, 2) == [1, 3]
+    assert lowest_influence(scores, 4) == [1, 2, 3, 4]  # 0.3 tie between 2 and 5: 2 goes first
+    assert ranking([0.0] * 4) == [0, 1, 2, 3] and lowest_influence([0.2] * 5, 3) == [0, 1, 2]
 
 
 def test_drop_yields_each_layer_then_each_drop_and_builds_the_shallower_model():
@@ -205,7 +300,7 @@ def test_drop_run_measures_and_saves(tmp_path):
 
 @pytest.mark.parametrize("argv, words", [(["--remove", "0"], "--remove must be at least 1"),
                                          (["--guard", "0.5"], "perplexity ratio"),
-                                         (["--guard", "2", "--no-eval"], "--guard needs the measurements")])
+                                         (["--guard", "0.99", "--no-eval"], "perplexity ratio")])
 def test_cli_drop_bad_options_exit_2_with_one_line(capsys, argv, words):
     code = main(["compress", "drop", *argv])
     _, err = capsys.readouterr()

@@ -333,15 +333,29 @@ def test_cli_rejects_an_unsupported_model_and_H_above_the_depth(tiny_folder, tmp
 
 
 def test_cli_runs_search_measures_and_saves_on_a_tiny_model(tiny_folder, tmp_path, capsys):
+    """The seeded tiny model's LaCo is worse than block influence: refused (exit 1, no folder, one
+    stderr line with both perplexities and the flag), then saved with --keep-worse, which says so."""
     folder = tiny_folder[0]
     out_folder = tmp_path / "again"
-    code = main(["compress", "laco", "--model", str(folder), "--C", "2", "--L", "0", "--I", "1", "--T", "0.01",
-                 "--passkey-cases", "1", "--passkey-tokens", "200", "--prefill-tokens", "128", "--sentences", "2",
-                 "--perplexity-windows", "2",
-                 "--calibration-tokens", "16", "--output", str(out_folder), "--json", "--quiet"])
+    argv = ["compress", "laco", "--model", str(folder), "--C", "2", "--L", "0", "--I", "1", "--T", "0.01",
+            "--passkey-cases", "1", "--passkey-tokens", "200", "--prefill-tokens", "128", "--sentences", "2",
+            "--perplexity-windows", "2", "--calibration-tokens", "16", "--output", str(out_folder), "--json", "--quiet"]
+    code = main(argv)
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    models = report["models"]
+    laco, baseline = models["laco-paper"]["perplexity"], models["block-influence"]["perplexity"]
+    assert laco > baseline and report["guard"]["worse"]  # this seed's merge is worse than dropping
+    last = err.strip().splitlines()[-1]
+    assert code == 1 and not out_folder.exists() and report["saved"] is None, err
+    assert last.startswith("memstep: not saved: ") and "--keep-worse" in last
+    assert f"{laco:,.2f}" in last and f"{baseline:,.2f}" in last and last == f"memstep: {report['refused']}"
+    code = main(argv + ["--keep-worse"])
     out, err = capsys.readouterr()
     assert code == 0, err
     report = json.loads(out)
+    assert report["refused"] is None and report["kept_worse"].startswith("saved although the check finds it worse")
+    assert f"{laco:,.2f}" in report["kept_worse"] and "--keep-worse" in report["kept_worse"]
     search = report["searches"]["paper"]
     assert search["candidates"] and search["layers_after"] < search["layers_before"]
     models = report["models"]
@@ -353,6 +367,34 @@ def test_cli_runs_search_measures_and_saves_on_a_tiny_model(tiny_folder, tmp_pat
         assert models[key]["kv_bytes_per_token"] < models["dense"]["kv_bytes_per_token"]
         assert models[key]["perplexity"] > 0 and 0 <= models[key]["passkey_accuracy"] <= 1
     assert report["saved"] == str(out_folder) and (out_folder / "config.json").is_file()
+
+
+def test_cli_no_eval_never_saves_unchecked(tiny_folder, tmp_path, capsys):
+    """--no-eval keeps the check: dense, LaCo and block influence on a few held-out windows. The
+    seeded tiny model's merge is worse: nothing saved, exit 1, one line; --keep-worse saves it and
+    says so. The help says that the check still runs."""
+    out_folder = tmp_path / "unchecked"
+    argv = ["compress", "laco", "--model", str(tiny_folder[0]), "--C", "2", "--L", "0", "--I", "1", "--T", "0.01",
+            "--sentences", "2", "--calibration-tokens", "16", "--no-eval", "--output", str(out_folder), "--quiet"]
+    code = main(argv)
+    out, err = capsys.readouterr()
+    refusal = [line for line in out.splitlines() if line.startswith("not saved: ")]
+    assert code == 1 and not out_folder.exists() and "saved to" not in out, out
+    assert len(refusal) == 1 and "--keep-worse saves it anyway" in refusal[0]
+    assert re.search(r"perplexity [\d,.]+ against [\d,.]+ \(dense [\d,.]+\)", refusal[0])
+    assert err.strip().splitlines()[-1] == f"memstep: {refusal[0]}"
+    assert "check only (--no-eval): perplexity on 1024 held-out tokens" in out
+    assert "block influence (ShortGPT)" in out and "uniform removal" not in out and "passkey " not in out
+    code = main(argv + ["--keep-worse"])
+    out, err = capsys.readouterr()
+    assert code == 0 and (out_folder / "config.json").is_file(), err
+    assert re.search(r"^saved although the check finds it worse \(--keep-worse\): .* perplexity [\d,.]+ against",
+                     out, re.M) and f"saved to {out_folder}" in out
+    with pytest.raises(SystemExit):
+        main(["compress", "laco", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "the check still runs (held-out perplexity of the dense model, LaCo and block influence" in help_text
+    assert "--keep-worse" in help_text
 
 
 def test_cli_prints_the_table_with_both_baselines(tiny_folder, capsys):
@@ -488,17 +530,23 @@ def test_chained_merges_differ_from_one_rdsc_over_the_run(monkeypatch):
 @pytest.mark.slow
 def test_cli_defaults_on_the_embedded_model_merge_for_real(tmp_path, capsys, embedded):
     """`memstep compress laco` with its search defaults: the saved merged layer differs from every
-    original layer, the members of its group included."""
+    original layer, the members of its group included. --no-eval still checks it against block
+    influence (it is worse on this model), so saving it takes --keep-worse, and the report says so."""
     from safetensors.torch import load_file
 
     out_folder = tmp_path / "laco-default"
     # the search's defaults (C, L, H, I, T, variant, reference, merge) on 2 of its 6 calibration
     # paragraphs, 64 tokens each (a quarter of the search's work; a merge of three layers either way)
     code = main(["compress", "laco", "--no-eval", "--quiet", "--output", str(out_folder), "--json",
-                 "--sentences", "2", "--calibration-tokens", "64"])
+                 "--sentences", "2", "--calibration-tokens", "64", "--keep-worse"])
     out, err = capsys.readouterr()
     assert code == 0, err
-    search = json.loads(out)["searches"]["paper"]
+    report = json.loads(out)
+    models = report["models"]
+    assert report["probe"]["check_only"] and set(models) == {"dense", "laco-paper", "block-influence"}
+    assert report["guard"]["worse"] and models["laco-paper"]["perplexity"] > models["block-influence"]["perplexity"]
+    assert report["kept_worse"].startswith("saved although the check finds it worse (--keep-worse)")
+    search = report["searches"]["paper"]
     assert search["settings"]["C"] >= 3 and search["merges"], search["candidates"]
     dense = embedded.model.state_dict()  # the session's load (tests/conftest.py)
     saved = {}

@@ -1,10 +1,15 @@
 """The Compress tab's LaCo section: figures and table as pure functions of run events, bad
-settings as messages, and (browser) a short real run in headless Chromium that loads the
-collapsed model into the Run tab."""
+settings as messages, the check deciding the save on the page (not saved when worse, saved when
+"keep a worse model" is ticked, the check alone when the measurements are off), and (browser) a
+short real run in headless Chromium that loads the collapsed model into the Run tab."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
+from test_models import deep_lm_folder  # noqa: F401  (fixture)
 
 from ui.tabs.compress import laco
 
@@ -127,3 +132,44 @@ def test_keep_baseline_refuses_without_a_run():
     for bad in (None, {"spec": "embedded"}, {"spec": "embedded", "removed": "1,2"}):
         with pytest.raises(gr.Error):
             laco.keep_baseline(bad)
+
+
+def test_verdict_says_whether_the_worse_model_was_saved():
+    worse = {"worse": True, "removed_layers": 2, "layers": 28, "perplexity": 1579.96, "baseline_perplexity": 30.02,
+             "dense_perplexity": 24.46}
+    refused = laco.verdict_html(worse, refused="not saved: ...")
+    assert "Not saved." in refused and f"tick “{laco.KEEP_BOX}”" in refused and "1,579.96" in refused
+    kept = laco.verdict_html(worse, kept=True)
+    assert "Saved anyway" in kept and "Not saved" not in kept and "30.02" in kept
+    assert laco.verdict_html(None) == ""
+
+
+@pytest.mark.parametrize("keep_worse", [False, True])
+def test_the_page_saves_a_worse_model_only_when_asked(tmp_path, monkeypatch, deep_lm_folder, keep_worse):  # noqa: F811
+    """The measurements off: the check alone runs (dense, LaCo, block influence) and decides the
+    save. The verdict is forced to "worse" so both outcomes are seen whatever the random model."""
+    from memstep.compress import collapse_run
+
+    monkeypatch.setenv("MEMSTEP_COMPRESSED", str(tmp_path / "compressed"))
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    real_compare = collapse_run.compare
+
+    def worse(method, baseline, dense):
+        verdict = real_compare(method, baseline, dense)
+        verdict["worse"] = True
+        return verdict
+
+    monkeypatch.setattr(collapse_run, "compare", worse)
+    outputs = list(laco.run_laco(str(deep_lm_folder), 2, 0, 0, 1, 0.01, "paper", "dense", 2, 16, False, "chained",
+                                 keep_worse, request=SimpleNamespace(session_hash="k")))
+    status, verdict, table, load, folder = (outputs[-1][0], outputs[-1][3], outputs[-1][4], outputs[-1][5],
+                                            outputs[-1][6])
+    assert [row[0] for row in table] == ["dense", "LaCo (paper formula)", "block influence (ShortGPT)"]
+    assert all(row[6] == "—" and row[7] == "—" for row in table)  # the check: no passkey, no prefill
+    if keep_worse:
+        assert folder and Path(folder).is_dir() and "Saved anyway" in verdict and load["interactive"]
+        assert "kept although worse" in status
+    else:
+        assert folder is None and "Not saved." in verdict and not load["interactive"]
+        assert "not saved: the check finds it worse than block influence" in status
+        assert not any((tmp_path / "compressed").glob("*laco*"))

@@ -1,11 +1,14 @@
 """Pruning with reconstruction (memstep compress sparse): masks reach the requested sparsity and
 N:M pattern, Wanda and SparseGPT on hand-made layers, BR and GP on a tiny model (zeros stay zeros),
-every block pruned, self-generated calibration, saving keeps the zeros, bad parameters."""
+every block pruned, self-generated calibration (a pool of texts, windows at random offsets), epochs
+over every window (added windows add steps), saving keeps the zeros, bad parameters."""
 
 from __future__ import annotations
 
 import copy
 import math
+import random
+import re
 
 import pytest
 import torch
@@ -15,7 +18,8 @@ from memstep.compress.sparse import SparseConfig, SparsePruning
 from memstep.compress.sparse import process as process_module
 from memstep.compress.sparse.blocks import (decoder_layers, embed, layer_kwargs, linear_layers,
                                             normalized_error, run_block)
-from memstep.compress.sparse.calibration import first_token_pool, self_generated_windows
+from memstep.compress.sparse.calibration import (draw_windows, first_token_pool, self_generated_texts,
+                                                 self_generated_windows)
 from memstep.compress.sparse.masks import (Pattern, magnitude_mask, parse_nm, sparsegpt_prune, wanda_mask,
                                            wanda_scores)
 from memstep.compress.sparse.reconstruct import TrainOptions, train_blocks, train_layer
@@ -309,13 +313,16 @@ def test_self_generated_calibration_comes_from_the_model(tokenizer):
         model.model.norm.weight[0] = 1.0
         model.lm_head.weight.zero_()
         model.lm_head.weight[7, 0], model.lm_head.weight[8, 0] = 1e4, -1e4
-    # texts of 48 tokens, four windows each: the fifth window comes from a second text
-    windows = self_generated_windows(model, tokenizer, samples=5, seq_len=12, seed=3, length=48, batch_size=2)
-    assert len(windows) == 5 and all(len(w) == 12 for w in windows)
+    # a pool of 5 texts of 48 tokens (one per window); each text's first token is a random start
+    texts = self_generated_texts(model, tokenizer, 5, length=48, seed=3, batch_size=2)
+    assert len(texts) == 5 and all(len(t) == 48 for t in texts)
     pool = set(first_token_pool(tokenizer, model.config.vocab_size).tolist())
-    assert all(w[0] in pool for w in windows) and len({w[0] for w in windows}) > 1  # random first tokens
-    assert all(set(w[1:]) <= {7, 8} for w in windows)
-    assert windows == self_generated_windows(model, tokenizer, samples=5, seq_len=12, seed=3, length=48, batch_size=2)
+    assert all(t[0] in pool for t in texts) and len({t[0] for t in texts}) > 1  # random first tokens
+    # the rigged model's own words (sampling at temperature 1 lets a rare other token through where
+    # the hidden state's first coordinate is near 0)
+    assert all(sum(token in (7, 8) for token in t[1:]) >= 0.9 * 47 for t in texts)
+    windows = self_generated_windows(model, tokenizer, samples=5, seq_len=12, seed=3, length=48, batch_size=2)
+    assert windows == draw_windows(texts, 5, 12, seed=3)  # the same seed: the same pool, the same draws
 
 
 def test_both_calibration_mixes_text_and_self_generated(tokenizer):
@@ -414,7 +421,7 @@ def _result(records, ppl_cal, ppl_held):
                         perplexity={"calibration": {"dense": 10.0, "pruned": ppl_cal},
                                     "held_out": {"dense": 20.0, "pruned": ppl_held}},
                         sparsity=0.5, matrices={}, calibration_tokens=0, held_out_tokens=0, calibration_preview=[],
-                        seconds=12.0, real_windows=4, generated_windows=4)
+                        seconds=12.0, real_windows=4, generated_windows=4, epochs=5, steps=10)
 
 
 def test_error_figure_has_one_curve_per_technique_and_split():
@@ -438,21 +445,28 @@ def test_table_rows_give_perplexities_and_cuts_against_none():
     rows = table_rows([{"technique": "none", "records": none, "result": _result(none, 11.0, 25.0)},
                        {"technique": "br+gp", "records": br, "result": _result(br, 10.5, 30.0)},
                        {"technique": "br+gp+cr", "records": br[:1], "result": None}])
-    assert rows[0][:4] == ["none", "4 + 4", "10.00 → 11.00", "20.00 → 25.00"] and rows[0][6] == "—"
-    assert rows[1][6] == "+75% / +25%"  # 1 - 0.05/0.2 on calibration, 1 - 0.3/0.4 held-out
-    assert rows[2][0] == "BR+GP+CR (block 1/2)" and rows[2][1] == rows[2][2] == "…"
+    assert rows[0][:5] == ["none", "4 + 4", "5 = 10", "10.00 → 11.00", "20.00 → 25.00"] and rows[0][7] == "—"
+    assert rows[1][7] == "+75% / +25%"  # 1 - 0.05/0.2 on calibration, 1 - 0.3/0.4 held-out
+    assert rows[2][0] == "BR+GP+CR (block 1/2)" and rows[2][1] == rows[2][2] == rows[2][3] == "…"
 
 
 def test_app_caps_and_settings():
     import gradio as gr
 
-    from ui.tabs.compress.sparse import MAX_SAMPLES, load_into_run, make_config
+    from ui.tabs.compress.sparse import MAX_EPOCHS, MAX_SAMPLES, MAX_STEPS, load_into_run, make_config
 
     config = make_config("sparsegpt", "2:4", 0.5, "self", 8, 64, 5, 1e-3, "br+gp+cr")
     assert (config.nm, config.method, config.calibration, config.reconstruct) == ("2:4", "sparsegpt", "self", "br+gp+cr")
-    for bad in [dict(samples=MAX_SAMPLES + 1), dict(seq_len=4096), dict(steps=0), dict(pattern="3:9x"), dict(lr=5.0)]:
+    assert (config.epochs, config.steps, config.training_steps) == (5, None, 10)  # 5 passes over 8 windows by 4
+    added = make_config("wanda", "unstructured", 0.5, "add", MAX_SAMPLES, 64, 5, 1e-3, "br")
+    assert added.recon_windows == 2 * MAX_SAMPLES and added.training_steps == MAX_STEPS  # the cap is reachable
+    with pytest.raises(MemstepError, match=f"make {2 * MAX_STEPS} steps per block: the app runs at most {MAX_STEPS}"):
+        make_config("wanda", "unstructured", 0.5, "add", MAX_SAMPLES, 64, 10, 1e-3, "br")
+    assert make_config("wanda", "unstructured", 0.5, "add", MAX_SAMPLES, 64, 10, 1e-3, "none")  # nothing trains
+    for bad in [dict(samples=MAX_SAMPLES + 1), dict(seq_len=4096), dict(epochs=0), dict(epochs=MAX_EPOCHS + 1),
+                dict(pattern="3:9x"), dict(lr=5.0)]:
         args = dict(method="wanda", pattern="unstructured", sparsity=0.5, calibration="text", samples=8, seq_len=64,
-                    steps=5, lr=1e-3, technique="br")
+                    epochs=5, lr=1e-3, technique="br")
         args.update(bad)
         with pytest.raises(MemstepError):
             make_config(**args)
@@ -471,11 +485,15 @@ def test_app_handler_streams_records_and_saves(tokenizer, tmp_path, monkeypatch)
     lm.model.save_pretrained(src)
     tokenizer.save_pretrained(src)
     monkeypatch.setenv("MEMSTEP_COMPRESSED", str(tmp_path / "compressed"))
-    writes = calibration_module.self_generated_windows  # the model writes 48-token texts, not the app's 512
-    monkeypatch.setattr(calibration_module, "self_generated_windows",
-                        lambda model, tokenizer, count, seq_len, seed, length: writes(model, tokenizer, count, seq_len,
-                                                                                      seed, 48))
+    writes, calls = calibration_module.self_generated_windows, []  # 48-token texts, not the app's 512
+
+    def write(model, tokenizer, count, seq_len, seed, length, **kw):
+        calls.append(count)
+        return writes(model, tokenizer, count, seq_len, seed, 48, **kw)
+
+    monkeypatch.setattr(calibration_module, "self_generated_windows", write)
     updates = list(prune(str(src), "magnitude", "2:4", 0.5, ["br", "none"], "self", 2, 16, 2, 1e-3))
+    assert calls == [2]  # two techniques, one calibration set: the model writes its texts once
     statuses = [u[0] for u in updates]
     assert any("block 2/2" in s for s in statuses) and statuses[-1].startswith("**Done.**")
     assert "self-generated calibration sample" in statuses[-1]
@@ -530,18 +548,37 @@ def test_self_generation_greedy_english_starts_top_k_and_long_texts_cut_into_win
     monkeypatch.setattr(calibration_module, "is_language", english)
     monkeypatch.setattr(tokenizer, "decode", decode)
     windows = calibration_module.self_generated_windows(model, tokenizer, samples=5, seq_len=12, seed=1, length=48,
-                                                        batch_size=4)
+                                                        batch_size=4, pool=2)
     greedy = [c for c in calls if not c[0]["do_sample"]]
     sampled = [c for c in calls if c[0]["do_sample"]]
     assert greedy and all(c[0]["max_new_tokens"] == 4 for c in greedy)  # 5-token greedy starts
     assert len(sampled) == 1 and sampled[0][0]["top_k"] == 50 and sampled[0][0]["temperature"] == 1.0
     texts = sampled[0][1].tolist()
-    assert len(texts) == 2 and all(len(t) == 48 for t in texts)  # ceil(5 / (48 // 12)) texts of 48 tokens
+    assert len(texts) == 2 and all(len(t) == 48 for t in texts)  # the pool: 2 texts of 48 tokens
     starts = [ids for c in greedy for ids in c[1].tolist()]
     for text in texts:
         assert text[:5] in starts and text[0] % 2 == 1  # a kept greedy start: English by the filter
-    # each long text cut into consecutive windows, five of them in all
-    assert windows == [texts[0][0:12], texts[0][12:24], texts[0][24:36], texts[0][36:48], texts[1][0:12]]
+    # each window: a text at random, then a random offset in it (the reference's loader), seeded
+    rng = random.Random(1)
+    expected = []
+    for _ in range(5):
+        text = texts[rng.randrange(2)]
+        offset = rng.randint(0, 48 - 12)
+        expected.append(text[offset:offset + 12])
+    assert windows == expected and len({tuple(w) for w in windows}) == 5
+
+
+def test_windows_are_drawn_from_the_whole_pool_at_random_offsets():
+    texts = [[t * 1000 + i for i in range(100)] for t in range(8)]  # each token says its text and offset
+    windows = draw_windows(texts, 400, 16, seed=5)
+    assert all(len(w) == 16 and w == list(range(w[0], w[0] + 16)) for w in windows)  # contiguous, in one text
+    assert {w[0] // 1000 for w in windows} == set(range(8))  # every text of the pool is drawn from
+    offsets = {w[0] % 1000 for w in windows}
+    assert min(offsets) == 0 and max(offsets) == 100 - 16 and len(offsets) > 40  # all offsets, not a fixed grid
+    assert windows == draw_windows(texts, 400, 16, seed=5) != draw_windows(texts, 400, 16, seed=6)
+    assert all(len(w) == 16 for w in draw_windows([[1] * 10, list(range(40))], 20, 16))  # too short: never drawn
+    with pytest.raises(MemstepError, match="no self-generated text holds a window of 16 tokens"):
+        draw_windows([[1] * 10], 1, 16)
 
 
 def test_language_filter_reads_english():
@@ -691,3 +728,59 @@ def test_cli_add_reports_real_and_generated_counts(capsys, tokenizer, tmp_path, 
     assert main([*argv, "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert (payload["real_windows"], payload["generated_windows"]) == (2, 3)
+
+
+# ---- training as the reference trains: epochs over every window ---------------------------------
+def test_each_epoch_sees_every_window_once_and_steps_can_stop_mid_epoch():
+    from memstep.compress.sparse.reconstruct import epoch_batches
+
+    gen = torch.Generator().manual_seed(0)
+    batches = list(epoch_batches(10, 4, 9, gen))  # 3 epochs of 3 batches (4, 4, 2)
+    assert [len(b) for b in batches] == [4, 4, 2] * 3
+    for epoch in range(3):
+        assert sorted(i for b in batches[3 * epoch:3 * epoch + 3] for i in b) == list(range(10))
+    assert batches[:3] != batches[3:6]  # a fresh order each epoch
+    assert [len(b) for b in epoch_batches(10, 4, 4, torch.Generator().manual_seed(0))] == [4, 4, 2, 4]  # --steps
+    config = SparseConfig(calibration="add", samples=10, self_samples=6, batch_size=4, epochs=3)
+    assert (config.recon_windows, config.steps_per_epoch, config.training_steps) == (16, 4, 12)
+    assert SparseConfig(samples=10, batch_size=4, epochs=3).training_steps == 9  # ceil(10 / 4) = 3 per epoch
+    assert SparseConfig(samples=10, batch_size=4, epochs=3, steps=7).training_steps == 7  # the override
+    assert SparseConfig().training_steps == 20  # the defaults: 5 epochs over 16 windows by 4, as before
+    for bad, words in ((dict(epochs=0), "--epochs"), (dict(steps=0), "--steps"), (dict(self_texts=0), "--self-texts")):
+        with pytest.raises(MemstepError, match=words):
+            SparseConfig(calibration="add", **bad).validate()
+
+
+def test_cli_add_reports_windows_epochs_and_steps_and_the_steps_double_with_the_windows(capsys, tokenizer, tmp_path,
+                                                                                       monkeypatch):
+    """--calibration add trains the same epochs over real and generated windows: twice the
+    windows, twice the steps (and each block's training really ran that many)."""
+    import json
+
+    from memstep.cli import main
+    from memstep.compress.sparse import calibration as calibration_module
+
+    monkeypatch.setattr(calibration_module, "self_generated_texts",
+                        lambda m, t, count, *a, **k: [[9 + i] * 40 for i in range(count)])
+    folder = _tiny_folder(tokenizer, tmp_path)
+    base = ["compress", "sparse", "--model", str(folder), "--reconstruct", "br", "--samples", "2", "--seq-len", "16",
+            "--held-out-samples", "2", "--batch-size", "2", "--epochs", "3", "--json", "--quiet"]
+    runs = {}
+    for label, extra in (("text", []), ("add 2", ["--calibration", "add"]),
+                         ("add 6", ["--calibration", "add", "--self-samples", "6"])):
+        assert main(base + extra) == 0
+        runs[label] = json.loads(capsys.readouterr().out)
+    counts = {k: (r["real_windows"], r["generated_windows"], r["epochs"], r["steps_per_epoch"], r["steps"])
+              for k, r in runs.items()}
+    assert counts == {"text": (2, 0, 3, 1, 3), "add 2": (2, 2, 3, 2, 6), "add 6": (2, 6, 3, 4, 12)}
+    assert runs["add 6"]["generated_texts"] == 6 and runs["text"]["generated_texts"] == 0
+    for run in runs.values():  # every block trained exactly the reported steps
+        assert all(len(record["losses"]) == run["steps"] for record in run["records"])
+    assert main(base + ["--calibration", "add", "--steps", "5"]) == 0
+    override = json.loads(capsys.readouterr().out)
+    assert (override["epochs"], override["steps"]) == (None, 5)
+    assert main([a for a in base if a != "--json"] + ["--calibration", "add"]) == 0
+    out = capsys.readouterr().out
+    assert "calibration add (2 real + 2 self-generated windows of 16 tokens from 2 generated texts" in out
+    assert "reconstruction: 3 epochs over 4 windows in batches of 2 = 6 steps per block" in out
+    assert re.search(r"held-out [\d.]+ -> [\d.]+ \(95% interval [\d.]+-[\d.]+ over 2 windows of 16 tokens\)", out)

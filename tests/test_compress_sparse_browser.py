@@ -53,7 +53,7 @@ def test_prune_streams_curves_and_loads_into_run(app_url, artifacts_dir):
         set_number(page, "sparse-samples", 0)  # out of bounds: a toast, nothing runs
         page.locator("#sparse-run").click()
         assert "1-32" in wait_for_toast(page, "samples must be", timeout_s=30)
-        prune_in_app(page, ["none", "BR+GP"], samples=4, seq_len=16, steps=2, timeout_s=300)
+        prune_in_app(page, ["none", "BR+GP"], samples=4, seq_len=16, epochs=1, timeout_s=300)
         assert page.locator("#sparse-plot .js-plotly-plot .scatterlayer .trace").count() == 4  # 2 x (calib, held)
         page.screenshot(path=str(artifacts_dir / "compress_sparse_tiny.png"), full_page=True)
         table = page.locator("#sparse-table").inner_text()

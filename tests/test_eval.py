@@ -246,11 +246,11 @@ def test_worker_passes_the_rope_mode(monkeypatch):
 def test_cell_record_scores_hand_made_answers(tokenizer, prose):
     case = make_case(prose, tokenizer, 300, 0.5, 0)
     config = Config("memstep", "full")
-    record = lambda answer: runner._cell_record(config, case, "k", {"answer": answer}, {})  # noqa: E731
+    record = lambda answer: runner.cell_record(config, case, "k", {"answer": answer}, {})  # noqa: E731
     assert record(f"The magic number is {case.passkey}.")["correct"]
     assert not record(f"The magic number is {case.passkey}0.")["correct"]
     assert not record(f"It is {case.passkey[:-1]}.")["correct"]
-    assert not record("")["correct"] and not runner._cell_record(config, case, "k", {"answer": None}, {})["correct"]
+    assert not record("")["correct"] and not runner.cell_record(config, case, "k", {"answer": None}, {})["correct"]
 
 
 def test_retention_per_layer():

@@ -223,3 +223,43 @@ def test_headline_says_which_side_an_interval_favours(summary):
     paired[0].update(accuracy_difference_low=0.1, accuracy_difference_high=0.3)  # the press ahead
     assert eval_tab.evaluation_headline({"rows": [aware, press], "paired": paired}).endswith(
         "(memstep minus SnapKV: -30 to -10 points) favours kvpress SnapKV.")
+
+
+def _write(folder, summary, lengths):
+    """A summary.json in ``folder`` holding ``summary``'s rows at ``lengths`` only."""
+    folder.mkdir()
+    rows = [r for r in summary["rows"] if r["length"] in lengths]
+    (folder / "summary.json").write_text(json.dumps({**summary, "rows": rows}))
+
+
+def test_memstep_results_comes_before_the_shipped_results(tmp_path, monkeypatch, summary):
+    """$MEMSTEP_RESULTS (a user's own evaluation) is looked at first: with results in both it and
+    the shipped folders, the tab shows the user's; unset, the shipped ones."""
+    from ui.tabs import evaluate as eval_tab
+
+    mine, shipped = tmp_path / "mine", tmp_path / "shipped"
+    _write(mine, summary, {1024})
+    _write(shipped, summary, {8192})
+    monkeypatch.setattr(eval_tab, "RESULT_FOLDERS", (shipped,))
+    monkeypatch.setenv("MEMSTEP_RESULTS", str(mine))
+    assert eval_tab.result_folders() == [mine, shipped]
+    shown = eval_tab.show()
+    assert shown[7]["choices"] == [1024] and "1024 tokens" in shown[1]  # the lengths and the status: the user's
+    monkeypatch.delenv("MEMSTEP_RESULTS")
+    assert eval_tab.result_folders() == [shipped] and eval_tab.show()[7]["choices"] == [8192]
+
+
+def test_the_tradeoff_chart_opens_at_the_longest_length(tmp_path, monkeypatch, summary):
+    """With results at several lengths the trade-off chart (and its length box) start at the longest;
+    another length is drawn when chosen, and a length the results lack falls back to the longest."""
+    from ui.tabs import evaluate as eval_tab
+
+    folder = tmp_path / "results"
+    _write(folder, summary, {1024, 8192})
+    monkeypatch.setattr(eval_tab, "RESULT_FOLDERS", (folder,))
+    monkeypatch.delenv("MEMSTEP_RESULTS", raising=False)
+    title = lambda shown: shown[3].layout.title.text  # noqa: E731 - the trade-off chart's title names its length
+    first = eval_tab.show()
+    assert first[7]["value"] == 8192 and "at 8192 tokens" in title(first)
+    assert "at 8192 tokens" in plots.tradeoff_figure(summary).layout.title.text  # the figure's own default too
+    assert "at 1024 tokens" in title(eval_tab.show(1024)) and "at 8192 tokens" in title(eval_tab.show(4096))

@@ -296,11 +296,12 @@ def test_stop_ends_the_run_on_its_own_last_update(imdc, monkeypatch):
     handlers.stop_run(SimpleNamespace(session_hash="s1"))
     last = next(updates)
     stats = last[0]
-    assert view.stopped and 'data-stat="state"' in stats and "stopped" in stats and "2 / 4" in stats
+    # the step the Stop waited for (it had run) counts: stopped after step 3, and nothing read after it
+    assert view.stopped and 'data-stat="state"' in stats and "stopped" in stats and "3 / 4" in stats
     assert "Stopped" in last[6]  # the answer box says so
     with pytest.raises(StopIteration):
         next(updates)
-    assert len(view.records) == 2 and pulled == [0, 1, 2]  # the stream was not read any further
+    assert len(view.records) == 3 and pulled == [0, 1, 2]  # the stream was not read any further
     assert "s1" not in handlers._STOP_REQUESTS
     # Stop pressed while the model loads: the first update is already the last
     handlers.stop_run(SimpleNamespace(session_hash="s3"))

@@ -18,7 +18,7 @@ import pytest
 
 from memstep.errors import MemstepError
 from memstep.outputs import (MARKER, PARTIAL_MARKER, PARTIAL_SUFFIX, STALE_PARTIAL_SECONDS, check_results_folder,
-                             staged_folder, sweep_stale_partials, write_new_file)
+                             staged_folder, sweep_partials, write_new_file)
 from tests.test_outputs import FakeModel, call, listing, no_model_loads, one_line_refusal  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +53,50 @@ def test_eval_writes_into_new_marked_and_legacy_folders(tmp_path):
     with pytest.raises(MemstepError, match="cells.jsonl"):
         check_results_folder(legacy, files)
     check_results_folder(legacy, files, legacy=lambda folder: True)
-    assert (legacy / MARKER).exists()
+    assert not (legacy / MARKER).exists()  # accepted as memstep's results, but not made by memstep here
+
+
+@pytest.mark.parametrize("summary, reason", [("mine\n", "not JSON"), ("[1, 2]", "not a JSON object"),
+                                             (b"\xff\xfe{", "not JSON")])
+def test_acceptance_eval_force_refuses_a_summary_it_cannot_read_before_any_work(tmp_path, no_model_loads,  # noqa: F811
+                                                                               summary, reason):
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "summary.json").write_bytes(summary if isinstance(summary, bytes) else summary.encode())
+    (d / "notes.txt").write_text("mine")
+    before = listing(d)
+    code, out, err = call([*EVAL_FAST, "--output", d, "--force"])
+    one_line_refusal(code, err, "summary.json", reason, "move it away")
+    assert listing(d) == before and out == ""
+
+
+def test_acceptance_eval_force_onto_a_non_json_summary_in_a_fresh_process(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "summary.json").write_text("these are my notes, not JSON")
+    done = subprocess.run([sys.executable, "-m", "memstep", *EVAL_FAST, "--output", str(d), "--force"],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    one_line_refusal(done.returncode, done.stderr, "summary.json", "not JSON")
+    assert (d / "summary.json").read_text() == "these are my notes, not JSON" and sorted(os.listdir(d)) == ["summary.json"]
+
+
+def test_eval_force_leaves_the_folder_the_users(tmp_path):
+    """--force lets memstep's files in beside the user's, once: the folder is not marked as memstep's,
+    so the next run without --force is refused again. A folder memstep creates is marked."""
+    files = frozenset({"cells.jsonl", "summary.json"})
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "notes.txt").write_text("mine")
+    assert check_results_folder(d, files, force=True) == d
+    (d / "cells.jsonl").write_text('{"key": "k", "label": "x", "length": 1}\n')  # what the forced run wrote
+    assert not (d / MARKER).exists()
+    with pytest.raises(MemstepError, match=r"did not write there \(.*notes.txt\)"):
+        check_results_folder(d, files, legacy=lambda folder: True)  # even with memstep's cells in it
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    check_results_folder(empty, files)
+    assert not (empty / MARKER).exists()  # an empty folder of the user's stays the user's
+    assert (check_results_folder(tmp_path / "new", files) / MARKER).exists()
 
 
 def test_eval_force_writes_beside_foreign_files_and_keeps_them(tmp_path):
@@ -127,31 +170,52 @@ def test_a_failed_force_publish_leaves_the_folder_as_it_was(tmp_path):
 
 # ---- debris ----------------------------------------------------------------------------------
 
-def _partial(parent: Path, name: str, created: float | None) -> Path:
+def _partial(parent: Path, name: str, created: float | None, **marker) -> Path:
     folder = parent / f".{name}.abc{PARTIAL_SUFFIX}"
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(b"\0" * 64)
     if created is not None:
-        (folder / PARTIAL_MARKER).write_text(json.dumps({"made_by": "memstep", "created": created}))
+        (folder / PARTIAL_MARKER).write_text(json.dumps({"made_by": "memstep", "created": created, **marker}))
     return folder
 
 
-def test_only_memsteps_own_stale_partials_are_swept(tmp_path):
+def test_a_partial_from_before_the_lock_goes_by_its_age(tmp_path):
+    """Markers written before memstep locked them (no lock, no PID): swept once STALE_PARTIAL_SECONDS
+    old; nothing without memstep's marker is ever touched."""
     now = time.time()
     stale = _partial(tmp_path, "old", now - STALE_PARTIAL_SECONDS - 60)
-    fresh = _partial(tmp_path, "running", now - 60)  # a save in progress
+    fresh = _partial(tmp_path, "running", now - 60)  # perhaps a save of an older memstep, in progress
     unmarked = _partial(tmp_path, "theirs", None)  # named like one, without memstep's marker
     os.utime(unmarked, (now - 10 * STALE_PARTIAL_SECONDS,) * 2)
-    assert sweep_stale_partials(tmp_path) == [stale.name]
+    assert sweep_partials(tmp_path) == [stale.name]
     assert not stale.exists() and fresh.exists() and unmarked.exists()
 
 
-def test_a_new_save_sweeps_stale_partials_beside_it(tmp_path):
-    stale = _partial(tmp_path, "killed", time.time() - STALE_PARTIAL_SECONDS - 60)
+def test_a_partial_whose_process_is_gone_is_swept_whatever_its_age(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    import socket
+
+    dead = _partial(tmp_path, "dead", time.time(), pid=int(gone.stdout), host=socket.gethostname())
+    alive = _partial(tmp_path, "alive", time.time(), pid=os.getpid(), host=socket.gethostname())
+    elsewhere = _partial(tmp_path, "elsewhere", time.time(), pid=int(gone.stdout), host="another-machine")
+    assert sweep_partials(tmp_path) == [dead.name]
+    assert alive.exists() and elsewhere.exists()
+
+
+def test_a_save_in_progress_holds_its_lock_and_is_never_swept(tmp_path):
+    with staged_folder(tmp_path / "model") as partial:
+        assert json.loads((partial / PARTIAL_MARKER).read_text())["locked"]
+        FakeModel().save_pretrained(partial)
+        assert sweep_partials(tmp_path) == [] and partial.exists()  # its lock is held: a save running
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [MARKER, "config.json", "model.safetensors"]
+
+
+def test_a_new_save_sweeps_dead_partials_beside_it(tmp_path):
+    killed = _partial(tmp_path, "killed", time.time(), locked=True)  # its lock is free: its process is gone
     with staged_folder(tmp_path / "model") as partial:
         assert (partial / PARTIAL_MARKER).exists()  # marked from its first moment
         FakeModel().save_pretrained(partial)
-    assert not stale.exists()
+    assert not killed.exists()
     assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [MARKER, "config.json", "model.safetensors"]
 
 

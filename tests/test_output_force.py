@@ -33,10 +33,11 @@ def test_a_folder_made_just_before_the_rename_gets_no_marker_under_force(tmp_pat
     """The folder appears between memstep's look and its rename: the rename fails (not empty)
     and memstep's files are moved in one by one, without the marker it had written."""
     out = tmp_path / "out"
-    rename = os.rename
+    rename, made = os.rename, []
 
     def late_folder(src, dst):
-        if Path(dst) == out and not out.exists():
+        if Path(dst) == out and not out.exists() and not made:
+            made.append(out)
             out.mkdir()
             (out / "theirs.txt").write_text("keep")
         return rename(src, dst)

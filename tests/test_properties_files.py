@@ -40,9 +40,9 @@ NAMES = st.one_of(
               st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20)),
 )
 LACO_OPTIONS = ["--C", "--L", "--H", "--I", "--T", "--sentences", "--calibration-tokens", "--perplexity-windows",
-                "--passkey-cases", "--passkey-tokens", "--prefill-tokens", "--repeats"]
-SPARSE_OPTIONS = ["--sparsity", "--samples", "--seq-len", "--held-out-samples", "--lr", "--steps", "--batch-size",
-                  "--damp", "--block-columns", "--seed"]
+                "--passkey-cases", "--passkey-tokens", "--prefill-tokens", "--repeats", "--guard"]
+SPARSE_OPTIONS = ["--sparsity", "--samples", "--seq-len", "--held-out-samples", "--lr", "--epochs", "--steps",
+                  "--batch-size", "--self-texts", "--damp", "--block-columns", "--seed"]
 SPARSE_CHOICES = {"--method": ["magnitude", "wanda", "sparsegpt", "x", ""],
                   "--reconstruct": ["none", "lr", "br", "br+gp", "br+gp+cr", "cr"],
                   "--calibration": ["text", "self", "both", "file.txt"], "--nm": ["2:4", "4:8", "3:2", "0:4", "x"],

@@ -15,6 +15,7 @@ import gradio as gr
 import pytest
 from test_models import deep_lm_folder, tiny_lm_folder  # noqa: F401  (fixtures)
 
+from memstep.compress.guard import CHECK_WINDOWS
 from memstep.errors import MemstepError
 from memstep.outputs import MARKER, PARTIAL_MARKER
 from ui import compressed, estimates
@@ -141,7 +142,7 @@ def test_a_reservation_replaces_only_memsteps_own_model_of_that_name(store):
 def test_one_press_runs_with_the_estimate_beside_the_button(store, monkeypatch, deep_lm_folder):  # noqa: F811
     """The estimate is shown before the press (recomputed from the settings); one press starts
     the run, with no second press to confirm it."""
-    args = (str(deep_lm_folder), 2, 0, 0, 1, 0.01, "paper", "dense", 2, 16, False)
+    args = (str(deep_lm_folder), 2, 0, 0, 1, 0.01, "paper", "dense", 2, 16, False, "chained", True)  # keep it
     note = laco.estimate_note(str(deep_lm_folder), 2, 0, 0, 0.01, 2, 16, False, request=request("s"))
     assert note.startswith("estimated **") and note.endswith("on this machine")
     assert "cannot run: C must be at least 2" in laco.estimate_note(str(deep_lm_folder), 1, 0, 0, 0.01, 2, 16, False,
@@ -168,10 +169,15 @@ def test_the_estimate_counts_the_work(monkeypatch):
     per_layer = 2 * 2 * 160 + 4 * 4 * 3
     one = dict(sentences=1, tokens=2, C=2, L=0, H=2, evaluate=False, probe=laco.APP_PROBE, repeats=1)
     assert estimates.laco_work(tiny, **one) == (2 * per_layer + 2 * per_layer, 0)  # dense inputs + 1 candidate
+    # the check without the measurements: dense, LaCo and block influence on its 256-token windows
+    check = estimates.laco_work(tiny, **one, check=True)[0] - estimates.laco_work(tiny, **one)[0]
+    assert check == 3 * CHECK_WINDOWS * estimates._forward(tiny, 256, 2, lm_head=True) > 0
     s = dict(method="wanda", technique="br+gp", calibration="text", samples=16, seq_len=128, held_out=8, steps=20,
              batch=4)
     assert estimates.sparse_work(shape, **s)[0] > estimates.sparse_work(shape, **{**s, "technique": "none"})[0]
-    assert estimates.sparse_work(shape, **{**s, "calibration": "self"})[1] == 127
+    # the model writes 20 texts of 512 tokens in two batches of 16 and 4: 2 x 511 decode steps
+    assert estimates.sparse_work(shape, **{**s, "calibration": "self", "generated_texts": 20})[1] == 2 * 511
+    assert estimates.sparse_work(shape, **s)[1] == 0
     assert estimates.seconds(1e10 * estimates.EFFICIENCY, 0, shape, 0) == pytest.approx(1.0)
 
 
@@ -194,7 +200,7 @@ def test_load_into_run_in_a_public_app_then_run_with_the_token(tmp_path, monkeyp
     with serve(demo) as url:
         owner = QueueClient(url)
         owner.join(_event(demo, laco.run_laco), [str(deep_lm_folder), 2, 0, 0, 1, 0.01, "paper", "dense", 2, 16,
-                                                   False, "chained"])
+                                                   False, "chained", True])  # kept whatever the check finds
         done = owner.wait_for(lambda m: m.get("msg") == "process_completed", 120)
         assert done["success"], done
         owner.messages.clear()
@@ -223,7 +229,7 @@ def test_load_into_run_in_a_public_app_then_run_with_the_token(tmp_path, monkeyp
 
 def test_in_a_public_app_one_visitor_never_evicts_anothers_models(store, monkeypatch):
     public(monkeypatch)
-    monkeypatch.setattr(compressed, "SESSION_QUOTA_BYTES", 2 * MIB + 65536)
+    monkeypatch.setattr(compressed, "VISITOR_QUOTA_BYTES", 2 * MIB + 65536)
     a, b = compressed.store_folder("session-a"), compressed.store_folder("session-b")
     now = time.time()
     a_old, a_new = made(a / "old", now - 300), made(a / "new", now - 200)

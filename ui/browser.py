@@ -238,3 +238,106 @@ _TRACE_POINTS_JS = """(scope) => {
 def trace_points(page, scope: str = "body") -> list[dict]:
     """[{chart, type, name, points}] for every trace of the visible charts under ``scope``."""
     return page.evaluate(_TRACE_POINTS_JS, scope)
+
+
+# The contrast of every visible text against what is painted behind it (WCAG 2: relative
+# luminance, (L1 + 0.05) / (L2 + 0.05)), from the computed styles: the text's colour (its alpha
+# and the opacity of its ancestors applied) over the backgrounds of its ancestors, composited
+# from the page's own background up. HTML text, and the charts' SVG text (fill) over the chart's
+# backgrounds. Disabled controls are left out (WCAG 1.4.3 exempts inactive components), and so
+# are the retained-token map's and other charts' coloured cells (not text).
+_CONTRAST_JS = """([scope, least]) => {
+  const parse = (c) => {
+    const m = c && c.match(/rgba?\\(([^)]+)\\)/);
+    if (!m) return null;
+    const p = m[1].split(/[ ,\\/]+/).filter(Boolean).map(Number);
+    return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
+  };
+  const over = (top, bottom) => {  // top (rgba) composited over an opaque bottom
+    const a = top[3];
+    return [0, 1, 2].map((i) => top[i] * a + bottom[i] * (1 - a)).concat(1);
+  };
+  const lum = (c) => {
+    const ch = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+    return 0.2126 * ch(c[0]) + 0.7152 * ch(c[1]) + 0.0722 * ch(c[2]);
+  };
+  const ratio = (a, b) => { const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p); return (x + 0.05) / (y + 0.05); };
+  const page = parse(getComputedStyle(document.body).backgroundColor);
+  const base = page && page[3] > 0 ? page.slice(0, 3).concat(1) :
+    (document.body.classList.contains("dark") ? [11, 15, 25, 1] : [255, 255, 255, 1]);
+  const behind = (el) => {  // the backgrounds from the root down to el, composited
+    const chain = [];
+    for (let e = el; e && e.nodeType === 1; e = e.parentElement) chain.push(e);
+    let color = base, alpha = 1;
+    for (const e of chain.reverse()) {
+      const style = getComputedStyle(e);
+      alpha *= +style.opacity;
+      let bg = parse(e instanceof SVGElement ? (e.tagName === "rect" || e.tagName === "path" ? style.fill : null)
+                     : style.backgroundColor);
+      if (e instanceof SVGElement && e.tagName !== "svg") bg = null;  // a chart's text: its paper, not its cells
+      if (bg && bg[3] > 0) color = over(bg, color);
+    }
+    return {color, alpha};
+  };
+  const root = document.querySelector(scope) || document.body;
+  const out = [];
+  const seen = new Set();
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const text = node.textContent.trim();
+    const el = node.parentElement;
+    if (!text || !el || seen.has(el)) continue;
+    seen.add(el);
+    if (el.closest("[disabled], .hoverlayer, .memstep-sr-only, script, style, [aria-hidden=true]")) continue;
+    const style = getComputedStyle(el);
+    if (style.visibility !== "visible" || style.display === "none") continue;
+    const box = el.getBoundingClientRect();
+    if (box.width < 1 || box.height < 1) continue;
+    if (el.closest("svg")) {
+      if (!el.closest(".js-plotly-plot") || el.closest(".cbaxis, .colorbar")) continue;
+    }
+    const fg = parse(el instanceof SVGElement ? style.fill : style.color);
+    if (!fg) continue;
+    const {color, alpha} = behind(el);
+    const seenColor = over([fg[0], fg[1], fg[2], fg[3] * alpha], color);
+    const r = ratio(seenColor, color);
+    if (r < least) {
+      const where = el.closest("[id]")?.id || el.tagName.toLowerCase();
+      out.push(`${where}: "${text.slice(0, 40)}" ${r.toFixed(2)}:1 (rgb ${seenColor.slice(0, 3).map(Math.round)}`
+               + ` on ${color.slice(0, 3).map(Math.round)})`);
+    }
+  }
+  return out;
+}"""
+
+
+def contrast_problems(page, scope: str = "body", least: float = 4.5) -> list[str]:
+    """Visible texts under ``scope`` whose contrast with what is behind them is under ``least``:1
+    (one line each: where, the text, the ratio, the colours); [] when every text passes."""
+    return page.evaluate(_CONTRAST_JS, [scope, least])
+
+
+# Words a line break cuts in two inside the given elements (table cells, say): a word whose
+# characters lie on more than one line box.
+_BROKEN_WORDS_JS = """(selector) => {
+  const out = [];
+  for (const cell of document.querySelectorAll(selector)) {
+    if (cell.offsetParent === null) continue;
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const m of node.textContent.matchAll(/\\S+/g)) {
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        const tops = new Set([...range.getClientRects()].filter((r) => r.width > 0).map((r) => Math.round(r.top)));
+        if (tops.size > 1) out.push(m[0]);
+      }
+    }
+  }
+  return out;
+}"""
+
+
+def broken_words(page, selector: str) -> list[str]:
+    """Words split across lines inside the elements ``selector`` matches ([] when none is)."""
+    return page.evaluate(_BROKEN_WORDS_JS, selector)

@@ -9,12 +9,15 @@
   whose id it carries. Messages name the model, never a server path.
 - Locally, the models memstep made there (marked by memstep.outputs.MARKER) share a disk quota
   (``MEMSTEP_COMPRESS_QUOTA_MB``, default 4096): before a run, the oldest are removed until the
-  new one fits. In a public app each session has a quota of its own
-  (``MEMSTEP_COMPRESS_SESSION_QUOTA_MB``, default 1024) and a run removes only that session's
-  older models: one visitor never evicts another's. Another session's models go only once they
+  new one fits. In a public app each visitor has a share of it
+  (``MEMSTEP_COMPRESS_VISITOR_QUOTA_MB``, default 1024), keyed by the client's address
+  (ui/visitors.py), never by the session hash the client sends: however many sessions one
+  address makes up, together they hold at most that share, and a run removes only that visitor's
+  older models: one visitor never evicts another's. Another visitor's models go only once they
   are ``MEMSTEP_COMPRESS_TTL_HOURS`` old (default 24, by the date in their marker); when the
   app's whole quota is still taken, the run is refused. Nothing without the marker is ever
-  removed (temporary folders: their own marker, memstep.outputs.PARTIAL_MARKER).
+  removed (temporary folders: their own marker, memstep.outputs.PARTIAL_MARKER, removed once
+  the process writing them is gone).
 """
 
 from __future__ import annotations
@@ -32,12 +35,15 @@ from pathlib import Path
 
 from memstep.errors import MemstepError
 from memstep.models import allowed_models
-from memstep.outputs import MARKER, STALE_PARTIAL_SECONDS, partial_info
+from memstep.outputs import MARKER, partial_info, writer_gone
 from memstep.paths import compressed_root
+from ui.visitors import visitor_key
 
 TOKEN_PREFIX = "compressed:"
 QUOTA_BYTES = int(float(os.environ.get("MEMSTEP_COMPRESS_QUOTA_MB", "4096")) * 2**20)
-SESSION_QUOTA_BYTES = int(float(os.environ.get("MEMSTEP_COMPRESS_SESSION_QUOTA_MB", "1024")) * 2**20)
+# (MEMSTEP_COMPRESS_SESSION_QUOTA_MB: this setting's name before it was keyed by the visitor's address)
+VISITOR_QUOTA_BYTES = int(float(os.environ.get("MEMSTEP_COMPRESS_VISITOR_QUOTA_MB",
+                                               os.environ.get("MEMSTEP_COMPRESS_SESSION_QUOTA_MB", "1024"))) * 2**20)
 MODEL_TTL_SECONDS = float(os.environ.get("MEMSTEP_COMPRESS_TTL_HOURS", "24")) * 3600
 _SECRET = secrets.token_bytes(32)  # session ids are keyed: one cannot be derived from a session hash alone
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,159}$")
@@ -73,16 +79,39 @@ def session_id(session: str | None) -> str:
     return hmac.new(_SECRET, session.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:24]
 
 
-def store_folder(session: str | None) -> Path:
-    """Where this session's compressed models go (created on first use)."""
+VISITOR_FILE = ".memstep-visitor.json"  # in a session's folder: the visitor (address key) it belongs to
+
+
+def store_folder(session: str | None, visitor: str | None = None) -> Path:
+    """Where this session's compressed models go (created on first use, recording in a public app
+    the visitor it belongs to: ``visitor``, else the visitor of the request this thread serves)."""
     root = compressed_root()
     if public_app():
         sid = session_id(session)
         if not sid:
             raise MemstepError("compression needs a browser session: open the app's page")
         root = root / "sessions" / sid
+        root.mkdir(parents=True, exist_ok=True)
+        if folder_visitor(root) is None:  # a session stays with the visitor that opened it
+            (root / VISITOR_FILE).write_text(json.dumps({"made_by": "memstep", "visitor": _visitor(visitor, session)}))
+        return root
     root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+def _visitor(visitor: str | None, session: str | None) -> str:
+    """The visitor a quota counts: the given key, else the address of the request this thread
+    serves; a call from inside the server (no address) counts as its session."""
+    return visitor or visitor_key() or f"session:{session_id(session)}"
+
+
+def folder_visitor(session_folder: Path) -> str | None:
+    """The visitor a session's folder belongs to (None: not recorded)."""
+    try:
+        info = json.loads((session_folder / VISITOR_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return info.get("visitor") if isinstance(info, dict) and isinstance(info.get("visitor"), str) else None
 
 
 def made_by_memstep(folder: Path) -> dict | None:
@@ -107,7 +136,7 @@ def _size(folder: Path) -> int:
 
 def _managed() -> list[tuple[float, Path, int]]:
     """(created, folder, bytes) of every folder memstep made in the store, oldest first, and
-    the temporary folders killed runs left (STALE_PARTIAL_SECONDS old, by their marker's date)."""
+    the temporary folders whose writing process is gone (memstep.outputs.writer_gone)."""
     root = compressed_root()
     found = []
     for folder in [*root.glob("*"), *root.glob("sessions/*/*")]:
@@ -116,16 +145,19 @@ def _managed() -> list[tuple[float, Path, int]]:
         info = made_by_memstep(folder)
         if info is not None:
             found.append((float(info.get("created", 0)), folder, _size(folder)))
-        elif (partial := partial_info(folder)) is not None and time.time() - partial["created"] > STALE_PARTIAL_SECONDS:
+        elif (partial := partial_info(folder)) is not None and writer_gone(folder, partial):
             found.append((float(partial["created"]), folder, _size(folder)))
     return sorted(set(found), key=lambda row: row[0])
 
 
-def make_room(needed_bytes: int, quota_bytes: int | None = None, session: str | None = None) -> list[str]:
+def make_room(needed_bytes: int, quota_bytes: int | None = None, session: str | None = None,
+              visitor: str | None = None) -> list[str]:
     """Make room for ``needed_bytes`` more; the names of the folders removed. Locally: the oldest
     models memstep made in the store go until the new one fits the quota. In a public app: only
-    ``session``'s own older models go to fit its SESSION_QUOTA_BYTES; other sessions' models go
-    only once past MODEL_TTL_SECONDS; a run that still does not fit is refused."""
+    the visitor's own older models (in any of its sessions) go to fit its VISITOR_QUOTA_BYTES;
+    other visitors' models go only once past MODEL_TTL_SECONDS; a run that still does not fit is
+    refused. ``visitor``: the visitor's key (ui/visitors.py), by default that of the request this
+    thread serves."""
     quota = QUOTA_BYTES if quota_bytes is None else quota_bytes
     if needed_bytes > quota:
         raise MemstepError(f"this model needs about {needed_bytes / 2**20:,.0f} MiB, over the app's "
@@ -135,19 +167,33 @@ def make_room(needed_bytes: int, quota_bytes: int | None = None, session: str | 
             rows = [row for row in _managed() if row[1] not in _in_use]
             used = sum(size for _, _, size in rows) + sum(_size(f) for f in _in_use if f.exists())
             return _remove_oldest(rows, used, needed_bytes, quota)
-    own_quota = min(SESSION_QUOTA_BYTES, quota)
+    own_quota = min(VISITOR_QUOTA_BYTES, quota)
     if needed_bytes > own_quota:
         raise MemstepError(f"this model needs about {needed_bytes / 2**20:,.0f} MiB, over the "
                            f"{own_quota / 2**20:,.0f} MiB this app keeps per visitor for compressed models")
-    own_folder = store_folder(session)
+    visitor = _visitor(visitor, session)
+    store_folder(session, visitor)
     with _lock:
+        owners: dict[Path, str | None] = {}
+
+        def mine(folder: Path) -> bool:
+            if folder.parent not in owners:
+                owners[folder.parent] = folder_visitor(folder.parent)
+            return owners[folder.parent] == visitor
+
         rows = [row for row in _managed() if row[1] not in _in_use]
         busy = sum(_size(f) for f in _in_use if f.exists())
-        own = [row for row in rows if row[1].parent == own_folder]
-        own_busy = sum(_size(f) for f in _in_use if f.exists() and f.parent == own_folder)
-        removed = _remove_oldest(own, sum(size for _, _, size in own) + own_busy, needed_bytes, own_quota)
+        own = [row for row in rows if mine(row[1])]
+        own_busy = sum(_size(f) for f in _in_use if f.exists() and mine(f))
+        own_used = sum(size for _, _, size in own) + own_busy
+        removed = _remove_oldest(own, own_used, needed_bytes, own_quota)
+        own_used = sum(size for _, folder, size in own if folder.exists()) + own_busy
+        if own_used + needed_bytes > own_quota:  # the rest is in use by this visitor's running jobs
+            raise MemstepError(f"your compressed models take {own_used / 2**20:,.0f} MiB of the "
+                               f"{own_quota / 2**20:,.0f} MiB this app keeps per visitor, and the ones left are in "
+                               "use: wait for your running compression to end")
         rows = [row for row in rows if row[1].exists()]
-        expired = [row for row in rows if row[1].parent != own_folder
+        expired = [row for row in rows if not mine(row[1])
                    and (time.time() - row[0] > MODEL_TTL_SECONDS or partial_info(row[1]) is not None)]
         removed += _remove_oldest(expired, sum(size for _, _, size in rows) + busy, needed_bytes, quota)
         used = sum(size for _, folder, size in rows if folder.exists()) + busy
@@ -174,11 +220,12 @@ class Reservation:
     """A folder name in the store for one run: an earlier model of the same name (memstep's,
     from an earlier run) is replaced; anything else keeps its name and the run takes another."""
 
-    def __init__(self, session: str | None, name: str, needed_bytes: int):
+    def __init__(self, session: str | None, name: str, needed_bytes: int, visitor: str | None = None):
         if not _NAME.match(name):
             raise MemstepError(f"not a folder name for a compressed model: {name[:80]!r}")
-        folder = store_folder(session)
-        self.removed = make_room(needed_bytes, session=session)
+        visitor = _visitor(visitor, session) if public_app() else visitor
+        folder = store_folder(session, visitor)
+        self.removed = make_room(needed_bytes, session=session, visitor=visitor)
         with _lock:
             path, n = folder / name, 1
             while path.exists() or path in _in_use:

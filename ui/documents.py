@@ -9,29 +9,26 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import os
 import re
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from memstep.documents import _BOUNDARY_TOKENS as BOUNDARY_TOKENS  # the margin tokenize_prefix keeps
-from memstep.documents import (CHARS_PER_TOKEN_GUESS, DEFAULT_MAX_BYTES, SUPPORTED_EXTENSIONS, ReadLimits,
-                               chars_for_tokens)
+from memstep.documents import CHARS_PER_TOKEN_GUESS, SUPPORTED_EXTENSIONS, ReadLimits, chars_for_tokens
 from memstep.errors import MemstepError
 from memstep.passkey import make_haystack, question_for, random_passkey, random_thing
+from ui import uploads
+from ui.truths import EXAMPLE_TRUTHS, TrueAnswer, passkey_truth
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-MAX_UPLOAD_BYTES = int(os.environ.get("MEMSTEP_MAX_UPLOAD_BYTES", str(DEFAULT_MAX_BYTES)))
-UPLOAD_CONCURRENCY = max(1, int(os.environ.get("MEMSTEP_UPLOAD_CONCURRENCY", "2")))
-UPLOAD_WAIT_SECONDS = 15
+MAX_UPLOAD_BYTES = uploads.MAX_UPLOAD_BYTES  # (reads and upload files: ui/uploads.py)
 # A session's document (the Run tab's state, up to what MAX_DOCUMENT_TOKENS can use) is dropped this
-# long after it was last set: Gradio drops a closed page's state, but a raw API client never sends the
-# heartbeat that tells it a page closed.
-DOCUMENT_STATE_SECONDS = int(os.environ.get("MEMSTEP_DOCUMENT_STATE_SECONDS", str(6 * 3600)))
-_reading = threading.BoundedSemaphore(UPLOAD_CONCURRENCY)
+# long after it was last set (ui/uploads.py: uploads never read go then too).
+DOCUMENT_STATE_SECONDS = uploads.DOCUMENT_STATE_SECONDS
 PRIDE = ASSETS / "pride_and_prejudice_ch1-12.txt"
 PERSUASION = ASSETS / "persuasion_excerpt.txt"
 NOVEL = ASSETS / "pride_and_prejudice.txt"  # the whole novel: 155,850 SmolLM2 tokens
@@ -47,6 +44,15 @@ class DocumentSource:
     passkey: str | None = None
     needle_chars: tuple[int, int] | None = None  # [start, end) of the needle sentence in text
     bundled: bool = False  # one of the app's examples (its full-cache answer is cached)
+    example: str | None = None  # the example's name in the page's menu (bundled ones)
+    truth: TrueAnswer | None = None  # the known answer to the question (examples, passkey documents)
+
+    @functools.cached_property
+    def doc_id(self) -> str:
+        """The document's identity: a digest of its name and text (a run carries it; the page shows it)."""
+        digest = hashlib.blake2b(digest_size=4)
+        digest.update(self.name.encode("utf-8", "surrogatepass") + b"\0" + self.text.encode("utf-8", "surrogatepass"))
+        return digest.hexdigest()
 
 
 def with_needle(name: str, text: str, question: str = "") -> DocumentSource:
@@ -56,7 +62,7 @@ def with_needle(name: str, text: str, question: str = "") -> DocumentSource:
     if match is None:
         return DocumentSource(name, text, question)
     return DocumentSource(name, text, question or question_for(match.group(1)), match.group(2),
-                          (match.start(), match.end()))
+                          (match.start(), match.end()), truth=passkey_truth(match.group(2), match.group(0)))
 
 
 UPLOAD_REFUSED = ("the document file must be uploaded through the page or with gradio_client's handle_file "
@@ -90,11 +96,13 @@ def uploaded_path(file) -> Path:
 
 def upload_limits() -> ReadLimits:
     """What reading one upload may cost: text up to what the longest run can use (the app's
-    MAX_DOCUMENT_TOKENS), and the pages, tags and decompressed bytes memstep.documents caps."""
+    MAX_DOCUMENT_TOKENS), and the work memstep.read_budget allows it for that text (the same
+    limits as the command line's: a document is refused at the same place in both)."""
     return ReadLimits(max_chars=chars_for_tokens(MAX_DOCUMENT_TOKENS), cpu_seconds=READ_CPU_SECONDS)
 
 
-READ_CPU_SECONDS = int(os.environ.get("MEMSTEP_READ_CPU_SECONDS", "20"))
+# CPU seconds any upload's read may take, whatever text it yields (memstep.read_budget.ReadLimits)
+READ_CPU_SECONDS = float(os.environ.get("MEMSTEP_READ_CPU_SECONDS", str(ReadLimits.cpu_seconds)))
 # A run with compact positions never puts a key past sinks + M + c, so the model's context does not
 # cut its document: a whole novel (Pride and Prejudice: 156k tokens) fits under this, and the step
 # cap (ui.runs.MAX_RUN_STEPS) bounds the work at a given chunk.
@@ -122,27 +130,28 @@ def visitor_gone() -> bool:
 
 def read_upload(path: str | Path, max_bytes: int = MAX_UPLOAD_BYTES) -> DocumentSource:
     """An uploaded file (checked on the server: type, size, empty or binary content), read in a
-    child process under upload_limits(); a visitor who leaves ends the reading (visitor_gone)."""
+    child process under upload_limits(), one at a time per visitor (ui/uploads.py); a visitor who
+    leaves ends the reading (visitor_gone). The file is deleted once read: its text is the state."""
     path = Path(path)
     if path.suffix.lower() not in SUPPORTED_EXTENSIONS:
         raise MemstepError(f"Unsupported file type {path.suffix or '(none)'!r} for {path.name}. "
                            f"Use one of: {', '.join(SUPPORTED_EXTENSIONS)}.")
     size = path.stat().st_size
     if size > max_bytes:  # checked before reading, like memstep.documents.read_document
+        uploads.discard(path, upload_folders()[0])
         raise MemstepError(f"{path.name} is {size / 1e6:.1f} MB, over the {max_bytes / 1e6:.1f} MB "
                            "upload limit. Use a shorter excerpt of it.")
     # Reading a 20 MB upload (decoding, normalizing, checking for binary content) takes seconds of
-    # CPU and a few copies of the text: only a few at a time, the others are told to retry.
-    if not _reading.acquire(timeout=UPLOAD_WAIT_SECONDS):
-        raise MemstepError("The server is busy reading other documents. Try the upload again in a moment.")
+    # CPU and a few copies of the text: only a few at a time, one per visitor, the others told to retry.
     try:
-        from memstep.reading import read_isolated
+        with uploads.reading_slot():
+            from memstep.reading import read_isolated
 
-        text = read_isolated(path.read_bytes(), path.name, max_bytes=max_bytes, limits=upload_limits(),
-                             should_stop=visitor_gone)
-        return with_needle(path.name, text)
-    finally:
-        _reading.release()
+            text = read_isolated(path.read_bytes(), path.name, max_bytes=max_bytes, limits=upload_limits(),
+                                 should_stop=visitor_gone)
+    finally:  # read or refused, the file has served: a new try is a new upload
+        uploads.discard(path, upload_folders()[0])
+    return with_needle(path.name, text)
 
 
 def _chapters(path: Path, first: int, last: int) -> str:
@@ -156,7 +165,8 @@ def _passkey_example(name: str, path: Path, tokens: int, depth: float, seed: int
     haystack = path.read_text(encoding="utf-8")
     doc = make_haystack(haystack, tokenizer, tokens, depth, random_passkey(seed), thing=random_thing(seed))
     return DocumentSource(name, doc.text, doc.question, doc.answer,
-                          (doc.needle_char_start, doc.needle_char_end))
+                          (doc.needle_char_start, doc.needle_char_end),
+                          truth=passkey_truth(doc.answer, doc.text[doc.needle_char_start:doc.needle_char_end]))
 
 
 WHOLE_BOOK_EXAMPLE = "Pride and Prejudice, the whole novel (156k tokens)"
@@ -198,7 +208,8 @@ def example(name: str, tokenizer) -> DocumentSource:
     """A bundled example, built on first use (the passkey ones need the tokenizer)."""
     if name not in EXAMPLES:
         raise MemstepError(f"unknown example '{name}': choose one of {', '.join(EXAMPLES)}")
-    return dataclasses.replace(EXAMPLES[name][0](tokenizer), bundled=True)
+    source = EXAMPLES[name][0](tokenizer)
+    return dataclasses.replace(source, bundled=True, example=name, truth=source.truth or EXAMPLE_TRUTHS[name])
 
 
 def token_spans(text: str, tokenizer, ids: list[int]) -> np.ndarray:

@@ -54,8 +54,11 @@ def seconds(flops: float, decode_steps: int, shape, save_bytes: int) -> float:
 
 
 def laco_work(shape, *, sentences: int, tokens: int, C: int, L: int, H: int, evaluate: bool,
-              probe: dict, repeats: int) -> tuple[float, int]:
-    """(FLOPs, decode steps) of a LaCo run from the page (upper bound: no merge shrinks the stack)."""
+              probe: dict, repeats: int, check: bool = False) -> tuple[float, int]:
+    """(FLOPs, decode steps) of a LaCo run from the page (upper bound: no merge shrinks the stack);
+    ``check``: without the measurements, the guard's check (three models' perplexity) still runs."""
+    from memstep.compress.guard import CHECK_WINDOWS
+
     depth = shape.layers
     flops = sentences * _forward(shape, tokens, depth)  # the dense model's layer inputs
     for base in range(L, H - C + 1):  # each candidate runs its base layer and everything above
@@ -68,12 +71,17 @@ def laco_work(shape, *, sentences: int, tokens: int, C: int, L: int, H: int, eva
                      + repeats * _forward(shape, probe["prefill_tokens"], depth))
         flops += models * per_model
         decode = models * probe["passkey_cases"] * 16
+    elif check:  # dense, LaCo and block influence on the check's windows
+        flops += 3 * CHECK_WINDOWS * _forward(shape, 256, depth, lm_head=True)
     return flops, decode
 
 
 def sparse_work(shape, *, method: str, technique: str, calibration: str, samples: int, seq_len: int,
-                held_out: int, steps: int, batch: int) -> tuple[float, int]:
-    """(FLOPs, decode steps) of one pruning run (one reconstruction technique)."""
+                held_out: int, steps: int, batch: int, generated_texts: int = 0,
+                self_length: int = 512) -> tuple[float, int]:
+    """(FLOPs, decode steps) of one pruning run (one reconstruction technique): ``samples`` is
+    every window reconstruction trains on, ``generated_texts`` the texts of ``self_length``
+    tokens the model writes first (in batches of 16, one decode step per token)."""
     calib = samples * seq_len
     block = _forward(shape, seq_len, 1)  # one block over one sample
     flops = 2 * (samples + held_out) * _forward(shape, seq_len, shape.layers, lm_head=True)  # perplexity before/after
@@ -89,10 +97,7 @@ def sparse_work(shape, *, method: str, technique: str, calibration: str, samples
     if technique != "none":  # forward + backward (2x) on a mini-batch per step
         per_block += steps * min(batch, samples) * 3 * block * window
     flops += shape.layers * per_block
-    decode = 0
-    if calibration != "text":
-        generated = samples if calibration == "self" else samples - samples // 2
-        decode = -(-generated // 16) * (seq_len - 1)
+    decode = -(-generated_texts // 16) * (self_length - 1) if calibration != "text" else 0
     return flops, decode
 
 

@@ -315,14 +315,15 @@ def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, 
                         sinks: int = 0, needle: tuple[int, int] | None = None, current: int | None = None,
                         max_columns: int = MAX_COLUMNS, height: int = 340 + LEGEND_ROOM,
                         answers: Sequence[tuple[int, int]] = (), stopped_of: int | None = None,
-                        words: Callable[[int, int], list[str]] | None = None) -> go.Figure:
+                        words: Callable[[int, int], list[str]] | None = None, document: str = "document") -> go.Figure:
     """Which positions are in memory after each step: rows are steps (top to bottom), columns
     token positions (prompt head + document), colour the fraction of (layer, KV head) slots
     that keep the position. ``needle`` is the passkey's [start, end) in the same positions,
     ``answers`` where the full cache's answer appears. ``words(width, columns)`` gives each column's
     text (the page shows it under the pointer: layout.meta, read by the page's script).
     ``stopped_of``: the run was stopped after ``steps`` of this many steps, and ``tokens`` are
-    the positions it read (the title says so). Colours and words: ui/legend.py."""
+    the positions it read (the title says so). ``document``: the run's document, as the axis names
+    it. Colours and words: ui/legend.py."""
     rows = map_rows(steps, records[-1].step if records else None, current)
     z, width = retained_matrix(records, tokens, steps, max_columns, rows)
     hybrid = bool(records and records[-1].layer_types)
@@ -334,7 +335,7 @@ def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, 
         z=z, x=x, y=y, zmin=0.0, zmax=1.0, colorscale=RETAINED_SCALE, hoverongaps=False, showlegend=False,
         colorbar=dict(title=dict(text=legend.COLORBAR_TITLE, side="top", font=dict(size=11)),
                       tickvals=list(ticks), ticktext=list(labels), thickness=12, len=0.9, x=1.0, xpad=6,
-                      y=0.5, yref="paper"),
+                      y=0.5, yref="paper", outlinewidth=1, outlinecolor=AXIS_LINE),  # (its navy end on a dark card)
         hovertemplate=("position %{x:,.0f}<br>after step %{y}<br>kept by %{z:.0%} of " + heads +
                        "<extra></extra>"),
     ))
@@ -343,7 +344,7 @@ def retained_map_figure(records: Sequence[StepRecord], tokens: int, steps: int, 
     what = "every " + _nth(math.ceil(steps / MAP_ROWS)) + " step" if sampled else "each step"
     stopped = f" · stopped at step {steps} of {stopped_of}" if stopped_of else ""
     _style(fig, f"Retained tokens: what memory holds after {what}" + (" (global layers)" if hybrid else "") + stopped,
-           height, f"token position (prompt head + document){column}", "after step")  # the title says when sampled
+           height, f"token position (prompt head + {document}){column}", "after step")  # the title says when sampled
     _hatch_unread(fig, records, tokens, rows)
     # the two states the colour bar cannot show, in the legend at the foot
     fig.add_scatter(x=[None], y=[None], mode="markers", name=legend.LEGEND_NAMES["evicted"], hoverinfo="skip",
@@ -532,6 +533,70 @@ def compare_memory_figure(runs: Sequence[tuple[str, Sequence[StepRecord]]],
     note = "solid modeled, dashed measured" if measured_any else "modeled; measured n/a on CPU"
     return _compare_style(fig, f"Memory per step above the weights ({note})", height,
                           "document position of the step's chunk (tokens)", "MiB above the weights")
+
+
+KEPT_ROW_PX = 56  # one compared run's strip on the kept-token chart (its two-line title above it)
+KEPT_TOP_PX = 150  # the chart's title, then its colour bar, above the first strip's title
+
+
+def compare_kept_figure(runs: Sequence[tuple[str, Sequence[StepRecord], str]], tokens: int, *,
+                        answer: tuple[int, int] | None = None, answer_label: str = "true answer",
+                        needle: tuple[int, int] | None = None) -> go.Figure:
+    """What each compared memory keeps at its end, one strip per run on one token axis: the
+    fraction of (layer, KV head) slots keeping each position after the run's last step (so far,
+    while it streams; the plot's grey where it has not read yet), the true answer's position (or
+    the passkey's) dotted across every strip. ``runs``: (label, records, note), the note (memory
+    and time) on the strip's second title line. Colours and words: ui/legend.py, as the Run tab's
+    map; the colour bar lies flat under the title, so a phone keeps the strips' width."""
+    from plotly.subplots import make_subplots
+
+    title = "What each memory keeps at the end, on one token axis"
+    if not runs or not any(records for _, records, _ in runs):
+        return placeholder_figure("Run a comparison to see what each memory keeps", title, 300)
+    n = len(runs)
+    width = bin_width(tokens, MAX_COLUMNS, n)
+    columns = math.ceil(tokens / width)
+    x = np.arange(columns) * width + (width - 1) / 2
+    plot_px = n * KEPT_ROW_PX + (n - 1) * 40  # the strips and the titles between them
+    height = KEPT_TOP_PX + plot_px + 100
+    titles = [f"<b>{html.escape(label)}</b><br>{html.escape(note)}" for label, _, note in runs]
+    fig = make_subplots(rows=n, cols=1, shared_xaxes=True, vertical_spacing=40 / plot_px if n > 1 else 0.0,
+                        subplot_titles=titles)
+    ticks, labels = zip(*legend.COLORBAR_TICKS)
+    for i, (label, records, _) in enumerate(runs, start=1):
+        z = np.full((1, columns), np.nan, dtype=np.float32)
+        if records:
+            last = records[-1]
+            kept, _ = retained_matrix([last], columns * width, 1, columns, rows=[last.step])
+            z[:, : min(columns, kept.shape[1])] = kept[:, :columns]
+        fig.add_heatmap(z=z, x=x, y=[label], coloraxis="coloraxis", hoverongaps=False, row=i, col=1,
+                        hovertemplate=f"{html.escape(label)}<br>position %{{x:,.0f}}<br>kept by %{{z:.0%}} of the "
+                                      "layer-heads<extra></extra>")
+        fig.update_yaxes(showticklabels=False, ticks="", showgrid=False, row=i, col=1)
+    column = f"<br>one column = {width} tokens" if width > 1 else ""
+    _style(fig, title, height, "", "")
+    fig.update_xaxes(title_text="", range=[-0.5, tokens - 0.5], showgrid=False)
+    fig.update_xaxes(title=dict(text=f"token position (prompt head + document){column}", standoff=6), row=n, col=1)
+    fig.update_layout(
+        coloraxis=dict(colorscale=RETAINED_SCALE, cmin=0.0, cmax=1.0,
+                       colorbar=dict(title=dict(text=legend.COLORBAR_TITLE.replace("<br>", " ") + "<br> ", side="top",
+                                                font=dict(size=11)),
+                                     tickvals=list(ticks), ticktext=list(labels), orientation="h", thickness=10,
+                                     len=200, lenmode="pixels", x=0.0, xanchor="left", xref="container", xpad=12,
+                                     y=1 - 60 / height, yref="container", yanchor="top", ypad=0,
+                                     outlinewidth=1, outlinecolor=AXIS_LINE)),
+        plot_bgcolor=UNREAD, margin=dict(t=KEPT_TOP_PX, r=12, l=12, b=100), showlegend=True)
+    for annotation in fig.layout.annotations:  # the strips' titles: left-aligned, small, in two lines
+        annotation.update(x=0.0, xanchor="left", font=dict(size=11, color=INK_SOFT), align="left")
+    marks = [("passkey", needle, COLORS["passkey"])] if needle is not None else []
+    if answer is not None and (needle is None or not (answer[0] < needle[1] and answer[1] > needle[0])):
+        marks.append((answer_label, answer, COLORS["answer"]))
+    for name, (start, end), color in marks:  # a dotted line through every strip, named in the legend
+        centre = (start + end - 1) / 2
+        fig.add_vline(x=centre, line=dict(color=color, width=2, dash="dot"), row="all", col=1)
+        fig.add_scatter(x=[None], y=[None], mode="lines", name=f"{name} (tokens {start:,}-{end - 1:,})",
+                        line=dict(color=color, width=1.5, dash="dot"), hoverinfo="skip", row=1, col=1)
+    return fig
 
 
 def layer_memory_figure(record: StepRecord | None, sinks: int, height: int = 260) -> go.Figure:

@@ -1,4 +1,5 @@
-"""Event functions of the Run and Compare tabs: small, and streaming where work is long.
+"""Event functions of the Run tab: small, and streaming where work is long (the Compare tab's:
+ui/comparison.py).
 
 Errors a user can cause arrive as MemstepError and leave as a toast (gr.Error, or
 gr.Warning where the page can carry on); the app keeps serving the next request.
@@ -25,14 +26,16 @@ from memstep.schedules import MAX_SIZE_TOKENS, make_schedule
 from ui.documents import (DEFAULT_EXAMPLE, EXAMPLE_SETTINGS, TOKENIZER_FREE_EXAMPLE, DocumentSource, describe, example,
                           read_upload, uploaded_path)
 from ui.fields import settle
-from ui.figures import compare_memory_figure, compare_sizes_figure, placeholder_figure, schedule_figure
-from ui.inputs import flag
+from ui.explain import NO_QUESTION
+from ui.identity import RUN_LABEL, document_label, is_compressed, model_name, model_words, page_mismatch
+from ui.figures import placeholder_figure, schedule_figure
+from ui.inputs import flag, valid_unicode
 from ui.models import cached_model, context_tokens, get_model, layer_count, normalize_spec, preview_tokenizer
 from ui.reference import lookup, reference_key
-from ui.runs import (MAX_DOCUMENT_TOKENS, MAX_NEW_TOKENS, MAX_TOKENS_LIMIT, check_settings, document_limit,
+from ui.runs import (MAX_DOCUMENT_TOKENS, MAX_NEW_TOKENS, MAX_SINKS, MAX_TOKENS_LIMIT, check_settings, document_limit,
                      prefill_stream, prepare, reference_fits, settings_from, whole_number)
 from ui.share import link_html, parse_query, settings_query, write_files
-from ui.summary import ComparedRun, compare_headers, compare_rows, stat_cards
+from ui.summary import stat_cards
 from ui.timing import (about, cpu_time_measured, modeled_flops, planned_seconds, preview_config, resolved_device,
                        seconds_left, shared_note, timed)
 from ui.views import RunView, answer_markdown, compact, render, stats_html, text_view
@@ -57,13 +60,13 @@ def default_document() -> DocumentSource:
 EXAMPLE_CONTROLS = ("chunk", "memory", "max_tokens", "rope")  # what an example may set (EXAMPLE_SETTINGS)
 
 
-def choose_example(name: str | None, model: str | None, chunk=None, max_tokens=None):
+def choose_example(name: str | None, model: str | None, chunk=None, max_tokens=None, current=None):
     """An example picked: it becomes the document, its question fills the question box, and the
     settings it needs (the whole novel: chunk and memory 1,024, no max tokens) fill their controls;
     a chunk it leaves is kept within its tokens, as for an upload (choose_upload). The chunk
-    slider's end comes last."""
+    slider's end comes, then the page's document marks (ready_outputs)."""
     if not name:
-        return (gr.skip(),) * (5 + len(EXAMPLE_CONTROLS))
+        return (gr.skip(),) * (5 + len(EXAMPLE_CONTROLS)) + ready_outputs(current, back=True)
     try:
         source = example(name, preview_tokenizer(model)[0])
     except MemstepError as err:
@@ -73,18 +76,37 @@ def choose_example(name: str | None, model: str | None, chunk=None, max_tokens=N
         source, model, chunk, needs.get("max_tokens", max_tokens))
     controls = {**{key: needs[key] if key in needs else gr.skip() for key in EXAMPLE_CONTROLS}, "chunk": chunk_update}
     return (source, source.question, describe_document(source, model), None,
-            *(controls[key] for key in EXAMPLE_CONTROLS), end)
+            *(controls[key] for key in EXAMPLE_CONTROLS), end, *ready_outputs(source, back=source == current))
+
+
+def ready_outputs(source: DocumentSource | None, back: bool = False) -> tuple:
+    """The page's document marks once a document is in place (ui/identity.py): its id and nothing
+    pending. Run comes back from the preview that follows the new document (controls_changed, which
+    also checks the settings): Run enabled here too would flicker off and on again when an older
+    preview lands in between, and a click in that moment is lost. ``back``: no new document follows
+    (a failure, a cleared box, the same document again), so Run comes back here."""
+    run = gr.update(value=RUN_LABEL, interactive=True) if back else gr.skip()
+    return (gr.skip() if source is None else source.doc_id, "", run)
+
+
+def preparation_failed(current: DocumentSource | None):
+    """Building a document failed (its message is the toast), or the upload box was cleared: the
+    page goes back to the document the session holds, with Run back."""
+    return (getattr(current, "example", None), *ready_outputs(current, back=True))
 
 
 def describe_document(source: DocumentSource, model) -> str:
+    """The document's line under the upload box: its name, tokens, passkey, and id (the run card
+    shows the same id: what a run is of)."""
+    ident = f" · #{source.doc_id}"
     try:
         tokenizer, exact = preview_tokenizer(model)
     except MemstepError as err:  # the page keeps serving; the run will try the model again
-        return f"{describe(source)}  \n⚠ {err}. The page keeps working; Run tries to load the model again."
+        return f"{describe(source)}{ident}  \n⚠ {err}. The page keeps working; Run tries to load the model again."
     count = _count_tokens(source.text, tokenizer)[1]
     if count >= COUNT_LIMIT:
-        return f"{describe(source)} · over {COUNT_LIMIT:,} tokens"
-    return describe(source, count, exact)
+        return f"{describe(source)} · over {COUNT_LIMIT:,} tokens{ident}"
+    return describe(source, count, exact) + ident
 
 
 def choose_upload(path: str | None, current: DocumentSource, model, chunk=None, max_tokens=None):
@@ -93,14 +115,15 @@ def choose_upload(path: str | None, current: DocumentSource, model, chunk=None, 
     note) here, with the document: the preview that follows a new document leaves the chunk box
     alone (see controls_changed). The last two outputs: the chunk slider and its end."""
     if not path:
-        return (gr.skip(),) * 7
+        return (gr.skip(),) * 7 + ready_outputs(current, back=True)
     try:
         source = read_upload(uploaded_path(path))
     except MemstepError as err:
         gr.Warning(str(err), title=ERROR_TITLE)
-        return current, gr.skip(), describe_document(current, model), None, gr.skip(), gr.skip(), gr.skip()
+        return (current, gr.skip(), describe_document(current, model), None, gr.skip(), gr.skip(), gr.skip(),
+                *ready_outputs(current, back=True))
     return (source, source.question, describe_document(source, model), gr.skip(), None,
-            *_chunk_within(source, model, chunk, max_tokens))
+            *_chunk_within(source, model, chunk, max_tokens), *ready_outputs(source, back=source == current))
 
 
 def _chunk_within(doc: DocumentSource, model, chunk, max_tokens) -> tuple:
@@ -232,6 +255,11 @@ def _whole(value) -> int | None:
 
 # ---- a run ---------------------------------------------------------------------------
 def _run_outputs(view: RunView, step: int | None = None, query: str = ""):
+    if view.stopped and not view.records:  # stopped before any step: nothing to draw, no empty charts
+        return (stats_html(view), gr.skip(), gr.skip(), gr.skip(), gr.skip(), "", answer_markdown(view),
+                gr.update(maximum=1, value=0, interactive=False), view, gr.Column(visible=False),
+                gr.Markdown(visible=True), gr.Plot(visible=False), gr.Button(visible=False),
+                gr.DownloadButton(visible=False), gr.DownloadButton(visible=False), gr.Column(visible=False))
     shown = render(view, step, query)
     steps = max(1, view.steps)
     slider = gr.update(maximum=steps, value=len(view.records) if step is None else step + 1,
@@ -272,7 +300,7 @@ def stale_note(view: RunView | None, schedule, growth, chunk, memory, scorer, si
 
 def run_failed():
     """The run raised (its message is the toast): the status says so instead of the last update's."""
-    return stat_cards([("state", "run", "failed: see the message; change what it names and press Run")])
+    return stat_cards([("state", "run", "failed: the message says why and what to change")])
 
 
 def _downloads(view: RunView) -> tuple:
@@ -292,11 +320,14 @@ def _layers_plot(shown):
 RUN_OUTPUTS = 16  # the Run tab's outputs of a run update (see _run_outputs)
 
 
-def _loading_update(model) -> tuple:
-    """The first update of a run, before the model is loaded: only the status says so."""
+def _loading_update(model, doc: DocumentSource, question) -> tuple:
+    """The first update of a run, before the model is loaded: the status says what it runs, and
+    the answer box says at once when no question was asked."""
     now = ("loading the model: a few seconds (a model not on this machine downloads first)"
            if cached_model(model) is None else "preparing the document")
-    return (stat_cards([("state", "run", "starting")], 0.0, now=now),) + (gr.skip(),) * (RUN_OUTPUTS - 1)
+    cards = [("state", "run", "starting"), ("document", "document", document_label(doc))]
+    answer = NO_QUESTION if not (question or "").strip() else "*The answer appears when the prefill is done.*"
+    return (stat_cards(cards, 0.0, now=now),) + (gr.skip(),) * 5 + (answer,) + (gr.skip(),) * (RUN_OUTPUTS - 7)
 
 
 # The Run tab's "as the reference code" boxes: a ticked box takes the reference's way
@@ -313,10 +344,15 @@ def reference_ways(ways) -> tuple[str, dict]:
 
 
 def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens,
-                 question, full_reference, rope=AUTO, question_aware=False, ways=None, query="",
-                 progress=gr.Progress(), request: gr.Request = None):
+                 question, full_reference, rope=AUTO, question_aware=False, ways=None, query="", example_name=None,
+                 pending="", shown_id=None, progress=gr.Progress(), request: gr.Request = None):
     """Stream a run: one update as soon as the schedule is known, then one per step, then
-    the answer (and the full-cache reference answer when asked)."""
+    the answer (and the full-cache reference answer when asked). From the page, the example menu,
+    the pending mark and the document id it shows come last: a run starts only when they match the
+    session's document (ui/identity.py)."""
+    mismatch = page_mismatch(doc, example_name, pending, shown_id)
+    if mismatch:
+        _fail(MemstepError(mismatch))
     began = time.perf_counter()
     session = _session(request)
     _STOP_REQUESTS.discard(session)  # a Stop pressed before this run is not for it
@@ -324,7 +360,10 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
     try:
         settings = settings_from(schedule, chunk, memory, growth, scorer, sinks, rope, question_aware,
                                  *reference_ways(WAY_DEFAULTS if ways is None else ways))
-        yield _loading_update(model)
+        if settings.question_aware and not (question or "").strip():
+            raise MemstepError("Question-aware scoring needs a question: type one in the Question box, or untick "
+                               "Question-aware under Advanced (nothing was run)")
+        yield _loading_update(model, doc, question)
         progress(0.0, desc="Loading the model")
         lm = get_model(model, session)
         document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm), settings)
@@ -345,7 +384,8 @@ def run_document(doc: DocumentSource, model, schedule, growth, chunk, memory, sc
         with closing(prefill_stream(model, document.ids, settings, question, reference, document.notices,
                                     cache_reference=doc.bundled, session=session)) as stream:
             yield from _stream_run(stream, document, settings, question, reference, began, progress, session,
-                                   lm=lm, model_spec=normalize_spec(model, session), query=str(query or ""))
+                                   lm=lm, model_spec=normalize_spec(model, session), query=str(query or ""),
+                                   model_given=model)
     except MemstepError as err:
         _fail(err)
     finally:
@@ -380,13 +420,16 @@ UPDATE_SECONDS = 0.5
 
 
 def _stream_run(stream, document, settings, question, full_reference, began, progress, session="", lm=None,
-                model_spec="", query=""):
+                model_spec="", query="", model_given=None):
     """The page updates for one run's stream of plain data; after Stop, one last update
     (the steps so far, stopped) and no more. Every update says what happens next, with an
     estimate from the run's own speed."""
     events = timed(stream)
     _, plan, _ = next(events)
-    view = RunView(document, settings, plan, wants_reference=bool(full_reference))
+    shown_model = model_given if is_compressed(model_given) else model_spec
+    view = RunView(document, settings, plan, wants_reference=bool(full_reference), question=str(question or ""),
+                   model_name=model_name(shown_model, lm), model_words=model_words(shown_model, lm),
+                   named_model=bool(model_spec) and model_spec != normalize_spec(None))
     device = getattr(lm, "device", "cpu")
     view.cpu_measured = cpu_time_measured(device)
     view.load_note = shared_note() if view.cpu_measured else None
@@ -402,6 +445,10 @@ def _stream_run(stream, document, settings, question, full_reference, began, pro
     for kind, item, cpu in ([] if view.stopped else events):
         if _take_stop(session):
             view.stopped = True
+            if kind == "step":  # the step Stop waited for has run: it counts, and shows
+                view.records.append(compact(item))
+                view.cpu_seconds.append(cpu)
+                view.seconds = time.perf_counter() - began
             yield _run_outputs(view, query=query)
             return
         view.seconds = time.perf_counter() - began
@@ -499,9 +546,14 @@ def search_text(query, step, view: RunView | None):
     what the memory did with each."""
     if view is None:
         return gr.skip()
+    try:  # a crafted request's lone surrogate: one line, not a traceback when the page's JSON is written
+        query = valid_unicode(str(query or ""), "the search")
+    except MemstepError as err:
+        gr.Warning(str(err), title=ERROR_TITLE)
+        return gr.skip()
     index = _replay_index(step, view)
     records = view.records[: index + 1]
-    return text_view(view, records[-1] if records else None, str(query or ""), records)
+    return text_view(view, records[-1] if records else None, query, records)
 
 
 def try_question_aware():
@@ -531,12 +583,25 @@ def controls_changed(example_name, doc: DocumentSource, model, schedule, growth,
     put back from that old value landed over the one the user typed next."""
     target = getattr(event, "target", None)
     new_document = isinstance(target, gr.State) or getattr(target, "elem_id", None) == "example"
+    sinks, sinks_note = settle(sinks, "Sinks", 0, MAX_SINKS, default=4)
+    max_tokens, max_note = settle(max_tokens, "Max tokens", 1, MAX_TOKENS_LIMIT)
+    for note in (sinks_note, max_note):
+        if note:
+            gr.Warning(note, title=ERROR_TITLE)
     shown = preview_page(doc, model, schedule, growth, chunk, memory, sinks, max_tokens, rope, ways, chunk_end,
                          keep_chunk=new_document)
     stale = stale_note(view, schedule, growth, chunk, memory, scorer, sinks, rope, question_aware, question, ways)
     share = share_link(example_name, doc, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope,
                        question_aware, question, model)
-    return (*shown, stale, share)
+    # the example menu shows another document than the session's: it is being built. (Not the page's
+    # pending mark: this listener, run for the new document, could read it before its reset landed.)
+    if page_mismatch(doc, example_name, "", getattr(doc, "doc_id", None)):
+        shown = (*shown[:2], gr.skip(), *shown[3:])  # Run stays as the page set it: preparing
+    else:
+        shown = (*shown[:2], gr.update(value=RUN_LABEL, interactive=shown[2]["interactive"]), *shown[3:])
+    boxes = tuple(gr.update(value=value) if note else gr.skip() for value, note in ((sinks, sinks_note),
+                                                                                      (max_tokens, max_note)))
+    return (*shown, stale, share, *boxes)
 
 
 def open_link(request: gr.Request):
@@ -551,110 +616,10 @@ def open_link(request: gr.Request):
     needs = EXAMPLE_SETTINGS.get(chosen.get("example"), {})  # what the link leaves out, the example sets
     updates = [chosen.get(key, needs.get(key, gr.skip())) for key in keys]
     model = chosen.get("model") or default_model()
-    doc_updates = (gr.skip(),) * 3
+    doc_updates = (gr.skip(),) * 4
     if "example" in chosen:
         source, question, info = choose_example(chosen["example"], model)[:3]
-        doc_updates = (source, question, info)
+        doc_updates = (source, question, info, source.doc_id)
     if "question" in chosen:
-        doc_updates = (doc_updates[0], chosen["question"], doc_updates[2])
+        doc_updates = (doc_updates[0], chosen["question"], *doc_updates[2:])
     return (*updates, *doc_updates)
-
-
-# ---- comparison ----------------------------------------------------------------------
-CONFIG_FIELDS = 8  # enabled, schedule, growth, chunk, memory, scorer, RoPE positions, question-aware
-TIME_NOTE = {
-    True: ("Time: the CPU seconds this app's process spent on each configuration (its own work, which other jobs "
-           "on the machine barely change; wall seconds beside them), and the planner's modeled FLOPs, which no load "
-           "changes. Ratios against the first FM configuration; memory columns do not depend on the load."),
-    False: ("Time: wall seconds of each configuration on the device, and the planner's modeled FLOPs. Ratios "
-            "against the first FM configuration."),
-}
-
-
-def _configs(values) -> list[tuple]:
-    return [tuple(values[i:i + CONFIG_FIELDS]) for i in range(0, len(values), CONFIG_FIELDS)]
-
-
-def _compare_outputs(runs: list[ComparedRun], status: str, cpu: bool = True):
-    traces = [(run.label, run.records) for run in runs]
-    return (status, compare_sizes_figure(traces), compare_memory_figure(traces),
-            {"headers": compare_headers(cpu), "data": compare_rows(runs)})
-
-
-def compare(doc: DocumentSource, model, sinks, max_tokens, question, request: gr.Request = None, *config_values,
-            progress=gr.Progress()):
-    """Run the ticked configurations one after another on the same document; stream the
-    overlaid plots and the summary table after every step, and say what runs now. (``request``
-    is Gradio's: it comes before the configurations, which arrive as the remaining inputs.)"""
-    session = _session(request)
-    try:
-        settings = [settings_from(s, c, m, g, sc, sinks, r, qa) for on, s, g, c, m, sc, r, qa
-                    in _configs(config_values) if on]
-        if not settings:
-            raise MemstepError("no configuration is ticked: tick at least one to compare")
-        yield ("**Loading the model**: a few seconds (a model not on this machine downloads first)…",
-               gr.skip(), gr.skip(), gr.skip())
-        progress(0.0, desc="Loading the model")
-        lm = get_model(model, session)
-        document = prepare(doc, lm.tokenizer, _whole(max_tokens), context_tokens(lm))
-        cpu = cpu_time_measured(lm.device)
-        asked = (question or "").strip()  # what each configuration is asked (the Run tab's question box)
-        question_tokens = len(prompt_parts(lm.tokenizer, asked).tail) if asked else 0
-        runs, labels = [], set()
-        for s in settings:  # check every configuration before running any
-            check_settings(s, document.tokens)
-            plan = make_schedule(s.schedule, document.tokens, s.chunk, s.memory, s.growth,
-                                 layers=lm.model.config.num_hidden_layers)
-            label = s.label()
-            while label in labels:
-                label += "′"
-            labels.add(label)
-            needle = document.needle
-            runs.append(ComparedRun(label, s.schedule, [], plan.steps,
-                                    passkey=None if needle is None else document.source.passkey,
-                                    needle=None if needle is None else (document.prefix_tokens + needle[0],
-                                                                        document.prefix_tokens + needle[1]),
-                                    cpu_seconds=[] if cpu else None,
-                                    flops=modeled_flops(lm.model.config, plan, s.sinks,
-                                                        question_tokens if s.question_aware else 0)))
-        for notice in document.notices:
-            gr.Warning(notice, title=ERROR_TITLE)
-        total = sum(r.steps for r in runs)
-        done = 0
-        name = document.source.name
-        yield _compare_outputs(runs, f"Running {len(runs)} configurations on **{name}** ({document.tokens:,} "
-                                     "tokens)…", cpu)
-        for i, (s, run) in enumerate(zip(settings, runs), start=1):
-            head = f"**{run.label}** ({i} of {len(runs)})"
-            with closing(prefill_stream(model, document.ids, s, question, False, document.notices,
-                                        session=session)) as stream:
-                for kind, item, seconds in timed(stream):
-                    if kind == "step":
-                        run.records.append(compact(item))
-                        if run.cpu_seconds is not None:
-                            run.cpu_seconds.append(seconds)
-                        done += 1
-                        progress((done, total), desc=f"{run.label}: step {len(run.records)} of {run.steps}",
-                                 unit="steps")
-                        if len(run.records) == run.steps:
-                            now = (f"answering the question from the compressed memory (up to {MAX_NEW_TOKENS} "
-                                   "tokens, a few seconds)…" if asked else "finishing…")
-                        else:
-                            left = seconds_left(sum(r.seconds for r in run.records), item.tokens_seen,
-                                                document.tokens)
-                            now = (f"step {len(run.records)} of {run.steps} done"
-                                   + (f", {about(left)} left for this configuration" if left else "") + "…")
-                    elif kind == "result":
-                        item.steps = run.records
-                        run.result = item
-                        now = "done."
-                    else:
-                        continue
-                    yield _compare_outputs(runs, f"{head}: {now}", cpu)
-        note = shared_note() if cpu else None
-        yield _compare_outputs(runs, f"**Done**: {len(runs)} configurations on **{name}**, {document.tokens:,} "
-                                     f"tokens ({len(document.ids):,} document tokens). {TIME_NOTE[cpu]}"
-                                     + (f" ({note.capitalize()}.)" if note else "") + " "
-                                     + " ".join(document.notices), cpu)
-    except MemstepError as err:
-        _fail(err)

@@ -108,6 +108,24 @@ def legend_html() -> str:
         "</div>")
 
 
+def _utf16(text: str) -> int:
+    """Length in UTF-16 code units: how the page's script counts characters."""
+    return len(text) if text.isascii() else len(text.encode("utf-16-le")) // 2
+
+
+def _offsets(text: str, start: int, starts: Sequence[int]) -> str:
+    """' data-o="0 4 9"': where each token of a piece starts in it (UTF-16 units), so the map can
+    outline one token of a piece that holds several; nothing for a one-token piece."""
+    if len(starts) < 2:
+        return ""
+    offsets, at, previous = [], 0, start
+    for token in starts:  # summed token by token: a long piece's slices are never recounted
+        at += _utf16(text[previous:token])
+        offsets.append(str(at))
+        previous = token
+    return ' data-o="' + " ".join(offsets) + '"'
+
+
 def _token_marks(start: int, end: int, marks: Sequence[Mark]) -> tuple[int, ...]:
     return tuple(i for i, m in enumerate(marks) if start < m.end and end > m.start)
 
@@ -122,14 +140,14 @@ def highlight_html(text: str, spans: Sequence[tuple[int, int]], fractions: Seque
     the mark's anchor id. Consecutive tokens of the same shade and marks share one <span>,
     so a long document stays a compact fragment. Text after the last span (cut by
     truncation) is left out. ``links`` (HTML) follows the caption. Each piece carries the
-    document index of its first token (data-t, counted from ``first_token``) so the map can
-    point into the text."""
+    document index of its first token (data-t, counted from ``first_token``) and where each of
+    its tokens starts (data-o), so the map can point at a token in the text."""
     if len(spans) != len(fractions):
         raise ValueError(f"{len(spans)} token spans but {len(fractions)} fractions")
     marks = list(marks)
     if needle_chars is not None:
         marks.insert(0, Mark(needle_chars[0], needle_chars[1], "needle", "memstep-needle"))
-    runs: list[list] = []  # [start, end, level, marks, first token]
+    runs: list[list] = []  # [start, end, level, marks, first token, its tokens' starts]
     cursor = 0
     for index, ((start, end), fraction) in enumerate(zip(spans, fractions), start=first_token):
         start, end = max(start, cursor), max(end, cursor)  # overlapping offsets: never repeat text
@@ -137,12 +155,13 @@ def highlight_html(text: str, spans: Sequence[tuple[int, int]], fractions: Seque
         level = _level(float(fraction))
         if runs and runs[-1][1] == start and runs[-1][2:4] == [level, inside]:
             runs[-1][1] = end
+            runs[-1][5].append(start)
         else:
-            runs.append([start, end, level, inside, index])
+            runs.append([start, end, level, inside, index, [start]])
         cursor = end
     out: list[str] = []
     cursor, open_marks, anchored = 0, [], set()
-    for start, end, level, inside, index in runs:
+    for start, end, level, inside, index, starts in runs:
         # close the wrappers the run leaves (and any opened after them), then open the new ones
         keep = 0
         while keep < len(open_marks) and open_marks[keep] in inside:
@@ -159,7 +178,7 @@ def highlight_html(text: str, spans: Sequence[tuple[int, int]], fractions: Seque
                 out.append(f'<span{anchor} data-mark="{mark.kind}" style="{MARK_STYLES[mark.kind]}">')
                 open_marks.append(i)
         piece, style = html.escape(text[start:end]), _style(level)
-        out.append(f'<span data-t="{index}" style="{style}">{piece}</span>')
+        out.append(f'<span data-t="{index}"{_offsets(text, start, starts)} style="{style}">{piece}</span>')
         cursor = end
     out.append("</span>" * len(open_marks))
     jump = ' <a href="#memstep-needle">Show the passkey.</a>' if "memstep-needle" in anchored else ""

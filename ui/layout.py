@@ -7,7 +7,7 @@ import os
 
 import gradio as gr
 
-from ui import api, handlers
+from ui import api, handlers, uploads
 from ui.documents import MAX_UPLOAD_BYTES
 from ui.summary import COMPARE_WIDTHS
 from ui.theme import dark_css
@@ -57,8 +57,22 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
 .secondary-wrap { min-width: 0 !important; }
 .secondary-wrap input { min-width: 0; text-overflow: ellipsis; }
 #map-token { min-height: 2.6em; margin: -4px 0 4px; }
+.memstep-hidden { display: none !important; }
+/* the selected tab's name on a dark page: the accent a step lighter (4.5:1) */
+.dark [role="tab"][aria-selected="true"] { color: var(--primary-400) !important; }
+/* the retained-token map and the document's words: stacked, and side by side from 1,200 px, so a
+   click on the map shows its tokens in the text without scrolling the page */
+#map-and-text { flex-wrap: wrap; gap: 12px; }
+#map-and-text > #map-column, #map-and-text > #answer-text { flex: 1 1 100%; min-width: 0; }
+@media (min-width: 1200px) {
+  #map-and-text { flex-wrap: nowrap; }
+  #map-and-text > #map-column { flex: 3 1 0; }
+  #map-and-text > #answer-text { flex: 2 1 0; }
+  #answer-text .memstep-paper { max-height: 520px !important; }
+}
+.memstep-paper .memstep-pointed { outline: 3px solid #b45309; outline-offset: 1px; border-radius: 2px;
+  color: inherit !important; }  /* the token's own shade and ink, not the page's */
 #memstep-map-token b { color: var(--body-text-color); }
-.memstep-paper [data-t].memstep-pointed { outline: 3px solid #f59e0b; outline-offset: 1px; }
 /* tables scroll sideways instead of stacking their headers one letter per line (the header is
    a separate table from the body: both get the same minimum widths, and words never break) */
 .table-wrap, .table-container { overflow-x: auto !important; }
@@ -70,6 +84,11 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
 /* the standing's last column holds the verdicts; the KL table's last holds a count */
 #eval-niah-note table:first-of-type td:last-child, #eval-niah-note table:first-of-type th:last-child {
   white-space: normal; min-width: 16em; }
+/* the Plan tab's "what it takes" table: words whole ("IMDC", "bf16"), scrolling sideways on a phone; the
+   last column (the longest context) wraps between words */
+#plan-needs table { display: block; overflow-x: auto; max-width: 100%; }
+#plan-needs th, #plan-needs td { white-space: nowrap; word-break: normal; overflow-wrap: normal; }
+#plan-needs td:last-child, #plan-needs th:last-child { white-space: normal; min-width: 12em; }
 /* the KL table's press names may wrap, so a phone shows them whole before it scrolls */
 #eval-niah-note table:nth-of-type(2) td:nth-child(3) { white-space: normal; overflow-wrap: normal; min-width: 7em; }
 @media (max-width: 640px) {
@@ -82,6 +101,29 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
 # Ctrl+Enter (Cmd+Enter) runs from anywhere on the Run tab.
 HEAD = """
 <script>
+// A file chosen or dropped for upload: Run waits for it from this moment ("preparing the document…",
+// ui/identity.py), not from when the file has reached the server. Files the upload box refuses at
+// once (type, size) leave Run as it was.
+(() => {
+  const LIMIT = __UPLOAD_LIMIT__;
+  const accepted = (input, file) => {
+    const types = (input?.accept || "").split(",").map((t) => t.trim().toLowerCase()).filter(Boolean);
+    const name = file.name.toLowerCase();
+    return file.size <= LIMIT && (!types.length || types.some((t) => name.endsWith(t)));
+  };
+  const started = (files, input) => {
+    if (files && files.length && [...files].every((file) => accepted(input, file))) {
+      document.querySelector("#upload-started")?.click();
+    }
+  };
+  document.addEventListener("change", (event) => {
+    if (event.target.matches?.("#upload input[type=file]")) started(event.target.files, event.target);
+  }, true);
+  document.addEventListener("drop", (event) => {
+    const box = event.target.closest?.("#upload");
+    if (box) started(event.dataTransfer?.files, box.querySelector("input[type=file]"));
+  }, true);
+})();
 document.addEventListener("keydown", (event) => {
   if (event.key !== "Enter" || !(event.ctrlKey || event.metaKey)) return;
   const run = document.querySelector("#run");
@@ -98,67 +140,112 @@ document.addEventListener("click", (event) => {
     if (stale) window.dispatchEvent(new Event("resize"));
   }));
 });
-// The retained-token map tied to the words: pointing at a column shows its tokens (layout.meta,
-// ui/figures.py) under the map; a click moves the replay to that row's step and the text view
-// (data-t: the document index of each piece, ui/highlight.py) to that column's tokens.
+// The retained-token map tied to the words, one code path for a mouse and a finger (point()):
+// pointing at a column (hover, or a first tap) shows its tokens (layout.meta, ui/figures.py) in the
+// line under the map; a click (or a second tap on the same column) also moves the replay to that
+// row's step and the text view (data-t: a piece's first document token, data-o: where each of its
+// tokens starts, ui/highlight.py) to that column's tokens, outlined and scrolled into view.
 (() => {
   const say = (html) => { const el = document.querySelector("#memstep-map-token"); if (el) el.innerHTML = html; };
   const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[c]));
   const cell = (event) => (event.points || []).find((p) => p.data && p.data.type === "heatmap") || null;
-  const columnOf = (gd, point) => {
+  let pointer = "mouse";  // the kind of the last press: a finger taps twice, a mouse clicks once
+  document.addEventListener("pointerdown", (event) => { pointer = event.pointerType || "mouse"; }, true);
+  let armed = null, pointed = null;  // the column a first tap chose; the tokens the text outlines
+  const column = (gd, point) => {
     const meta = gd.layout.meta || {};
-    const column = Array.isArray(point.pointNumber) ? point.pointNumber[1] : Math.floor(point.x / (meta.width || 1));
-    return {column, meta, first: column * (meta.width || 1), last: (column + 1) * (meta.width || 1) - 1};
+    const width = meta.width || 1;
+    const index = Array.isArray(point.pointNumber) ? point.pointNumber[1] : Math.floor(point.x / width);
+    return {index, meta, first: index * width, last: (index + 1) * width - 1, step: point.y, z: point.z};
   };
-  const showText = (index) => {
+  const unwrap = (paper) => {
+    for (const el of paper.querySelectorAll("span.memstep-pointed")) el.replaceWith(...el.childNodes);
+    paper.normalize();
+  };
+  // Outline document tokens [first, last] in the text view; false when the view does not hold them.
+  const outline = (first, last) => {
     const paper = document.querySelector("#retained-text .memstep-paper");
     if (!paper) return false;
-    let found = null;
+    unwrap(paper);
+    let target = null;
     for (const piece of paper.querySelectorAll("[data-t]")) {
-      if (+piece.dataset.t > index) break;
-      found = piece;
+      const t0 = +piece.dataset.t;
+      const starts = piece.dataset.o ? piece.dataset.o.split(" ").map(Number) : [0];
+      const t1 = t0 + starts.length - 1;  // the piece's last token
+      if (t1 < first) continue;
+      if (t0 > last) break;
+      const node = piece.firstChild;
+      if (!node || node.nodeType !== Node.TEXT_NODE) continue;
+      const from = starts[Math.max(first, t0) - t0];
+      const to = last < t1 ? starts[last + 1 - t0] : node.length;
+      if (to <= from) continue;
+      const range = document.createRange();
+      range.setStart(node, from);
+      range.setEnd(node, to);
+      const mark = document.createElement("span");
+      mark.className = "memstep-pointed";
+      range.surroundContents(mark);
+      target = target || mark;
     }
-    if (!found) return false;
-    paper.querySelectorAll(".memstep-pointed").forEach((el) => el.classList.remove("memstep-pointed"));
-    found.classList.add("memstep-pointed");
-    paper.scrollTop = found.offsetTop - paper.offsetTop - paper.clientHeight / 3;
+    if (!target) return false;
+    paper.scrollTop = target.offsetTop - paper.offsetTop - paper.clientHeight / 3;
+    const box = paper.getBoundingClientRect();  // the text view itself in the window (stacked on a phone)
+    if (box.top < 0 || box.bottom > window.innerHeight) paper.scrollIntoView({block: "nearest"});
     return true;
+  };
+  // After the replay redraws the text view, the outline goes back on.
+  const reapply = () => {
+    const paper = document.querySelector("#retained-text .memstep-paper");
+    if (!pointed || !paper || paper.__memstepPointed === pointed) return;
+    paper.__memstepPointed = pointed;
+    if (!paper.querySelector(".memstep-pointed")) outline(pointed.first, pointed.last);
+  };
+  const point = (gd, event, how) => {
+    const found = cell(event);
+    if (!found) return;
+    const {index, meta, first, last, step, z} = column(gd, found);
+    const words = (meta.words || [])[index];
+    if (words === undefined) return;
+    const where = first === last ? `position ${first.toLocaleString()}` :
+      `positions ${first.toLocaleString()}-${last.toLocaleString()}`;
+    const kept = z === null || z === undefined || Number.isNaN(z) ? "not read yet" :
+      `kept by ${Math.round(100 * z)}% of the slots`;
+    const line = `${where}, after step ${step}: <b>${esc(words)}</b> · ${kept}`;
+    const key = `${index}:${step}`;
+    if (how === "hover" || (how === "tap" && armed !== key)) {
+      armed = how === "tap" ? key : armed;
+      say(line + (how === "tap" ? " · tap again to show it in the text" : ""));
+      const said = document.querySelector("#memstep-map-token");  // a finger's line must be in view
+      const box = said?.getBoundingClientRect();
+      if (how === "tap" && box && (box.bottom > window.innerHeight || box.top < 0)) said.scrollIntoView({block: "nearest"});
+      return;
+    }
+    armed = null;
+    say(line);
+    const prefix = meta.prefix || 0;
+    const from = Math.max(0, first - prefix), to = Math.max(0, last - prefix);
+    pointed = {first: from, last: to};
+    const slider = document.querySelector("#replay input[type=range]");
+    if (slider && !slider.disabled && String(slider.value) !== String(step)) {
+      slider.value = step;
+      slider.dispatchEvent(new Event("input", {bubbles: true}));
+      slider.dispatchEvent(new Event("change", {bubbles: true}));
+    }
+    if (!outline(from, to)) {
+      say(line + " · that part of the document is outside the text view's window (it holds the tokens last read)");
+    }
   };
   const bind = () => {
     const gd = document.querySelector("#retained-plot .js-plotly-plot");
+    reapply();
     // after every redraw (Plotly.newPlot drops listeners, Plotly.react keeps them): ours, once
     if (!gd || !gd.on || gd.__memstepLayout === gd._fullLayout) return;
     gd.__memstepLayout = gd._fullLayout;
     for (const [name, handler] of Object.entries(gd.__memstepHandlers || {})) gd.removeListener(name, handler);
     gd.__memstepHandlers = {};
     const on = (name, handler) => { gd.__memstepHandlers[name] = handler; gd.on(name, handler); };
-    on("plotly_hover", (event) => {
-      const point = cell(event);
-      if (!point) return;
-      const {column, meta, first, last} = columnOf(gd, point);
-      const words = (meta.words || [])[column];
-      if (words === undefined) return;
-      const where = first === last ? `position ${first.toLocaleString()}` :
-        `positions ${first.toLocaleString()}-${last.toLocaleString()}`;
-      const kept = point.z === null || point.z === undefined || Number.isNaN(point.z) ? "not read yet" :
-        `kept by ${Math.round(100 * point.z)}% of the slots`;
-      say(`${where}, after step ${point.y}: <b>${esc(words)}</b> · ${kept}`);
-    });
-    on("plotly_click", (event) => {
-      const point = cell(event);
-      if (!point) return;
-      const {meta, first} = columnOf(gd, point);
-      const index = Math.max(0, first - (meta.prefix || 0));
-      const slider = document.querySelector("#replay input[type=range]");
-      if (slider && !slider.disabled && String(slider.value) !== String(point.y)) {
-        slider.value = point.y;
-        slider.dispatchEvent(new Event("input", {bubbles: true}));
-        slider.dispatchEvent(new Event("change", {bubbles: true}));
-      }
-      const shown = showText(index);
-      for (const wait of [700, 1600]) setTimeout(() => showText(index), wait);  // after the replay redraws it
-      if (!shown) say("That part of the document is outside the text view's window (it holds the tokens last read).");
-    });
+    on("plotly_hover", (event) => { if (pointer === "mouse") point(gd, event, "hover"); });
+    on("plotly_click", (event) => point(gd, event, pointer === "mouse" ? "click" : "tap"));
   };
   // The address bar carries the settings (the page's own link to them): a copied address reopens them.
   const address = () => {
@@ -181,7 +268,10 @@ chunks; right after each layer's attention a <b>scorer</b> cuts that layer's cac
 """
 
 def build_app() -> gr.Blocks:
-    with gr.Blocks(title="memstep: memorize step by step") as demo:
+    # Gradio's cache sweep: uploads nobody read (and the app's own files) go once as old as a document
+    # state (ui/uploads.py; a read upload is deleted at once)
+    with gr.Blocks(title="memstep: memorize step by step",
+                   delete_cache=(uploads.sweep_seconds(), uploads.UPLOAD_KEEP_SECONDS)) as demo:
         gr.HTML(HEADER)
         with gr.Tabs(overflow_behavior="wrap") as tabs:  # every tab in view on a phone, no "..." menu
             with gr.Tab("Run", id="run"):
@@ -199,7 +289,7 @@ def build_app() -> gr.Blocks:
         c = run.controls
         demo.load(handlers.open_link, None,
                   [c[k] for k in ("example", "schedule", "growth", "chunk", "memory", "sinks", "max_tokens", "scorer",
-                                  "rope", "question_aware", "model", "doc_state", "question", "doc_info")],
+                                  "rope", "question_aware", "model", "doc_state", "question", "doc_info", "doc_key")],
                   api_visibility="private", show_progress="hidden")
         demo.load(handlers.share_link, [c[k] for k in ("example", "doc_state", "schedule", "growth", "chunk",
                                                        "memory", "sinks", "max_tokens", "scorer", "rope",
@@ -210,11 +300,26 @@ def build_app() -> gr.Blocks:
 
 
 def launch_options() -> dict:
-    """Arguments of demo.launch() that shape the page and the server's upload limit."""
+    """Arguments of demo.launch() that shape the page and the server's upload limits (a file's size, an
+    address's bytes: ui/uploads.UploadBudget)."""
+    from starlette.middleware import Middleware
+
     theme = gr.themes.Soft(primary_hue="blue", neutral_hue="slate",
                            font=[gr.themes.Font(name) for name in ("Inter", "Segoe UI", "system-ui", "sans-serif")],
                            font_mono=[gr.themes.Font(name) for name in ("ui-monospace", "monospace")])
-    return {"theme": theme, "css": CSS + _table_css() + dark_css(), "head": HEAD, "max_file_size": MAX_UPLOAD_BYTES}
+    # Every text at least 4.5:1 against what is behind it, in both modes (tests/test_app_map.py measures
+    # it): Soft's help text, labels, selected tab, primary buttons and links are a step too light.
+    theme = theme.set(body_text_color_subdued="*neutral_600", body_text_color_subdued_dark="*neutral_400",
+                      block_label_text_color="*primary_700", block_title_text_color="*primary_700",
+                      button_primary_background_fill="*primary_600", button_primary_background_fill_hover="*primary_700",
+                      checkbox_label_background_fill_selected="*primary_600", color_accent="*primary_600",
+                      link_text_color="*primary_700", link_text_color_hover="*primary_800",
+                      link_text_color_visited="*primary_700", link_text_color_active="*primary_700",
+                      link_text_color_dark="*primary_300", link_text_color_hover_dark="*primary_200",
+                      link_text_color_visited_dark="*primary_300", link_text_color_active_dark="*primary_300")
+    return {"theme": theme, "css": CSS + _table_css() + dark_css(),
+            "head": HEAD.replace("__UPLOAD_LIMIT__", str(MAX_UPLOAD_BYTES)), "max_file_size": MAX_UPLOAD_BYTES,
+            "app_kwargs": {"middleware": [Middleware(uploads.UploadBudget)]}}
 
 
 # Tables that scroll sideways on a narrow screen: elem_id -> (minimum width in px, column widths)

@@ -21,11 +21,13 @@ UNREAD_FILL = "#f3f4f6"
 UNREAD_HATCH = "#9ca3af"
 EVICTED_MAP = "#f8c38a"  # the map's cells
 EVICTED_TEXT = "#fde4cc"  # the text view's background: paler, so the words stay easy to read
-KEPT_SCALE = [(0.0, "#9ec5f4"), (0.35, "#4a8fe0"), (0.7, "#1d4ed8"), (1.0, "#172554")]  # one slot .. all
+# one slot .. all: a token kept by a few of the layer-head slots stays pale (at M = 128 of 2,270 tokens most
+# tokens are kept by one slot or two, and a mid blue there read as "nearly everything kept")
+KEPT_SCALE = [(0.0, "#d6e6fb"), (0.12, "#a9cbf5"), (0.4, "#4a8fe0"), (0.72, "#1d4ed8"), (1.0, "#172554")]
 CHUNK_OUTLINE = "#f59e0b"
-SINKS_MARK = "#ea580c"
+SINKS_MARK = "#c2410c"  # its name on the map: 5.2:1 on white
 PASSKEY_MARK = "#dc2626"
-ANSWER_MARK = "#059669"  # where the full cache's answer appears in the document
+ANSWER_MARK = "#059669"  # where the true answer sits in the document
 MATCH_MARK = "#facc15"  # search matches in the text view
 
 
@@ -42,11 +44,12 @@ class Entry:
 UNREAD = Entry("unread", "grey hatching", "not read yet (the hatched area shrinks by one chunk per row)")
 EVICTED = Entry("evicted", "orange", "read, then evicted from every layer and KV head")
 KEPT = Entry("kept", "light to dark blue",
-             "kept; light blue by a single layer-head slot, darker by more, navy by all of them")
+             "kept; pale blue by a single layer-head slot or a few, darker by more, navy by all of them")
 CHUNK = Entry("chunk", "orange outline", "the chunk read in that step (on its row)")
 SINKS = Entry("sinks", "orange tick", "the sink tokens above the map, always kept")
 PASSKEY = Entry("passkey", "red tick and dotted line", "the hidden passkey")
-ANSWER = Entry("answer", "green tick", "where the full cache's answer appears in the document")
+ANSWER = Entry("answer", "green tick", "where the true answer sits in the document (an upload with no known "
+               "answer: where the full cache's answer appears)")
 ENTRIES = (UNREAD, EVICTED, KEPT, CHUNK, SINKS, PASSKEY, ANSWER)
 # the text view: the same three states on the words
 TEXT_ENTRIES = (

@@ -69,13 +69,23 @@ class ComparedRun:
     needle: tuple[int, int] | None = None  # input positions
     cpu_seconds: list[float] | None = None  # this process's CPU time per step (CPU runs in this process)
     flops: int | None = None  # the planner's FLOP count of the whole prefill
+    truth: object = None  # the document's known answer (ui/truths.TrueAnswer), when there is one
+
+    @property
+    def verdict(self) -> str:
+        """'✓ right' / '✗ wrong' against the true answer (a passkey document: its passkey), once answered."""
+        if self.result is None:
+            return ""
+        if self.truth is not None:
+            return "✓ right" if self.truth.holds(self.result.answer) else "✗ wrong"
+        return passkey_verdict(self.result.answer, self.passkey) if self.passkey else ""
 
 
 # The time ratio compares CPU seconds where this process measures them (a CPU run), else wall
 # seconds (a GPU, which no other job shares); the header says which.
 COMPARE_HEADERS = ["run", "steps", "wall s", "CPU s", "× FM time", "× FM FLOPs (modeled)", "peak measured",
                    "peak modeled", "above weights", "× FM memory", "kept tokens", "passkey kept", "answer",
-                   "passkey answered"]
+                   "right answer"]
 COMPARE_WIDTHS = ["11%", "5%", "5%", "5%", "6%", "8%", "7%", "7%", "7%", "6%", "7%", "7%", "11%", "8%"]
 ANSWER_CHARS = 160  # an answer in the table (the Run tab shows whole answers)
 
@@ -130,6 +140,6 @@ def compare_rows(runs: Sequence[ComparedRun]) -> list[list[str]]:
             f"{last.memory_after:,} of {last.tokens_seen:,}" if last is not None else "—",
             f"{kept:.0%}" if kept is not None else "—",
             _short(run.result.answer or "") if done else "",
-            passkey_verdict(run.result.answer if done else None, run.passkey),
+            run.verdict or "—",
         ])
     return rows

@@ -32,6 +32,10 @@ DARK = {
     "#374151": "#d1d5db",
     PLOTLY_TEMPLATE_INK: "#e5e7eb",
     "#000000": "#e5e7eb",
+    # coloured words on a chart (the peak's note, the marks' names): lighter shades of their colours
+    "#dc2626": "#f87171",
+    "#c2410c": "#fb923c",
+    "#059669": "#34d399",
 }
 DARK_STROKES = {GRID: "#334155", PLOTLY_TEMPLATE_GRID: "#334155", AXIS_LINE: "#64748b", "#e5e7eb": "#475569"}
 # dark lines and markers (the kept-memory line, the measured peak) become light ones
@@ -80,7 +84,7 @@ def dark_css() -> str:
              # the document's text view: a dark page; its shades carry their own text colours
              ".dark .memstep-paper { background: #111827 !important; color: #e5e7eb !important; "
              "border-color: #374151 !important; }",
-             ".dark .memstep-paper [style*='color:#6b7280'] { color: #a3aab5 !important; }"]
+             ".dark .memstep-retained [style*='color:#6b7280'] { color: #a3aab5 !important; }"]
     for light, dark in DARK.items():
         rules.append(f"{plot} text[style*='fill: {_rgb(light)}'], {plot} tspan[style*='fill: {_rgb(light)}'] "
                      f"{{ fill: {dark} !important; }}")

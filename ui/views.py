@@ -14,15 +14,17 @@ import numpy as np
 
 from memstep.memory import format_bytes
 from memstep.records import RunResult, StepRecord
-from memstep.passkey import answer_contains_passkey
 from memstep.schedules import Schedule
 
 from ui.figures import (layer_memory_figure, memory_figure, placeholder_figure, retained_map_figure, schedule_figure,
                         seconds_figure)
+from ui import explain
+from ui.explain import answer_markdown, passkey_story  # noqa: F401 - the answer box, re-exported for the tab
 from ui.highlight import Mark, highlight_html
-from ui.outcome import MAX_MATCHES, answer_spans, answers_differ, describe_history, history, search_spans, token_range
+from ui.identity import document_label
+from ui.outcome import MAX_MATCHES, answer_spans, answers_differ, history, search_spans, token_range
 from ui.runs import PreparedDocument, RunSettings
-from ui.summary import needle_kept, passkey_verdict, stat_cards
+from ui.summary import needle_kept, stat_cards
 
 
 @dataclass
@@ -41,18 +43,39 @@ class RunView:
     now: str = ""  # what is happening right now, with an estimate ("step 2 of 3 · about 6 s left")
     load_note: str | None = None  # set when the machine runs more work than it has cores
     planned_seconds: float | None = None  # the planner's prediction of the prefill's seconds (CPU runs)
+    question: str = ""  # the question as Run sent it ('' : none asked)
+    model_name: str = ""  # the model as the page names it (ui/identity.model_name)
+    model_words: str = ""  # "the 135M model (SmolLM2-135M-Instruct)": what explanations call it
+    named_model: bool = False  # the run card and the answer name the model (not the default one)
 
-    def label(self) -> str:
-        """The run's settings in a line, with the RoPE positions it used (auto picks them per run)."""
-        return self.settings.label(self.result.rope if self.result is not None else None)
+    def label(self, with_model: bool = False) -> str:
+        """The run's settings in a line, with the RoPE positions it used (auto picks them per run);
+        ``with_model``: and the model, where it is not the default one (a compressed model, say)."""
+        label = self.settings.label(self.result.rope if self.result is not None else None)
+        return label + (f" · {self.model_name}" if with_model and self.named_model and self.model_name else "")
+
+    def document_label(self) -> str:
+        """The run's document: its name and id (ui/identity.py)."""
+        return document_label(self.document.source)
+
+    @property
+    def asked(self) -> bool:
+        """Whether the run was asked a question (Run's question box, or the answer's record)."""
+        return bool((self.question or (self.result.question if self.result else "") or "").strip())
 
     @property
     def answer_chars(self) -> list[tuple[int, int]]:
-        """Where the full cache's answer appears in the part of the document the run read
-        (characters); [] before the reference answer or when the answers agree."""
+        """Where the map and the text mark the answer (characters, in the part of the document the
+        run read): the true answer where it is known (ui/truths.py); else where the full cache's
+        answer (a reference) appears, once it is in and differs from the compressed memory's."""
+        read = int(self.document.spans[-1][1]) if len(self.document.spans) else 0
+        if explain.truth(self) is not None:
+            if explain.truth(self).kind == "passkey":  # the passkey's own outline and tick mark it
+                return []
+            chars = explain.truth_chars(self)
+            return [chars] if chars is not None and chars[1] <= read else []
         if self.full is None or self.result is None or not answers_differ(self.result.answer, self.full.answer):
             return []
-        read = int(self.document.spans[-1][1]) if len(self.document.spans) else 0
         return [s for s in answer_spans(self.full.answer, self.result.question, self.document.source.text)
                 if s[1] <= read]
 
@@ -64,14 +87,8 @@ class RunView:
 
     @property
     def suggests_question_aware(self) -> bool:
-        """The compressed memory missed what the full cache answered (or lost the passkey), and
-        the question did not vote: a question-aware run is the next thing to try."""
-        if self.result is None or not self.result.question or self.settings.question_aware \
-                or self.settings.schedule == "full":
-            return False
-        if self.passkey and not answer_contains_passkey(self.result.answer or "", self.passkey):
-            return True
-        return self.full is not None and answers_differ(self.result.answer, self.full.answer)
+        """A question-aware run is the next thing to try (ui/explain.py says when)."""
+        return explain.suggests_question_aware(self)
 
     @property
     def steps(self) -> int:
@@ -87,6 +104,17 @@ class RunView:
     def passkey(self) -> str | None:
         """The hidden passkey, when the run's (possibly truncated) document still holds it."""
         return self.document.source.passkey if self.document.needle is not None else None
+
+    @property
+    def passkey_positions(self) -> tuple[int, int] | None:
+        """The passkey's own digits in input positions (what a search for them finds), inside the
+        needle sentence; the run card and the passkey's story measure these."""
+        source = self.document.source
+        if self.passkey is None or source.needle_chars is None:
+            return None
+        start, end = source.needle_chars
+        at = source.text.find(str(self.passkey), start, end)
+        return self.needle if at < 0 else self.input_range((at, at + len(str(self.passkey))))
 
     @property
     def finished(self) -> bool:
@@ -133,9 +161,11 @@ def render(view: RunView, step: int | None = None, query: str = "") -> Rendered:
         retained = retained_map_figure(records, tokens, steps, prefix_tokens=view.document.prefix_tokens,
                                        sinks=view.settings.sinks, needle=needle, current=current,
                                        stopped_of=view.steps if partial else None, answers=answers,
-                                       words=lambda width, columns: column_words(view.document, width, columns))
+                                       words=lambda width, columns: column_words(view.document, width, columns),
+                                       document=f"document #{view.document.source.doc_id}")
     else:
-        retained = placeholder_figure("The retained-token map fills in as the steps run",
+        retained = placeholder_figure("Stopped before the first step ended: nothing was kept to show" if view.stopped
+                                      else "The retained-token map fills in as the steps run",
                                       "Retained tokens: what memory holds after each step", 340)
     hybrid = bool(records and records[-1].layer_types)
     layers = layer_memory_figure(records[-1] if records else None, view.settings.sinks) \
@@ -190,18 +220,20 @@ def text_view(view: RunView, record: StepRecord | None, query: str = "",
         fractions[: len(kept)] = kept[:count]
         which = f"{len(record.global_layers)} global layers" if record.layer_types \
             else f"{record.kept_positions.shape[0]} layers"
-        caption = (f"Memory after step {record.step + 1} of {view.steps}: shade = fraction of the "
+        caption = (f"{view.document_label()}, memory after step {record.step + 1} of {view.steps} "
+                   f"({view.label()}): shade = fraction of the "
                    f"{which} × {record.kept_positions.shape[1]} KV heads that keep the token"
                    + (" (sliding layers keep their window)" if record.layer_types else "")
                    + "; grey text is not read yet.")
     else:
-        caption = "Not run yet."
+        caption = f"{view.document_label()}: not run yet."
     if doc.notices:
         caption += " " + " ".join(doc.notices)
     marks = [Mark(s, e, "answer", f"memstep-answer-{i}") for i, (s, e) in enumerate(view.answer_chars)]
     links = ""
     if view.answer_chars:
-        links += ' <a href="#memstep-answer-0">Show the full cache\'s answer in the text.</a>'
+        links += (' <a href="#memstep-answer-0">Show the true answer in the text.</a>' if explain.truth(view) is not None
+                  else ' <a href="#memstep-answer-0">Show the full cache\'s answer (a reference) in the text.</a>')
     matches = search_spans(query, doc.source.text)
     if query and query.strip():
         marks += [Mark(s, e, "match", f"memstep-match-{i}") for i, (s, e) in enumerate(matches)]
@@ -290,7 +322,8 @@ def stats_html(view: RunView, step: int | None = None) -> str:
     else:
         state = "running"
     items = [
-        ("state", "run", f"{state} · {view.label()}"),
+        ("state", "run", f"{state} · {view.label(with_model=True)}"),
+        ("document", "document", view.document_label()),
         ("steps", "step", f"{len(records)} / {view.steps}"),
         ("tokens", "tokens read", f"{last.tokens_seen if last else 0:,} / {view.schedule.tokens:,}"),
         ("memory", "memory kept", _memory_kept(last)),
@@ -300,13 +333,14 @@ def stats_html(view: RunView, step: int | None = None) -> str:
         ("modeled", "peak modeled", format_bytes(modeled) if modeled is not None else "—"),
         ("measured", "peak measured", format_bytes(measured) if measured is not None else "n/a on this device"),
     ]
-    kept = needle_kept(last, view.needle) if last is not None else None
-    if view.needle is not None:
+    kept = needle_kept(last, view.passkey_positions) if last is not None else None
+    if view.passkey_positions is not None:
         slots = "global-layer slots" if last is not None and last.layer_types else "slots"
         items.append(("passkey", "passkey in memory", f"{kept:.0%} of {slots}" if kept is not None else "not read yet"))
     now = "" if state in ("replay", "done") else view.now
     if state == "stopped":  # what the run was doing, and its estimate of time left, no longer hold
-        now = f"stopped after step {len(view.records)} of {view.steps}: the steps so far stay for replay"
+        now = (f"stopped after step {len(view.records)} of {view.steps}: the steps so far stay for replay"
+               if view.records else f"stopped before step 1 of {view.steps} ended: nothing was read into memory")
     return stat_cards(items, None if state == "replay" else len(records) / max(view.steps, 1),
                       summary=charts_text(view, records), now=now)
 
@@ -341,98 +375,3 @@ def _memory_kept(record: StepRecord | None) -> str:
     if min(entries) == max(entries):
         return f"{entries[0]:,} per layer"
     return f"{min(entries):,}–{max(entries):,} per layer"
-
-
-def answer_markdown(view: RunView | None) -> str:
-    if view is None:
-        return "*Run a document with a question to see the answer from the compressed memory.*"
-    question = view.result.question if view.result else None
-    if view.result is None:
-        return "*The answer appears when the prefill is done.*" if not view.stopped else "*Stopped before the answer.*"
-    if not question:
-        return "*No question was asked: type one and run again to see the answer from the compressed memory.*"
-    passkey = view.passkey
-    lines = [f"**Question:** {html.escape(question)}", "",
-             f"**From the compressed memory ({view.label()}):** {html.escape(view.result.answer or '')}"]
-    if passkey:
-        lines[-1] += f" &nbsp; passkey {passkey}: **{passkey_verdict(view.result.answer, passkey)}**"
-    if view.reference_pending:
-        lines += ["", "**From the full cache (reference):** *prefilling the whole document with nothing "
-                      "evicted…*" if not view.stopped else "*Stopped before the reference answer.*"]
-    if view.full is not None:
-        lines += ["", f"**From the full cache (reference):** {html.escape(view.full.answer or '')}"]
-        if passkey:
-            lines[-1] += f" &nbsp; passkey {passkey}: **{passkey_verdict(view.full.answer, passkey)}**"
-    story = passkey_story(view) or answer_story(view)
-    if story:
-        lines += ["", story]
-    elif view.full is None and not view.wants_reference and not view.stopped:
-        lines += ["", NO_REFERENCE_HINT]
-    if view.suggests_question_aware and not view.reference_pending:
-        lines += ["", QUESTION_AWARE_HINT]
-    notices = (view.result.notices or [])
-    if notices:
-        lines += ["", "*" + " ".join(html.escape(n) for n in notices) + "*"]
-    return "\n".join(lines)
-
-
-NO_REFERENCE_HINT = ("*No full-cache answer to compare with: tick **Also answer from the full cache** (under "
-                     "Advanced) and run again to see what the whole document answers and, where they differ, "
-                     "which step evicted it.*")
-
-QUESTION_AWARE_HINT = ("**Why it can miss.** The scorer keeps what the document's own chunks attend to, and the "
-                       "question is not read until the end: under a small memory a small model loses what only the "
-                       "question would have voted for. **Try question-aware** (the button below) to let the question "
-                       "vote at every step.")
-
-
-def answer_story(view: RunView) -> str | None:
-    """When the compressed memory's answer differs from the full cache's: where the full
-    cache's answer sits in the document, which step read it and which evicted it."""
-    if view.full is None or view.result is None or not view.result.question:
-        return None
-    if not answers_differ(view.result.answer, view.full.answer):
-        return None
-    chars = view.answer_chars
-    head = "**Why the answers differ.** "
-    if not chars:
-        return head + ("The full cache's answer does not appear word for word in the document, so the page cannot "
-                       "point at the tokens it came from.")
-    positions = [p for p in map(view.input_range, chars) if p]
-    histories = [history(view.records, *p) for p in positions]
-    where = view.document.source.text
-    first = chars[0][0] / max(len(where), 1)
-    quoted = html.escape(where[chars[0][0]:chars[0][1]])
-    if len(histories) == 1:
-        return (f"{head}The full cache answered from “{quoted}” ({first:.0%} into the document): it was "
-                f"{describe_history(histories[0], view.steps)}.")
-    gone = [h for h in histories if h.left is not None]
-    kept = [h.kept or 0.0 for h in histories]
-    detail = (f"{len(gone)} of them left the memory (the first in step {min(h.left for h in gone)})"
-              if gone else "none left the memory entirely")
-    return (f"{head}The full cache's answer “{quoted}” appears {len(histories)} times in the document (first at "
-            f"{first:.0%}); {detail}, and after the last step the memory keeps {max(kept):.0%} of the layer-head "
-            "slots of the best-kept one.")
-
-
-def passkey_story(view: RunView, records: list[StepRecord] | None = None) -> str | None:
-    """One line on what happened to the passkey: the step that read it, and the step in which
-    it left the memory (no layer-head slot kept any of its tokens), or that it stayed."""
-    if view.needle is None or view.passkey is None:
-        return None
-    records = view.records if records is None else records
-    shares = [(r.step + 1, needle_kept(r, view.needle)) for r in records]
-    read = next((step for step, kept in shares if kept is not None), None)
-    if read is None:
-        return None
-    gone = next((step for step, kept in shares if kept is not None and kept == 0), None)
-    where = f"The passkey ({view.passkey}) was read in step {read} of {view.steps}"
-    if gone is not None:
-        return (f"**What happened to the passkey.** {where} and **left the memory in step {gone}**: after it, no "
-                "layer or KV head kept any of its tokens, so the compressed memory cannot know the number.")
-    last = shares[-1][1]
-    slots = "global layer-head" if records[-1].layer_types else "layer-head"  # hybrid: sliding layers keep a window
-    if view.schedule.name == "full" or last >= 0.999:
-        return f"**What happened to the passkey.** {where} and stayed: every {slots} slot still holds it."
-    return (f"**What happened to the passkey.** {where} and stayed, faintly: {last:.0%} of the {slots} slots "
-            "still hold its tokens after the last step.")

@@ -12,7 +12,7 @@ import sys
 
 from memstep.cli import compress, plan, run, schedule
 from memstep.cli import eval as evaluate  # the module is named for its verb; keep the builtin unshadowed
-from memstep.cli.common import Parser, run_command
+from memstep.cli.common import Parser, check_text_arguments, run_command
 
 VERBS = (schedule, run, plan, evaluate, compress)
 
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     def parse_and_run() -> int:
         args = build_parser().parse_args(argv)
+        check_text_arguments(args)  # before any command's work: nothing loads for a question it cannot read
         return args.func(args)
 
     return run_command(parse_and_run)

@@ -53,6 +53,33 @@ def at_least(name: str, value, low: int = 1, unit: str = "") -> None:
         raise MemstepError(f"{name} must be at least {low}{unit} (got {value})")
 
 
+# Arguments that name files or folders: the operating system's bytes, whatever their encoding (Python
+# carries bytes that are not UTF-8 as lone surrogates, and hands them back to the system unchanged).
+PATH_ARGUMENTS = frozenset({"document", "output", "haystacks", "readme", "kvpress_python", "calibration",
+                            "calibration_text"})
+
+
+def check_text_arguments(args) -> None:
+    """Every text argument (a question, a model name, a list of settings) is valid UTF-8 text:
+    bytes that are not UTF-8, or a lone surrogate, are refused in one line before any work (the
+    tokenizer and the JSON output would fail on them after the model loads)."""
+    for dest, value in sorted(vars(args).items()):
+        if dest in PATH_ARGUMENTS:
+            continue
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if not isinstance(item, str):
+                continue
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as err:
+                option, char = "--" + dest.replace("_", "-"), item[err.start]
+                if "\udc80" <= char <= "\udcff":  # how Python carries a byte that is not UTF-8
+                    raise MemstepError(f"{option} holds bytes that are not UTF-8 (0x{ord(char) - 0xdc00:02x} at "
+                                       f"character {err.start + 1:,}): give it as UTF-8 text") from None
+                raise MemstepError(f"{option} holds an unpaired surrogate ({char!r} at character {err.start + 1:,}): "
+                                   "give valid Unicode text") from None
+
+
 def check_output_path(output: str | None, force: bool = False) -> None:
     """An --output file: a new file in an existing folder (an existing one with --force), checked
     before any work."""
@@ -74,8 +101,9 @@ def write_output(output: str, text: str, force: bool = False) -> None:
 
 def add_force_option(p) -> None:
     p.add_argument("--force", action="store_true",
-                   help="write into an existing non-empty --output folder: files of the same names are replaced, "
-                        "nothing else in it is removed")
+                   help="replace the model in an existing non-empty --output folder: the folder is swapped whole "
+                        "for the new one when it is complete (the old model's files, of any format, go; every other "
+                        "file in it is kept; a failure at any point leaves it as it was)")
 
 
 def output_folder(args, model=None) -> None:

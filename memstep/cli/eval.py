@@ -18,6 +18,7 @@ QUESTION_AWARE = {"no": (False,), "yes": (True,), "both": (False, True)}
 DEFAULT_DEPTHS = "0.167,0.5,0.833"
 METRICS = ("accuracy", "kl", "retention")  # accuracy and NLL always; kl: KL + top-1 against the full cache
 DEFAULT_NEEDLES = "passkey,code,word,name"
+EXECUTORS = ("local", "ray")
 
 
 def register(sub) -> None:
@@ -111,12 +112,26 @@ def register(sub) -> None:
                         "comes after the model repeats the question's words)")
     p.add_argument("--continuation-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2, help="torch threads per worker (default 2)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the workers run the model "
+                                                                           "(default cpu)")
+    p.add_argument("--executor", default="local", choices=EXECUTORS,
+                   help="local (default): one worker process at a time on this machine; ray: each cell a Ray task, "
+                        "on a local Ray started for the run or on the cluster of --ray-address (needs "
+                        "pip install 'memstep[ray]')")
+    p.add_argument("--ray-address", default=None,
+                   help="--executor ray: join the Ray cluster at this address (the head's host:port, as `ray start "
+                        "--head` prints it; default $RAY_ADDRESS, else a local Ray for this run)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="--executor ray: cells at once (a local Ray gets N x --threads CPUs; default: a local Ray, "
+                        "the cores / --threads; a cluster, as many as its nodes fit)")
     p.add_argument("--output", default=DEFAULT_OUTPUT,
                    help=f"results folder (default {DEFAULT_OUTPUT}): new, empty, or one memstep eval wrote (a rerun "
                         "resumes it)")
     p.add_argument("--force", action="store_true",
                    help="write into an --output folder that holds other files: files of the same names are "
-                        "replaced, nothing else in it is touched")
+                        "replaced, nothing else in it is touched (a summary.json memstep cannot read, such as one "
+                        "that is not JSON, is refused before any work, never replaced); the folder stays yours: "
+                        "a later run into it without --force is refused again")
     p.add_argument("--readme", default=None, help="refresh the results block of this README")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -250,6 +265,31 @@ def answered_cases(cases: list, cells: list[dict]) -> list:
     return [case for case in cases if case_of({**case.cell, "kind": case.kind}) in answered]
 
 
+def check_executor(args) -> str | None:
+    """The executor's arguments, before anything loads; with Ray, the address of the cluster to join
+    (None: a local Ray for this run)."""
+    if args.executor == "local":
+        if args.ray_address or args.workers is not None:
+            raise MemstepError("--ray-address and --workers go with --executor ray")
+        return None
+    if args.workers is not None and args.workers < 1:
+        raise MemstepError("--workers must be at least 1")
+    from memstep.evaluation.ray_executor import require_ray
+
+    require_ray()  # installed, or one line saying how
+    return args.ray_address or os.environ.get("RAY_ADDRESS") or None
+
+
+def check_device(device: str, ray_address: str | None) -> None:
+    """CUDA where the workers run on this machine (a cluster's nodes have their own GPUs)."""
+    if device == "cuda" and ray_address is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise MemstepError("--device cuda: this machine has no CUDA device (a cluster's: --executor ray "
+                               "--ray-address ADDR)")
+
+
 def cmd_eval(args) -> int:
     from memstep.outputs import check_results_folder
 
@@ -262,6 +302,11 @@ def cmd_eval(args) -> int:
         check_dev_haystacks(args.haystacks)
     args.lengths = args.lengths or ("" if test_split else "2048,8192")
     check_one_benchmark(args.output, "test" if test_split else args.benchmark)
+    ray_address = check_executor(args)
+    check_device(args.device, ray_address)
+    from memstep.evaluation.store import load_summary
+
+    load_summary(args.output)  # a summary.json it cannot read: refused now, not after the run
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
@@ -314,7 +359,7 @@ def cmd_eval(args) -> int:
         raise MemstepError(f"cannot load the tokenizer of '{model}': {str(err).splitlines()[0][:200]}") from err
     settings = EvalSettings(model=model, chunk=args.chunk,
                             max_new_tokens=args.max_new_tokens, continuation_tokens=args.continuation_tokens,
-                            threads=args.threads, prompt_form=prompt_form(tokenizer))
+                            threads=args.threads, device=args.device, prompt_form=prompt_form(tokenizer))
     if test_split:
         from memstep.evaluation.splits import test_cases
 
@@ -334,14 +379,22 @@ def cmd_eval(args) -> int:
             bar.update(1)
             bar.set_postfix_str(f"{cell['label']} {cell['length']} {'ok' if cell['correct'] else 'miss'}")
 
-        report = run_grid(configs, cases, settings, store, on_cell, args.kvpress_python,
-                          divergence="kl" in metrics and args.continuation_tokens > 0)
+        run = run_grid
+        if args.executor == "ray":
+            from functools import partial
+
+            from memstep.evaluation.ray_executor import run_grid_ray
+
+            run = partial(run_grid_ray, address=ray_address, workers=args.workers)
+        report = run(configs, cases, settings, store, on_cell, args.kvpress_python,
+                     divergence="kl" in metrics and args.continuation_tokens > 0)
         bar.update(report.skipped)
     summary = summarize(store.cells())
     summary["failures"] = store.failures()
     summary["run"] = {"ran": report.ran, "skipped": report.skipped, "errors": report.errors,
                       "settings": settings.__dict__, "haystacks": sorted({c.haystack for c in cases}),
-                      "cases": len(cases), "split": args.split}
+                      "cases": len(cases), "split": args.split,
+                      "executor": {"name": report.executor, "workers": report.workers, "nodes": report.nodes}}
     if niah:
         from memstep.evaluation.niah_view import niah_maps, write_niah_plots
 
@@ -369,5 +422,6 @@ def cmd_eval(args) -> int:
         print(contrasts_text(summary))
         print()
         print(goals_text(summary))
-        print(f"\n{report.ran} cells run, {report.skipped} already done; results in {store.folder}/")
+        where = f" on {report.where()}" if report.ran else ""
+        print(f"\n{report.ran} cells run, {report.skipped} already done{where}; results in {store.folder}/")
     return 1 if report.errors else 0

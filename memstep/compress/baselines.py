@@ -10,9 +10,14 @@ from memstep.errors import MemstepError
 BASELINES = ("block-influence", "uniform")
 
 
+def ranking(scores: list[float]) -> list[int]:
+    """Layers from the lowest block influence to the highest (ties: the lower layer first)."""
+    return sorted(range(len(scores)), key=lambda i: (scores[i], i))
+
+
 def lowest_influence(scores: list[float], n: int) -> list[int]:
-    """The ``n`` layers with the lowest block influence (ties: the lower layer first)."""
-    return sorted(sorted(range(len(scores)), key=lambda i: (scores[i], i))[:n])
+    """The ``n`` layers with the lowest block influence, in layer order (``ranking``'s first ``n``)."""
+    return sorted(ranking(scores)[:n])
 
 
 def uniform_layers(depth: int, n: int) -> list[int]:

@@ -1,8 +1,9 @@
 """One LaCo run as users see it: the search (one event per candidate), then the dense model,
 LaCo and the layer-removal baselines at the same number of removed layers measured on the same
 probe, the guard's verdict (is LaCo worse than dropping the same number of layers by block
-influence?), and the collapsed model saved when asked (unless the guard's limit refuses it).
-The CLI, the app and the benchmark iterate the same events (plain dicts, ``event`` says which)."""
+influence?), and the collapsed model saved when asked, only once the check has passed (or the
+user asked to keep a worse model by name). The CLI, the app and the benchmark iterate the same
+events (plain dicts, ``event`` says which)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from pathlib import Path
 
 from memstep.compress.baselines import lowest_influence, remove_layers, uniform_layers
 from memstep.compress.data import save_model
-from memstep.compress.guard import check_limit, compare, refusal
+from memstep.compress.guard import KEEP_FLAG, check_limit, compare, findings, kept_anyway, refusal
 from memstep.compress.laco import VARIANTS, LayerCollapse
-from memstep.compress.quality import Probe, measure, relative
+from memstep.compress.quality import Probe, make_check_probe, measure, relative
 from memstep.errors import MemstepError
 from memstep.models import LoadedModel
 
@@ -27,27 +28,32 @@ class CollapseRun:
     with a ``probe``, every model measured: a variant whose collapsed model has the weights of
     one measured before (or of the dense model, when nothing was removed) reuses its row
     (``same_as``). Block influence at the same number of removed layers is always measured with
-    a probe (the guard compares against it); ``baselines`` adds uniform removal. With a probe
-    the model is saved after the measurements, and not at all when its perplexity ratio
-    against the dense model passes ``guard`` (a limit, or None). Settings are checked on
-    construction."""
+    a probe (the guard compares against it); ``baselines`` adds uniform removal (never on a
+    check probe). A model to save is always checked first: without a probe, a check probe
+    (quality.make_check_probe) is measured. It is not saved when it is worse than block
+    influence or its perplexity ratio against the dense model passes ``guard`` (a limit, or
+    None), unless ``keep_worse``; ``keep_name`` names that way to the user in the refusal's line.
+    Settings are checked on construction."""
 
     def __init__(self, lm: LoadedModel, calibration: list[str], *, variants=("paper",), probe: Probe | None = None,
                  baselines: bool = True, output: str | Path | None = None, repeats: int = 1,
-                 dense: dict | None = None, guard: float | None = None, **settings):
+                 dense: dict | None = None, guard: float | None = None, keep_worse: bool = False,
+                 keep_name: str = KEEP_FLAG, **settings):
         if not variants or any(v not in VARIANTS for v in variants):
             raise MemstepError(f"LaCo variants must be among {', '.join(VARIANTS)} (got {', '.join(variants) or 'none'})")
-        self.lm, self.probe, self.baselines, self.repeats = lm, probe, baselines, repeats
-        self.guard = check_limit(guard)
-        if self.guard is not None and probe is None:
-            raise MemstepError("the guard needs the measurements: drop --no-eval or --guard")
-        self.dense = dense  # the dense model's row from an earlier run on the same probe: not measured again
         self.output = Path(output) if output else None
+        if probe is None and (self.output or guard is not None):  # no save, and no limit, goes unchecked
+            probe = make_check_probe(lm.tokenizer)
+        self.lm, self.probe, self.repeats = lm, probe, repeats
+        self.baselines = baselines and not (probe and probe.check_only)
+        self.guard, self.keep_worse, self.keep_name = check_limit(guard), bool(keep_worse), keep_name
+        self.dense = dense  # the dense model's row from an earlier run on the same probe: not measured again
         self.searches = {v: LayerCollapse(lm.model, lm.tokenizer, calibration, variant=v, **settings)
                          for v in variants}
         self.report: dict = {"model": lm.name, "variants": list(variants), "searches": {}, "models": {},
                              "probe": probe.to_dict() if probe else None, "saved": None,
-                             "guard": None, "refused": None, "guard_limit": self.guard}
+                             "guard": None, "refused": None, "kept_worse": None, "guard_limit": self.guard,
+                             "keep_worse": self.keep_worse}
 
     def _loaded(self, model, name: str) -> LoadedModel:
         return LoadedModel(model, self.lm.tokenizer, name, self.lm.device, self.lm.dtype)
@@ -87,11 +93,9 @@ class CollapseRun:
             self.report["searches"][variant] = result.to_dict()
             yield {**result.to_dict(), "variant": variant}
             first = first or search
-            if self.probe or (self.output and search is first):
+            if self.probe:
                 collapsed[variant] = search.build()
-            if self.output and search is first and self.probe is None:  # nothing to measure: save now
-                yield self._save(collapsed[variant], variant)
-        if self.probe is None:
+        if self.probe is None:  # a search alone: nothing to save (a save always has a probe)
             return
         kept = collapsed[first.settings["variant"]] if self.output else None  # saved once measured
         if self.dense is None:
@@ -132,12 +136,14 @@ class CollapseRun:
         if removed:
             self.report["guard"] = compare(models[key], models["block-influence"], dense)
             yield {"event": "guard", **self.report["guard"]}
-        if kept is not None:
-            self.report["refused"] = refusal(models[key], dense, self.guard)
+        if kept is not None:  # the save waits for the check
+            found = findings(models[key], dense, self.report["guard"], self.guard)
+            self.report["refused"] = refusal(found, self.keep_worse, self.keep_name)
             if self.report["refused"]:
                 yield {"event": "refused", "message": self.report["refused"]}
             else:
-                yield self._save(kept, first.settings["variant"])
+                self.report["kept_worse"] = kept_anyway(found, self.keep_name)
+                yield {**self._save(kept, first.settings["variant"]), "kept_worse": self.report["kept_worse"]}
         yield {"event": "done", **self.report}
 
     def _save(self, model, variant: str) -> dict:

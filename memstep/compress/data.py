@@ -64,22 +64,33 @@ def token_windows(tokenizer, text: str, seq_len: int, count: int) -> list[list[i
             if len(ids[i:i + seq_len]) == seq_len]
 
 
-def perplexity(model, windows: list[list[int]]) -> float:
-    """exp(mean next-token NLL) over the windows (each scored on its own)."""
+def window_nlls(model, windows: list[list[int]]) -> list[tuple[float, int]]:
+    """Each window's summed next-token NLL (nats) and the number of tokens it scores, each
+    window scored on its own."""
     import torch
 
     device = next(model.parameters()).device
-    total, count = 0.0, 0
+    found = []
     with torch.inference_mode():
         for ids in windows:
             checkpoint()
             x = torch.tensor([ids], device=device)
             logits = model(input_ids=x).logits[0, :-1].float()
-            total += torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum").item()
-            count += len(ids) - 1
+            found.append((torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum").item(), len(ids) - 1))
+    return found
+
+
+def pooled_perplexity(nlls: list[tuple[float, int]]) -> float:
+    """exp(mean next-token NLL) over every scored token of ``window_nlls``' windows."""
+    count = sum(n for _, n in nlls)
     if count == 0:
         raise MemstepError("no text to measure perplexity on")
-    return math.exp(total / count)
+    return math.exp(sum(total for total, _ in nlls) / count)
+
+
+def perplexity(model, windows: list[list[int]]) -> float:
+    """exp(mean next-token NLL) over the windows (each scored on its own)."""
+    return pooled_perplexity(window_nlls(model, windows))
 
 
 def save_model(model, tokenizer, folder: str | Path, info: dict | None = None) -> Path:

@@ -22,12 +22,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from memstep.cancel import checkpoint
-from memstep.compress.baselines import remove_layers, uniform_layers
+from memstep.compress.baselines import ranking, remove_layers, uniform_layers
 from memstep.compress.data import save_model
-from memstep.compress.guard import check_limit, refusal
+from memstep.compress.guard import KEEP_FLAG, check_limit, findings, kept_anyway, refusal
 from memstep.compress.laco import CALIBRATION_TOKENS
 from memstep.compress.layers import LayerInputs, calibration_batches, check_decoder
-from memstep.compress.quality import Probe, measure, relative
+from memstep.compress.quality import Probe, make_check_probe, measure, relative
 from memstep.errors import MemstepError
 from memstep.models import LoadedModel
 
@@ -38,11 +38,6 @@ LABELS = {"dense": "dense", "block-influence": "block influence (ShortGPT)", "un
 def default_remove(depth: int) -> int:
     """A quarter of the layers, at least one."""
     return max(1, round(REMOVE_FRACTION * depth))
-
-
-def ranking(scores: list[float]) -> list[int]:
-    """Layers from the lowest block influence to the highest (ties: the lower layer first)."""
-    return sorted(range(len(scores)), key=lambda i: (scores[i], i))
 
 
 @dataclass
@@ -114,8 +109,9 @@ class BlockInfluenceDrop:
 @dataclass
 class DropRun:
     """The drop as users see it: the scoring events, then (with a ``probe``) the dense model,
-    the dropped model and uniform removal at the same count measured, then the save (refused
-    when the perplexity ratio passes ``guard``)."""
+    the dropped model and uniform removal at the same count measured (not on a check probe),
+    then the save: refused when the perplexity ratio passes ``guard`` unless ``keep_worse``
+    (a limit without a probe measures a check probe first)."""
 
     lm: LoadedModel
     calibration: list[str]
@@ -126,18 +122,21 @@ class DropRun:
     repeats: int = 1
     guard: float | None = None
     max_tokens: int = CALIBRATION_TOKENS
+    keep_worse: bool = False
+    keep_name: str = KEEP_FLAG
     report: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.guard = check_limit(self.guard)
-        if self.guard is not None and self.probe is None:
-            raise MemstepError("the guard needs the measurements: drop --no-eval or --guard")
+        if self.guard is not None and self.probe is None:  # a limit is never left unchecked
+            self.probe = make_check_probe(self.lm.tokenizer)
+        self.baselines = self.baselines and not (self.probe and self.probe.check_only)
         self.search = BlockInfluenceDrop(self.lm.model, self.lm.tokenizer, self.calibration, remove=self.remove,
                                          max_tokens=self.max_tokens)
         self.output = Path(self.output) if self.output else None
         self.report = {"model": self.lm.name, "method": "block-influence", "search": None, "models": {},
                        "probe": self.probe.to_dict() if self.probe else None, "saved": None, "refused": None,
-                       "guard_limit": self.guard}
+                       "kept_worse": None, "guard_limit": self.guard, "keep_worse": self.keep_worse}
 
     def _measure(self, key: str, model) -> dict:
         began = time.perf_counter()
@@ -175,8 +174,12 @@ class DropRun:
         dense = self.report["models"]["dense"]
         for row in self.report["models"].values():
             row.update(relative(row, dense))
-        if self.output:
-            self.report["refused"] = refusal(self.report["models"]["block-influence"], dense, self.guard)
-            yield {"event": "refused", "message": self.report["refused"]} if self.report["refused"] else \
-                self._save(dropped)
+        if self.output:  # the save waits for the check
+            found = findings(self.report["models"]["block-influence"], dense, None, self.guard)
+            self.report["refused"] = refusal(found, self.keep_worse, self.keep_name)
+            if self.report["refused"]:
+                yield {"event": "refused", "message": self.report["refused"]}
+            else:
+                self.report["kept_worse"] = kept_anyway(found, self.keep_name)
+                yield {**self._save(dropped), "kept_worse": self.report["kept_worse"]}
         yield {"event": "done", **self.report}

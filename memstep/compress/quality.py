@@ -1,7 +1,10 @@
 """What a compressed model keeps and what it saves, on the same measures for every model:
 held-out perplexity, passkey accuracy on a small grid, a short greedy generation (does the
 model still write, or repeat itself?), parameters, weight and KV bytes, and the prefill
-seconds of one document (a full prefill through memstep's runner)."""
+seconds of one document (a full prefill through memstep's runner).
+
+A *check* probe (``make_check_probe``) holds only a few perplexity windows: what the guard
+needs to decide a save when the full measurements are off (``--no-eval``)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from dataclasses import dataclass
 
 from memstep.cancel import checkpoint
 from memstep.compress.data import held_out_text, perplexity, token_windows
+from memstep.compress.guard import CHECK_WINDOWS
 from memstep.compress.layers import model_costs
 from memstep.errors import MemstepError
 from memstep.models import LoadedModel
@@ -26,18 +30,20 @@ SAMPLE_TOKENS = 40
 
 @dataclass
 class Probe:
-    """The shared test material: perplexity windows, passkey documents, one prefill document."""
+    """The shared test material: perplexity windows, passkey documents, one prefill document
+    (``check_only``: perplexity windows alone, see ``make_check_probe``)."""
 
     windows: list[list[int]]
     passkeys: list[PasskeyDoc]
     prefill_ids: list[int]
+    check_only: bool = False
 
     def to_dict(self) -> dict:
         return {"perplexity_windows": len(self.windows),
                 "perplexity_tokens": sum(len(w) for w in self.windows),
                 "passkey_cases": [{"tokens": d.length_tokens, "depth": d.depth} for d in self.passkeys],
-                "prefill_tokens": len(self.prefill_ids), "sample_prompt": SAMPLE_PROMPT,
-                "sample_tokens": SAMPLE_TOKENS}
+                "prefill_tokens": len(self.prefill_ids), "sample_prompt": None if self.check_only else SAMPLE_PROMPT,
+                "sample_tokens": 0 if self.check_only else SAMPLE_TOKENS, "check_only": self.check_only}
 
 
 def make_probe(tokenizer, *, windows: int = PERPLEXITY_WINDOWS, window_tokens: int = PERPLEXITY_TOKENS,
@@ -52,6 +58,15 @@ def make_probe(tokenizer, *, windows: int = PERPLEXITY_WINDOWS, window_tokens: i
     docs = [make_haystack(text, tokenizer, passkey_tokens, (i + 0.5) / passkey_cases, random_passkey(i),
                           thing=random_thing(i)) for i in range(passkey_cases)]
     return Probe(token_windows(tokenizer, text, window_tokens, windows), docs, ids[:prefill_tokens])
+
+
+def make_check_probe(tokenizer, windows: int = CHECK_WINDOWS, window_tokens: int = PERPLEXITY_TOKENS) -> Probe:
+    """The guard's check alone: ``windows`` held-out perplexity windows from the start of the
+    held-out text (the full probe's first ones), no passkeys, no prefill, no generation."""
+    found = token_windows(tokenizer, held_out_text(), window_tokens, windows)
+    if not found:
+        raise MemstepError(f"the held-out text holds no window of {window_tokens} tokens for the check")
+    return Probe(found, [], [], check_only=True)
 
 
 def passkey_answers(lm: LoadedModel, docs: list[PasskeyDoc]) -> list[str]:
@@ -103,7 +118,11 @@ def generation_sample(lm: LoadedModel, prompt: str = SAMPLE_PROMPT, tokens: int 
 
 
 def measure(lm: LoadedModel, probe: Probe, repeats: int = 1) -> dict:
-    """Costs and quality of one model on ``probe``."""
+    """Costs and quality of one model on ``probe`` (a check probe: costs and perplexity only)."""
+    if probe.check_only:
+        return {**model_costs(lm.model), "perplexity": perplexity(lm.model, probe.windows), "passkey_accuracy": None,
+                "passkey_correct": [], "passkey_answers": [], "sample": None, "prefill_seconds": None,
+                "prefill_cpu_seconds": None}
     answers = passkey_answers(lm, probe.passkeys)
     wall, cpu = prefill_seconds(lm, probe.prefill_ids, repeats)
     correct = [answer_contains_passkey(a, d.answer) for a, d in zip(answers, probe.passkeys)]
@@ -115,10 +134,12 @@ def measure(lm: LoadedModel, probe: Probe, repeats: int = 1) -> dict:
 
 
 def relative(row: dict, dense: dict) -> dict:
-    """A model's measures against the dense model's: fractions of dense (or saved)."""
-    return {"params_kept": row["params"] / dense["params"],
-            "weight_bytes_saved": 1 - row["weight_bytes"] / dense["weight_bytes"],
-            "kv_bytes_per_token_saved": 1 - row["kv_bytes_per_token"] / dense["kv_bytes_per_token"],
-            "prefill_seconds_saved": 1 - row["prefill_seconds"] / dense["prefill_seconds"],
-            "prefill_cpu_seconds_saved": 1 - row["prefill_cpu_seconds"] / dense["prefill_cpu_seconds"],
+    """A model's measures against the dense model's: fractions of dense (or saved); None for
+    what was not measured (the prefill seconds of a check)."""
+    def saved(key):
+        return None if row.get(key) is None or not dense.get(key) else 1 - row[key] / dense[key]
+
+    return {"params_kept": row["params"] / dense["params"], "weight_bytes_saved": saved("weight_bytes"),
+            "kv_bytes_per_token_saved": saved("kv_bytes_per_token"), "prefill_seconds_saved": saved("prefill_seconds"),
+            "prefill_cpu_seconds_saved": saved("prefill_cpu_seconds"),
             "perplexity_ratio": row["perplexity"] / dense["perplexity"]}

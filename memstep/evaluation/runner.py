@@ -13,13 +13,13 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memstep.errors import MemstepError
+from memstep.evaluation.commands import (KVPRESS_PYTHON, PEER_SCRIPT, REFERENCE, ROOT,  # noqa: F401
+                                         worker_command, worker_env)
 from memstep.evaluation.grid import Config, alike_keys
 from memstep.evaluation.process import parse_line
 from memstep.evaluation.store import ResultStore
@@ -27,11 +27,7 @@ from memstep.evaluation.suite import Case
 from memstep.evaluation.needles import answer_matches
 from memstep.evaluation.niah import BENCHMARKS, niah_recall
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-REFERENCE = Config("memstep", "full")  # the full cache the KL and top-1 agreement are measured against
 LOGITS = "logits"  # under the results folder: the reference's log-probabilities, one .npy per case (not committed)
-PEER_SCRIPT = ROOT / "peers" / "kvpress_peer.py"
-KVPRESS_PYTHON = ROOT / ".venv-kvpress" / "bin" / "python"
 
 
 @dataclass
@@ -62,20 +58,16 @@ class RunReport:
     ran: int = 0
     skipped: int = 0
     errors: list[str] = field(default_factory=list)
+    executor: str = "local"
+    workers: int = 0  # worker processes that ran cells (local: one per configuration and length)
+    nodes: int = 1  # machines they ran on
 
-
-def worker_command(config: Config, job_path: str, kvpress_python: str | Path | None = None) -> list[str]:
-    if config.kind == "memstep":
-        return [sys.executable, "-m", "memstep.evaluation.worker", job_path]
-    if not PEER_SCRIPT.exists():
-        raise MemstepError(f"the peer script {PEER_SCRIPT} is missing: run from a memstep checkout")
-    if config.kind == "hf":
-        return [sys.executable, str(PEER_SCRIPT), job_path]
-    python = Path(kvpress_python or KVPRESS_PYTHON)
-    if not python.exists():
-        raise MemstepError(f"no kvpress virtualenv at {python}: run `make kvpress-venv`, "
-                           "or pass --kvpress-python, or leave out --peers kvpress")
-    return [str(python), str(PEER_SCRIPT), job_path]
+    def where(self) -> str:
+        """Which executor ran the cells, on how many workers (the summary's line)."""
+        if self.executor == "local":
+            return f"{self.workers} local worker process{'es' if self.workers != 1 else ''}, one at a time"
+        return f"{self.workers} Ray worker{'s' if self.workers != 1 else ''} on {self.nodes} " \
+               f"node{'s' if self.nodes != 1 else ''}"
 
 
 def reference_path(folder: str | Path, case: Case, settings: EvalSettings) -> Path:
@@ -86,7 +78,7 @@ def reference_path(folder: str | Path, case: Case, settings: EvalSettings) -> Pa
     return Path(folder) / LOGITS / f"{digest}.npy"
 
 
-def _cell_record(config: Config, case: Case, key: str, event: dict, ready: dict) -> dict:
+def cell_record(config: Config, case: Case, key: str, event: dict, ready: dict) -> dict:
     answer = event.get("answer") or ""
     recall = niah_recall(answer, case.kind) if case.kind in BENCHMARKS else None  # the needle test's rule
     return {
@@ -106,6 +98,14 @@ def _cell_record(config: Config, case: Case, key: str, event: dict, ready: dict)
     }
 
 
+def make_job(config: Config, settings: EvalSettings, items: list[dict]) -> dict:
+    """What a worker reads: the model, the configuration, the settings and the cases (``items``:
+    key, case, reference)."""
+    return {"model": settings.model, "device": settings.device, "dtype": settings.dtype,
+            "threads": settings.threads, "prompt_form": settings.prompt_form, "config": config.to_dict(),
+            "settings": settings.key_fields(), "cases": items}
+
+
 def run_group(config: Config, cases: list[Case], keys: list[str], settings: EvalSettings,
               store: ResultStore, report: RunReport, on_cell: Callable[[dict], None] | None = None,
               kvpress_python=None, divergence: bool = False) -> None:
@@ -118,15 +118,13 @@ def run_group(config: Config, cases: list[Case], keys: list[str], settings: Eval
         path = str(reference_path(store.folder, case, settings))
         return {"write": path} if config == REFERENCE else {"read": path}
 
-    job = {"model": settings.model, "device": settings.device, "dtype": settings.dtype,
-           "threads": settings.threads, "prompt_form": settings.prompt_form, "config": config.to_dict(),
-           "settings": settings.key_fields(),
-           "cases": [{"key": k, "case": c.to_dict(), "reference": reference(c)} for k, c in zip(keys, cases)]}
+    job = make_job(config, settings, [{"key": k, "case": c.to_dict(), "reference": reference(c)}
+                                      for k, c in zip(keys, cases)])
     by_key = dict(zip(keys, cases))
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(job, handle)
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(settings.threads),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = worker_env(settings.threads)
+    report.workers += 1
     ready: dict = {}
     try:
         with tempfile.TemporaryFile("w+") as errors:
@@ -139,7 +137,7 @@ def run_group(config: Config, cases: list[Case], keys: list[str], settings: Eval
                 if event["event"] == "ready":
                     ready = event
                 elif event["event"] == "cell" and event.get("key") in by_key:
-                    record = _cell_record(config, by_key[event["key"]], event["key"], event, ready)
+                    record = cell_record(config, by_key[event["key"]], event["key"], event, ready)
                     store.add(record)
                     report.ran += 1
                     if on_cell:
@@ -157,21 +155,21 @@ def run_group(config: Config, cases: list[Case], keys: list[str], settings: Eval
         os.unlink(handle.name)
 
 
-def run_grid(configs: list[Config], cases: list[Case], settings: EvalSettings, store: ResultStore,
-             on_cell: Callable[[dict], None] | None = None, kvpress_python=None,
-             divergence: bool = False) -> RunReport:
-    """Every (configuration, case) cell not yet in the store; the longest length first (where
-    the configurations differ most), so an interrupted run has whole lengths rather than
-    whole configurations. With ``divergence`` memstep's full cache runs first at each length
-    (it is added when the grid lacks it), and again on a case whose saved log-probabilities
-    are gone, so every compressed cell can be scored against it."""
-    if divergence and REFERENCE not in configs:
-        configs = [REFERENCE, *configs]
+def grid_order(configs: list[Config], divergence: bool) -> list[Config]:
+    """The configurations in the order they run: with ``divergence`` memstep's full cache first (added
+    when the grid lacks it), the reference every other configuration is scored against."""
     if divergence:
-        configs = [REFERENCE] + [c for c in configs if c != REFERENCE]
-    for config in configs:  # a missing peer virtualenv fails before any work, not halfway
-        worker_command(config, "-", kvpress_python)
-    report = RunReport()
+        return [REFERENCE] + [c for c in configs if c != REFERENCE]
+    return list(configs)
+
+
+def pending(configs: list[Config], cases: list[Case], settings: EvalSettings, store: ResultStore,
+            divergence: bool = False):
+    """(configuration, [(key, case)] still to run, how many are done) per length and configuration,
+    the longest length first (where the configurations differ most), so an interrupted run has
+    whole lengths rather than whole configurations. A cell is done when any key it may sit under
+    is stored; with ``divergence`` the full cache runs again on a case whose saved log-probabilities
+    are gone, so every compressed cell can be scored against it."""
     fields = settings.key_fields()
     for length in sorted({c.length for c in cases}, reverse=True):
         group = [c for c in cases if c.length == length]
@@ -179,8 +177,21 @@ def run_grid(configs: list[Config], cases: list[Case], settings: EvalSettings, s
             keys = [alike_keys(config, c.cell, fields) for c in group]
             todo = [(k[0], c) for k, c in zip(keys, group) if not any(key in store for key in k)
                     or (divergence and config == REFERENCE and not reference_path(store.folder, c, settings).exists())]
-            report.skipped += len(group) - len(todo)
-            if todo:
-                run_group(config, [c for _, c in todo], [k for k, _ in todo], settings, store, report,
-                          on_cell, kvpress_python, divergence)
+            yield config, todo, len(group) - len(todo)
+
+
+def run_grid(configs: list[Config], cases: list[Case], settings: EvalSettings, store: ResultStore,
+             on_cell: Callable[[dict], None] | None = None, kvpress_python=None,
+             divergence: bool = False) -> RunReport:
+    """Every (configuration, case) cell not yet in the store (``pending``), one worker process per
+    configuration and length, one at a time."""
+    configs = grid_order(configs, divergence)
+    for config in configs:  # a missing peer virtualenv fails before any work, not halfway
+        worker_command(config, "-", kvpress_python)
+    report = RunReport()
+    for config, todo, done in pending(configs, cases, settings, store, divergence):
+        report.skipped += done
+        if todo:
+            run_group(config, [c for _, c in todo], [k for k, _ in todo], settings, store, report,
+                      on_cell, kvpress_python, divergence)
     return report

@@ -81,8 +81,19 @@ class ResultStore:
 
 
 def load_summary(folder: str | Path) -> dict | None:
-    """The summary of a results folder, or None when it has none yet."""
+    """The summary of a results folder, or None when it has none yet; MemstepError (one line) when
+    its summary.json is not a summary memstep can read."""
     path = Path(folder) / SUMMARY
-    if not path.exists():
+    if not path.is_file() and not path.is_symlink():
         return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeError, ValueError) as err:
+        summary = err
+    if not isinstance(summary, dict):
+        reason = "not JSON" if isinstance(summary, (ValueError, UnicodeError)) else (
+            "unreadable" if isinstance(summary, OSError) else "not a JSON object")
+        raise MemstepError(f"{folder}: its {SUMMARY} is not a summary memstep can read ({reason}); memstep eval "
+                           "never replaces a file it cannot read, even with --force: move it away, or give "
+                           "another --output folder")
+    return summary

@@ -1,7 +1,9 @@
 """A memstep worker: ``python -m memstep.evaluation.worker JOB.json``.
 
 Runs one configuration on the cases of the job (all of one length) in this fresh
-process and prints one JSON line per finished cell (see ``process``).
+process and prints one JSON line per finished cell (see ``process``). With ``--serve`` it
+reads jobs from stdin instead, one per line, and keeps its model between them (a Ray
+worker's, ``ray_executor``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import time
 
 import numpy as np
 
-from memstep.evaluation.process import load_job, serve_cases
+from memstep.evaluation.process import load_job, serve_cases, serve_jobs
 
 
 def retention_per_layer(kept_positions: np.ndarray, positions: range) -> list[float]:
@@ -133,15 +135,22 @@ def run_case(lm, config: dict, settings: dict, case: dict, reference: dict | Non
     }
 
 
+def load(job: dict):
+    from memstep.models import load_model
+
+    return load_model(job.get("model") or "embedded", device=job.get("device", "cpu"), dtype=job.get("dtype", "float32"))
+
+
 def main(argv: list[str]) -> int:
     import torch
 
+    if argv and argv[0] == "--serve":
+        return serve_jobs(load, lambda lm, job: lambda case, reference: run_case(lm, job["config"], job["settings"],
+                                                                                 case, reference))
     job = load_job(argv[0])
     torch.set_num_threads(job.get("threads", 2))
-    from memstep.models import load_model
-
     began = time.perf_counter()
-    lm = load_model(job.get("model") or "embedded", device=job.get("device", "cpu"), dtype=job.get("dtype", "float32"))
+    lm = load(job)
     return serve_cases(lm, job, lambda case, reference: run_case(lm, job["config"], job["settings"], case, reference),
                        began)
 

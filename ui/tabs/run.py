@@ -16,10 +16,10 @@ from memstep.presets import AUTO, PRESETS, ROPE_CHOICES, ROPE_HELP
 from memstep.schedules import GROWTHS
 from memstep.scorers import SCORERS
 
-from ui import handlers, legend
-from ui.fields import OpenSlider
+from ui import handlers, identity, legend
+from ui.fields import OpenNumber, OpenSlider
 from ui.documents import DEFAULT_EXAMPLE, DOCUMENT_STATE_SECONDS, EXAMPLES, MAX_UPLOAD_BYTES
-from ui.runs import DEFAULT_MAX_TOKENS
+from ui.runs import DEFAULT_MAX_TOKENS, MAX_SINKS, MAX_TOKENS_LIMIT
 from ui.summary import stat_cards
 from ui.views import answer_markdown
 
@@ -99,8 +99,24 @@ SHOW_STATUS_JS = """(...inputs) => {
   return inputs;  // the run's inputs, unchanged
 }"""
 
-MAP_POINTER = ('<span id="memstep-map-token">Point at the map to read the tokens under the pointer; click to '
-               "move the text below and the replay there.</span>")
+# Stop pressed while a run streams: the status says so at once; the run ends on its own "stopped"
+# update once the step under way has finished (a long step takes a while).
+STOPPING_JS = """() => {
+  const state = document.querySelector('#stats [data-stat="state"] .memstep-stat-value');
+  if (!state || !/^(starting|running|reference run)/.test(state.innerText)) return;
+  state.innerText = state.innerText.replace(/^(starting|running|reference run)/, "stopping");
+  let now = document.querySelector("#memstep-now");
+  if (!now) {
+    now = document.createElement("p");
+    now.className = "memstep-now";
+    now.id = "memstep-now";
+    document.querySelector("#stats .memstep-stats")?.after(now);
+  }
+  now.innerText = "stopping… the step under way finishes first, then the run stops (its steps stay for replay)";
+}"""
+
+MAP_POINTER = ('<span id="memstep-map-token">Point at the map (or tap it) to read the tokens there; click (or tap '
+               "again) to show them in the text and move the replay to that step.</span>")
 
 
 def _model_choices() -> list[str]:
@@ -118,18 +134,23 @@ def build_tab() -> RunTab:
         with gr.Column(scale=4, min_width=330, elem_id="memstep-controls"):
             # first in the column: visible without scrolling, a few Tab presses away
             with gr.Row(elem_id="run-row"):
-                run = gr.Button("Run", variant="primary", elem_id="run", min_width=120)
+                run = gr.Button(identity.RUN_LABEL, variant="primary", elem_id="run", min_width=120)
                 stop = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
             # what a newcomer needs: the document, the question, the schedule, c and M
             with gr.Group():
-                example = gr.Dropdown(list(EXAMPLES), value=DEFAULT_EXAMPLE, label="Example document",
-                                      elem_id="example")
+                example = gr.Dropdown(list(EXAMPLES), value=document.example or DEFAULT_EXAMPLE,
+                                      label="Example document", elem_id="example")
                 upload = gr.File(label=f"…or upload a document ({' '.join(SUPPORTED_EXTENSIONS)}, up to "
                                        f"{MAX_UPLOAD_BYTES // 2**20} MB)",
                                  file_types=list(SUPPORTED_EXTENSIONS), type="filepath", height=150,
                                  elem_id="upload")
             doc_info = gr.Markdown(handlers.describe_document(document, default_model()),
                                    elem_id="doc-info", elem_classes="memstep-note")
+            # what the page shows, for Run to carry (ui/identity.py): the document's id, and a mark
+            # while a document is being prepared; the hidden button marks an upload's start
+            doc_key = gr.Textbox(document.doc_id, visible=False, elem_id="doc-key")
+            pending = gr.Textbox("", visible=False, elem_id="doc-pending")
+            upload_started = gr.Button("upload started", elem_id="upload-started", elem_classes="memstep-hidden")
             question = gr.Textbox(document.question, label="Question (optional)", lines=1,
                                   elem_id="question")
             schedule = gr.Radio(SCHEDULE_CHOICES, value="imdc", label="Schedule", elem_id="schedule")
@@ -151,10 +172,11 @@ def build_tab() -> RunTab:
                 growth = gr.Dropdown(list(GROWTHS), value="linear", label="Growth curve (IM and IMDC)",
                                      elem_id="growth")
                 with gr.Row():
-                    sinks = gr.Number(4, label="Sinks", minimum=0, maximum=256, precision=0,
-                                      elem_id="sinks", min_width=90)
-                    max_tokens = gr.Number(DEFAULT_MAX_TOKENS, label="Max tokens", minimum=1, precision=0,
-                                           elem_id="max-tokens", min_width=90)
+                    sinks = OpenNumber(4, label="Sinks", minimum=0, maximum=MAX_SINKS, precision=0,
+                                       elem_id="sinks", min_width=90)
+                    max_tokens = OpenNumber(DEFAULT_MAX_TOKENS, label="Max tokens", minimum=1,
+                                            maximum=MAX_TOKENS_LIMIT, precision=0, elem_id="max-tokens",
+                                            min_width=90)
                 with gr.Row():
                     preset = gr.Dropdown(["none", *PRESETS], value="none", label="Preset", elem_id="preset",
                                          info="reference: the paper's code exactly (conv score, compact "
@@ -189,14 +211,17 @@ def build_tab() -> RunTab:
             run_hint = gr.Markdown(RUN_HINT, elem_id="run-hint", elem_classes="memstep-hint")
             # Hidden until the first streamed update: the page loads without drawing empty plots.
             with gr.Column(visible=False, elem_id="run-views") as run_views:
-                retained_plot = gr.Plot(show_label=False, elem_id="retained-plot")
-                gr.HTML(MAP_POINTER, elem_id="map-token", elem_classes="memstep-note")
-                replay_step = gr.Slider(0, 1, value=0, step=1, interactive=False, elem_id="replay",
-                                        label="Replay: the run after step (0 = before the first)")
-                with gr.Column(elem_id="answer-text"):
-                    search = gr.Textbox(label="Search the document", placeholder="a word, a name, a number…",
-                                        elem_id="search", lines=1, max_lines=1)
-                    text = gr.HTML(elem_id="retained-text")
+                # the map and the words side by side from 1,200 px (the page's CSS), stacked below
+                with gr.Row(elem_id="map-and-text", equal_height=False):
+                    with gr.Column(elem_id="map-column", min_width=0):
+                        retained_plot = gr.Plot(show_label=False, elem_id="retained-plot")
+                        gr.HTML(MAP_POINTER, elem_id="map-token", elem_classes="memstep-note")
+                        replay_step = gr.Slider(0, 1, value=0, step=1, interactive=False, elem_id="replay",
+                                                label="Replay: the run after step (0 = before the first)")
+                    with gr.Column(elem_id="answer-text", min_width=0):
+                        search = gr.Textbox(label="Search the document", placeholder="a word, a name, a number…",
+                                            elem_id="search", lines=1, max_lines=1)
+                        text = gr.HTML(elem_id="retained-text")
             # the preview (before a run) and the how (after): the schedule, its numbers, its link
             preview_note = gr.Markdown(first_note, elem_id="preview-note", elem_classes="memstep-note")
             share = gr.HTML(elem_id="share-link", elem_classes="memstep-note")
@@ -214,19 +239,28 @@ def build_tab() -> RunTab:
 
 
     chunk_end = gr.State(None)  # the chunk slider's end as the page holds it (handlers.preview_page)
-    example.input(handlers.choose_example, [example, model, chunk, max_tokens],
-                  [doc_state, question, doc_info, upload, chunk, memory, max_tokens, rope, chunk_end],
-                  concurrency_limit=None, api_visibility="private")
+    # A new document: Run is disabled in the browser at once ("preparing the document…"), before the
+    # server builds it, and comes back with it (ui/identity.py).
+    preparing = dict(fn=None, inputs=None, outputs=[run, pending], js=identity.PREPARING_JS, api_visibility="private")
+    example.input(**preparing)
+    upload_started.click(**preparing)
+    upload.upload(**preparing)
+    ready = [doc_key, pending, run]
+    example.input(handlers.choose_example, [example, model, chunk, max_tokens, doc_state],
+                  [doc_state, question, doc_info, upload, chunk, memory, max_tokens, rope, chunk_end, *ready],
+                  concurrency_limit=None, api_visibility="private").failure(
+        handlers.preparation_failed, [doc_state], [example, *ready], api_visibility="private")
     upload.upload(handlers.choose_upload, [upload, doc_state, model, chunk, max_tokens],
-                  [doc_state, question, doc_info, upload, example, chunk, chunk_end],
+                  [doc_state, question, doc_info, upload, example, chunk, chunk_end, *ready],
                   concurrency_limit=None, api_visibility="private")
+    upload.clear(handlers.preparation_failed, [doc_state], [example, *ready], api_visibility="private")
 
     preset.input(handlers.choose_preset, [preset], [scorer, rope, sinks, ways], concurrency_limit=None,
                  api_visibility="private")
     run_outputs = [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, answer, replay_step,
                    view_state, run_views, run_hint, layers_plot, try_aware, run_json, steps_csv, run_charts]
     run_inputs = [doc_state, model, schedule, growth, chunk, memory, scorer, sinks, max_tokens, question,
-                  full_reference, rope, question_aware, ways, search]
+                  full_reference, rope, question_aware, ways, search, example, pending, doc_key]
     # a new document: the last run's answer, map and numbers are of another text ("multiple": it
     # never defers, so it never re-sends the change to the listener that follows the controls)
     doc_state.change(handlers.reset_views, None, [stats, answer, view_state, run_views, run_charts, run_hint,
@@ -243,7 +277,7 @@ def build_tab() -> RunTab:
     follow_inputs = [example, doc_state, model, schedule, growth, chunk, memory, sinks, max_tokens, scorer, rope, ways,
                      question_aware, question, view_state, chunk_end]
     gr.on([c.change for c in follow_inputs if c not in (view_state, chunk_end)], handlers.controls_changed,
-          follow_inputs, [sizes_plot, preview_note, run, chunk, memory, chunk_end, stale, share],
+          follow_inputs, [sizes_plot, preview_note, run, chunk, memory, chunk_end, stale, share, sinks, max_tokens],
           trigger_mode="always_last", concurrency_limit=None, show_progress="hidden", api_visibility="private")
     view_state.change(handlers.stale_note, [view_state, schedule, growth, chunk, memory, scorer, sinks, rope,
                                             question_aware, question, ways], [stale],
@@ -255,14 +289,14 @@ def build_tab() -> RunTab:
         handlers.run_document, run_inputs, run_outputs, js=SHOW_STATUS_JS, **running).failure(**failed)
     search.change(handlers.search_text, [search, replay_step, view_state], [text], **searching)
     charts_png.click(None, None, None, js=CHARTS_PNG_JS)
-    stop.click(handlers.stop_run, None, None, concurrency_limit=None, api_visibility="private")
+    stop.click(handlers.stop_run, None, None, js=STOPPING_JS, concurrency_limit=None, api_visibility="private")
     replay_step.input(handlers.replay, [replay_step, view_state, search],
                       [stats, sizes_plot, retained_plot, memory_plot, seconds_plot, text, layers_plot],
                       trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
                       api_visibility="private")
     controls = dict(example=example, schedule=schedule, growth=growth, chunk=chunk, memory=memory, sinks=sinks,
                     max_tokens=max_tokens, scorer=scorer, rope=rope, question_aware=question_aware, model=model,
-                    doc_state=doc_state, question=question, doc_info=doc_info, share=share)
+                    doc_state=doc_state, question=question, doc_info=doc_info, share=share, doc_key=doc_key)
     return RunTab(doc_state, model, question, sinks, max_tokens, controls)
 
 

@@ -5,12 +5,11 @@ Parsing imports no torch."""
 
 from __future__ import annotations
 
-import json
 import sys
 
 from memstep.cli.common import output_folder, saved_into
-from memstep.cli.compress.laco import (add_measure_options, calibration_from_args, checked_common, guard_lines,
-                                       models_table, probe_from_args)
+from memstep.cli.compress.laco import (add_measure_options, calibration_from_args, checked_common, finish,
+                                       guard_lines, models_table, probe_from_args)
 
 
 def register(sub) -> None:
@@ -24,7 +23,8 @@ def register(sub) -> None:
     p.add_argument("--model", default=None, help="'embedded' (default), a hub id or a folder")
     p.add_argument("--remove", type=int, default=None,
                    help="layers to drop (default: a quarter of the layers, as ShortGPT removes about 25%%)")
-    add_measure_options(p, "the shallower model", "the dense model is always measured")
+    add_measure_options(p, "the shallower model", "the dense model is always measured", "the shallower model",
+                        "save the shallower model even when its perplexity passes --guard; the report says so")
     p.set_defaults(func=cmd_drop)
 
 
@@ -41,7 +41,7 @@ def build_run(args, lm=None):
     lm = lm or load_model(args.model, args.device, args.dtype)
     return DropRun(lm, texts, remove=args.remove, probe=probe_from_args(args, lm.tokenizer),
                    baselines=not args.no_baselines, output=args.output, repeats=args.repeats, guard=args.guard,
-                   max_tokens=args.calibration_tokens or CALIBRATION_TOKENS)
+                   keep_worse=args.keep_worse, max_tokens=args.calibration_tokens or CALIBRATION_TOKENS)
 
 
 def format_report(report: dict) -> str:
@@ -50,10 +50,9 @@ def format_report(report: dict) -> str:
     lines = [f"block influence on {report['model']}: {search['layers_before']} -> {search['layers_after']} layers, "
              f"removed {search['removed']} ({search['pruning_ratio']:.1%})",
              f"  lowest influence first: {order}"]
-    if report["saved"]:
-        lines.append(f"saved to {report['saved']}")
+    lines += guard_lines(report)
     if report["models"]:
-        lines += guard_lines(report) + models_table(report)
+        lines += models_table(report)
     return "\n".join(lines)
 
 
@@ -77,7 +76,4 @@ def cmd_drop(args) -> int:
                           f"{event['layers_after']} layers", file=sys.stderr)
             elif kind == "model":
                 bar.write(f"measured {event['label']}: perplexity {event['perplexity']:.2f}", file=sys.stderr)
-            elif kind == "refused":
-                bar.write(f"memstep: {event['message']} (--guard)", file=sys.stderr)
-    print(json.dumps(run.report) if args.json else format_report(run.report))
-    return 1 if run.report["refused"] else 0
+    return finish(args, run.report, format_report)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -41,11 +42,14 @@ def register(sub) -> None:
                    help="the windows the masks' statistics come from: real text only, as the reference code, or "
                         f"all calibration windows, self-generated ones included (default {d.mask_data})")
     p.add_argument("--self-length", type=int, default=d.self_length,
-                   help=f"tokens of each self-generated text, cut into --seq-len windows (default {d.self_length}; "
-                        "the reference code: 2048)")
+                   help=f"tokens of each self-generated text (default {d.self_length}; the reference code: 2048)")
     p.add_argument("--self-samples", type=int, default=None,
                    help="with --calibration add: self-generated windows added to the --samples real ones "
                         "(default: as many as --samples)")
+    p.add_argument("--self-texts", type=int, default=None,
+                   help="texts the model writes; each generated window is drawn from one at random, at a random "
+                        "offset, seeded by --seed, as the reference code draws them (default: one text per "
+                        "generated window)")
     p.add_argument("--train", default=d.train_params, choices=TRAINABLE,
                    help="what BR/CR trains: norms = every block parameter (surviving linear weights, biases, norm "
                         f"gains) as the reference code; linear = the surviving linear weights only (default "
@@ -56,7 +60,11 @@ def register(sub) -> None:
                    help=f"held-out windows of Pride and Prejudice (default {d.held_out_samples})")
     p.add_argument("--optimizer", default=d.optimizer, help=f"{', '.join(OPTIMIZERS)} (default {d.optimizer})")
     p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate, decays linearly to 0 (default {d.lr:g})")
-    p.add_argument("--steps", type=int, default=d.steps, help=f"optimizer steps per block or window (default {d.steps})")
+    p.add_argument("--epochs", type=int, default=d.epochs,
+                   help=f"passes over every reconstruction window per block or window, as the reference code trains: "
+                        f"epochs x ceil(windows / batch size) steps, so added windows add steps (default {d.epochs})")
+    p.add_argument("--steps", type=int, default=None,
+                   help="optimizer steps per block or window, instead of --epochs (default: from the epochs)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"samples per step (default {d.batch_size})")
     p.add_argument("--damp", type=float, default=d.damp, help="SparseGPT damping (fraction of mean diag H)")
     p.add_argument("--block-columns", type=int, default=d.block_columns, help="SparseGPT columns per block")
@@ -119,8 +127,9 @@ def config_from_args(args):
     return SparseConfig(method=args.method, sparsity=args.sparsity, nm=args.nm, reconstruct=reconstruct,
                         calibration=source, calibration_file=Path(path).name if path else None,
                         mask_data=args.mask_data, samples=args.samples, seq_len=args.seq_len,
-                        self_length=args.self_length, self_samples=args.self_samples, held_out_samples=args.held_out_samples, optimizer=args.optimizer,
-                        lr=args.lr, steps=args.steps, batch_size=args.batch_size, damp=args.damp,
+                        self_length=args.self_length, self_samples=args.self_samples, self_texts=args.self_texts,
+                        held_out_samples=args.held_out_samples, optimizer=args.optimizer, lr=args.lr,
+                        epochs=args.epochs, steps=args.steps, batch_size=args.batch_size, damp=args.damp,
                         block_columns=args.block_columns, seed=args.seed, train_params=args.train).validate()
 
 
@@ -131,18 +140,27 @@ def format_result(result) -> str:
     masks = (f", masks from {result.mask_tokens:,} tokens of real text" if result.mask_tokens
              and s.get("mask_data") == "real" and s["calibration"] != "text" else "")
     counts = (f"{result.real_windows} real + {result.generated_windows} self-generated windows of {s['seq_len']} "
-              f"tokens" if result.generated_windows else f"{result.real_windows} x {s['seq_len']} tokens")
+              f"tokens from {result.generated_texts} generated text{'s' if result.generated_texts != 1 else ''}"
+              if result.generated_windows else f"{result.real_windows} x {s['seq_len']} tokens")
     lines = [f"{result.model}: {s['method']} {pattern}, reconstruction {s['reconstruct']} (training "
              f"{s.get('train_params', 'linear')}), calibration {source} ({counts}{masks}), "
-             f"{result.seconds:.0f} s",
-             f"{'block':>5} {'calib err':>10} {'(masked)':>10} {'held err':>10} {'(masked)':>10} "
-             f"{'sparsity':>8} {'seconds':>8}"]
+             f"{result.seconds:.0f} s"]
+    if result.steps:
+        windows = result.real_windows + result.generated_windows
+        batch = min(s["batch_size"], windows)
+        lines.append(f"reconstruction: {result.epochs} epoch{'s' if result.epochs != 1 else ''} over {windows} windows "
+                     f"in batches of {batch} = {result.steps} steps per block" if result.epochs else
+                     f"reconstruction: {result.steps} steps per block (--steps; one epoch over {windows} windows in "
+                     f"batches of {batch} is {result.steps_per_epoch} steps)")
+    lines.append(f"{'block':>5} {'calib err':>10} {'(masked)':>10} {'held err':>10} {'(masked)':>10} "
+                 f"{'sparsity':>8} {'seconds':>8}")
     for r in result.records:
         lines.append(f"{r.block:>5} {r.error_calibration:>10.4f} {r.error_calibration_masked:>10.4f} "
                      f"{r.error_held_out:>10.4f} {r.error_held_out_masked:>10.4f} {r.sparsity:>8.2%} {r.seconds:>8.1f}")
     ppl = result.perplexity
+    held = held_out_interval(result)
     lines.append(f"perplexity calibration {ppl['calibration']['dense']:.2f} -> {ppl['calibration']['pruned']:.2f}, "
-                 f"held-out {ppl['held_out']['dense']:.2f} -> {ppl['held_out']['pruned']:.2f}")
+                 f"held-out {ppl['held_out']['dense']:.2f} -> {ppl['held_out']['pruned']:.2f}{held}")
     per_kind = {}
     for name, value in result.matrices.items():
         kind = ".".join(name.split(".")[3:5])
@@ -153,6 +171,18 @@ def format_result(result) -> str:
         lines.append(f"saved to {result.output} (zeros recounted in the saved files: "
                      f"{'match' if result.verified else 'MISMATCH'}); run it: memstep run DOC --model {result.output}")
     return "\n".join(lines)
+
+
+def held_out_interval(result) -> str:
+    """The pruned model's held-out perplexity's 95% interval over the windows (a t interval of
+    the per-window mean NLL), as a suffix; empty with fewer than two windows."""
+    from memstep.evaluation.stats import mean_interval
+
+    found = mean_interval(result.held_out_windows.get("nll_pruned", []))
+    if not found or found["low"] is None:
+        return ""
+    return (f" (95% interval {math.exp(found['low']):.2f}-{math.exp(found['high']):.2f} over {found['n']} windows of "
+            f"{result.settings['seq_len']} tokens)")
 
 
 def cmd_sparse(args) -> int:

@@ -104,6 +104,12 @@ def linear_layers(block) -> dict[str, nn.Linear]:
 SINK_POSITIONS = 1
 
 
+def error_parts(out: torch.Tensor, target: torch.Tensor, skip: int = SINK_POSITIONS) -> tuple[list, list]:
+    """Per sample: ||out - target||^2 and ||target||^2 over the positions after the first ``skip``."""
+    out, target = out[:, skip:].float(), target[:, skip:].float()
+    return ((out - target) ** 2).sum(dim=(1, 2)).tolist(), (target ** 2).sum(dim=(1, 2)).tolist()
+
+
 def normalized_error(out: torch.Tensor, target: torch.Tensor, skip: int = SINK_POSITIONS) -> float:
     """||out - target||^2 / ||target||^2 over all samples and positions after the first ``skip``."""
     out, target = out[:, skip:].float(), target[:, skip:].float()

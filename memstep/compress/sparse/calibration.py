@@ -7,10 +7,13 @@ after LLM-QAT): each text starts from a random vocabulary token and the model co
 greedily to 5 tokens; that start is kept only if langdetect reads it as English (otherwise a
 new first token is drawn); the rest is sampled at temperature 1 with transformers' default
 top-k of 50 (what the reference's ``generate()`` used), up to ``self_length`` tokens (the
-reference: 2048); each long text is then cut into windows of ``seq_len`` tokens. Two choices
-differ from the reference, to keep the cost known on a CPU: first tokens are drawn among the
-non-special tokens, and the end-of-text token is held off until a text is full (the reference
-lets a text end early and skips those shorter than a window).
+reference: 2048). The model writes a pool of such texts (``self_texts``, by default one per
+generated window; the reference writes 512 for its 256 samples) and each window is drawn as
+the reference's data loader draws it: a text at random, then a random offset in it (seeded by
+``seed``; windows may overlap). Two choices differ from the reference, to keep the cost known
+on a CPU: first tokens are drawn among the non-special tokens, and the end-of-text token is
+held off until a text is full (the reference lets a text end early and skips those shorter
+than a window).
 
 The masks' statistics come from real text only unless asked (``mask_data="all"``), as in the
 reference, where self-generated samples only join the reconstruction.
@@ -18,7 +21,7 @@ reference, where self-generated samples only join the reconstruction.
 
 from __future__ import annotations
 
-import math
+import random
 from dataclasses import dataclass
 
 import torch
@@ -38,12 +41,13 @@ MAX_STARTS = 64  # batches of first tokens drawn before the language filter give
 class CalibrationSet:
     """Every calibration window, reconstruction's first: ``windows[:recon]`` are trained on,
     ``windows[stats[0]:stats[1]]`` feed the masks' statistics (Wanda's norms, SparseGPT's
-    Hessian), ``generated`` of them are self-generated."""
+    Hessian), ``generated`` of them are self-generated, drawn from ``texts`` texts the model wrote."""
 
     windows: list[list[int]]
     recon: int
     stats: tuple[int, int]
     generated: int = 0
+    texts: int = 0
 
 
 def bundled_text() -> str:
@@ -113,70 +117,92 @@ def english_starts(model, tokenizer, count: int, generator: torch.Generator, bat
                        "use text calibration (--calibration text or FILE)")
 
 
-def self_generated_windows(model, tokenizer, samples: int, seq_len: int, seed: int = 0, length: int = 512,
-                           batch_size: int = 16) -> list[list[int]]:
-    """``samples`` windows of ``seq_len`` tokens cut from texts of ``length`` tokens the model writes."""
-    per_text = max(1, length // seq_len)
-    texts = math.ceil(samples / per_text)
+def self_generated_texts(model, tokenizer, count: int, length: int = 512, seed: int = 0,
+                         batch_size: int = 16) -> list[list[int]]:
+    """``count`` texts of ``length`` tokens the model writes (an English greedy start, then sampled)."""
     generator = torch.Generator().manual_seed(seed)
     rng_state = torch.random.get_rng_state()
     torch.manual_seed(seed)  # generate() samples from the global generator; restored below
-    windows: list[list[int]] = []
+    texts: list[list[int]] = []
     try:
         with torch.inference_mode():
-            starts = english_starts(model, tokenizer, texts, generator, batch_size)
+            starts = english_starts(model, tokenizer, count, generator, batch_size)
             device = next(model.parameters()).device
             rest = length - GREEDY_TOKENS
-            for first in range(0, texts, batch_size):
+            for first in range(0, count, batch_size):
                 checkpoint()
                 ids = torch.tensor(starts[first:first + batch_size], device=device)
                 out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
                                      temperature=1.0, top_k=TOP_K, top_p=1.0, max_new_tokens=rest,
                                      min_new_tokens=rest, pad_token_id=_pad_id(model, tokenizer),
                                      stopping_criteria=stop_on_cancel())
-                checkpoint()  # a cancelled generate stops early: its short windows are not kept
-                for text in out.tolist():
-                    windows += [text[i:i + seq_len] for i in range(0, per_text * seq_len, seq_len)]
+                checkpoint()  # a cancelled generate stops early: its short texts are not kept
+                texts += out.tolist()
     finally:
         torch.random.set_rng_state(rng_state)
-    return windows[:samples]
+    return texts
+
+
+def draw_windows(texts: list[list[int]], count: int, seq_len: int, seed: int = 0) -> list[list[int]]:
+    """``count`` windows of ``seq_len`` tokens, each from a text drawn at random and a random
+    offset in it, as the reference's loader draws them (seeded; draws may overlap)."""
+    usable = [t for t in texts if len(t) >= seq_len]
+    if not usable:
+        raise MemstepError(f"no self-generated text holds a window of {seq_len} tokens")
+    rng = random.Random(seed)
+    windows = []
+    for _ in range(count):
+        text = usable[rng.randrange(len(usable))]
+        offset = rng.randint(0, len(text) - seq_len)
+        windows.append(text[offset:offset + seq_len])
+    return windows
+
+
+def self_generated_windows(model, tokenizer, samples: int, seq_len: int, seed: int = 0, length: int = 512,
+                           batch_size: int = 16, pool: int | None = None,
+                           texts: list[list[int]] | None = None) -> list[list[int]]:
+    """``samples`` windows of ``seq_len`` tokens drawn from a pool of ``pool`` texts of ``length``
+    tokens the model writes (default: one text per window); ``texts``: a pool written before."""
+    if texts is None:
+        texts = self_generated_texts(model, tokenizer, pool or samples, length, seed, batch_size)
+    return draw_windows(texts, samples, seq_len, seed)
 
 
 def calibration_set(model, tokenizer, config: SparseConfig, text: str | None = None,
-                    generated: list[list[int]] | None = None) -> CalibrationSet:
+                    texts: list[list[int]] | None = None) -> CalibrationSet:
     """The windows ``config`` asks for. ``text``: the user's calibration text (the bundled novel
     when None). ``self`` with masks from real text reads ``samples`` real windows for the masks
     alone; ``both`` takes half real windows and half self-generated ones; ``add`` takes
     ``samples`` real windows and adds ``self_samples`` generated ones (the reference's gen_add).
-    ``generated``: windows the model wrote before with the same settings (the first ones needed
-    are taken)."""
+    ``texts``: a pool of texts the model wrote before (a benchmark writes it once); the
+    generated windows are drawn from it with the run's seed."""
     source, samples, seq_len = config.calibration, config.samples, config.seq_len
     if source not in SOURCES:
         raise MemstepError(f"unknown calibration source '{source}': choose one of {', '.join(SOURCES)}")
     name = config.calibration_file
+    pool = len(texts) if texts is not None else config.pool_texts
 
     def generate(count):
-        if generated is not None and len(generated) >= count:
-            return generated[:count]
-        return self_generated_windows(model, tokenizer, count, seq_len, config.seed, config.self_length)
+        return self_generated_windows(model, tokenizer, count, seq_len, config.seed, config.self_length, pool=pool,
+                                      texts=texts)
 
     if source == "text":
         return CalibrationSet(text_windows(tokenizer, samples, seq_len, text, name), samples, (0, samples))
     if source == "self":
         windows = generate(samples)
         if config.mask_data == "all" or config.method == "magnitude":
-            return CalibrationSet(windows, samples, (0, samples), samples)
+            return CalibrationSet(windows, samples, (0, samples), samples, pool)
         real = text_windows(tokenizer, samples, seq_len, text, name)
-        return CalibrationSet(windows + real, samples, (samples, 2 * samples), samples)
+        return CalibrationSet(windows + real, samples, (samples, 2 * samples), samples, pool)
     if source == "add":
         real, extra = text_windows(tokenizer, samples, seq_len, text, name), generate(config.generated_samples)
         total = samples + len(extra)
         stats = (0, samples) if config.mask_data == "real" else (0, total)
-        return CalibrationSet(real + extra, total, stats, len(extra))
+        return CalibrationSet(real + extra, total, stats, len(extra), pool)
     half = samples // 2  # both: the generated half gets the odd one
     real = text_windows(tokenizer, half, seq_len, text, name) if half else []
     stats = (0, half) if config.mask_data == "real" and half else (0, samples)
-    return CalibrationSet(real + generate(samples - half), samples, stats, samples - half)
+    return CalibrationSet(real + generate(samples - half), samples, stats, samples - half, pool)
 
 
 def calibration_windows(model, tokenizer, source: str, samples: int, seq_len: int, seed: int = 0) -> list[list[int]]:

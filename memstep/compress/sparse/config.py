@@ -101,12 +101,14 @@ class SparseConfig:
     mask_data: str = "real"
     samples: int = 16
     seq_len: int = 128
-    self_length: int = 512  # tokens per self-generated text, cut into windows (the reference: 2048)
+    self_length: int = 512  # tokens per self-generated text (the reference: 2048)
     self_samples: int | None = None  # "add": generated windows added to the real ones (default: as many)
+    self_texts: int | None = None  # texts the model writes, the windows' pool (default: one per generated window)
     held_out_samples: int = 8
     optimizer: str = "adam"
     lr: float = 1e-3
-    steps: int = 20
+    epochs: int = 5  # passes over every reconstruction window per block, as the reference trains
+    steps: int | None = None  # optimizer steps per block (or window) instead of epochs
     batch_size: int = 4
     damp: float = 0.01  # SparseGPT: damping, a fraction of the Hessian's mean diagonal
     block_columns: int = 128  # SparseGPT: columns per block of the OBS update
@@ -124,8 +126,31 @@ class SparseConfig:
                 "add": self.self_samples or self.samples}.get(self.calibration, 0)
 
     @property
+    def pool_texts(self) -> int:
+        """How many texts the model writes for the generated windows to be drawn from."""
+        return self.self_texts or self.generated_samples
+
+    @property
+    def recon_windows(self) -> int:
+        """The windows reconstruction trains on: every real and generated one (masks-only real
+        windows of ``self`` calibration excluded)."""
+        return self.samples + (self.generated_samples if self.calibration == "add" else 0)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Mini-batches in one pass over the reconstruction windows (the last one may be smaller)."""
+        return -(-self.recon_windows // min(self.batch_size, self.recon_windows))
+
+    @property
+    def training_steps(self) -> int:
+        """Optimizer steps per block (or window): ``steps`` when given, else ``epochs`` passes
+        over every reconstruction window, so more windows train more steps (the reference's rule)."""
+        return self.steps if self.steps is not None else self.epochs * self.steps_per_epoch
+
+    @property
     def train(self) -> TrainOptions:
-        return TrainOptions(self.optimizer, self.lr, self.steps, self.batch_size, self.seed, self.train_params)
+        return TrainOptions(self.optimizer, self.lr, self.training_steps, self.batch_size, self.seed,
+                            self.train_params)
 
     def validate(self) -> "SparseConfig":
         if self.method not in METHODS:
@@ -143,6 +168,12 @@ class SparseConfig:
                                "each self-generated text is cut into windows of --seq-len tokens")
         if self.self_samples is not None and self.self_samples < 1:
             raise MemstepError(f"--self-samples must be at least 1 (got {self.self_samples})")
+        if self.self_texts is not None and self.self_texts < 1:
+            raise MemstepError(f"--self-texts must be at least 1 (got {self.self_texts})")
+        if self.epochs < 1:
+            raise MemstepError(f"--epochs must be at least 1 (got {self.epochs})")
+        if self.steps is not None and self.steps < 1:
+            raise MemstepError(f"--steps must be at least 1 (got {self.steps})")
         if self.samples < 1 or self.held_out_samples < 1:
             raise MemstepError("--samples and --held-out-samples must be at least 1")
         if self.seq_len < 2:

@@ -31,8 +31,8 @@ from dataclasses import asdict
 import torch
 
 from memstep.cancel import checkpoint
-from memstep.compress.data import perplexity, save_model
-from memstep.compress.sparse.blocks import (decoder_layers, embed, layer_kwargs, linear_layers,
+from memstep.compress.data import pooled_perplexity, save_model, window_nlls
+from memstep.compress.sparse.blocks import (decoder_layers, embed, error_parts, layer_kwargs, linear_layers,
                                             normalized_error, run_block)
 from memstep.compress.sparse.calibration import calibration_set, held_out_windows
 from memstep.compress.sparse.config import RECONSTRUCTIONS, SparseConfig  # noqa: F401 (re-exported)
@@ -120,8 +120,9 @@ class SparsePruning:
         windows, n = self.calibration.windows, self.calibration.recon
         calib = windows[:n]  # reconstruction's windows; any after them only feed the masks
         held = held_out_windows(tok, cfg.held_out_samples, cfg.seq_len)
-        ppl_dense = self.dense_perplexity or {"calibration": perplexity(model, calib),
-                                              "held_out": perplexity(model, held)}
+        dense_held = None if self.dense_perplexity else window_nlls(model, held)
+        ppl_dense = self.dense_perplexity or {"calibration": pooled_perplexity(window_nlls(model, calib)),
+                                              "held_out": pooled_perplexity(dense_held)}
         kwargs = layer_kwargs(model, cfg.seq_len)
         xp = xd = embed(model, windows)  # calibration: pruned model's / dense model's hidden states
         hp = hd = embed(model, held)  # held-out: the same
@@ -169,7 +170,14 @@ class SparsePruning:
             xp, hp, xd, hd = xp_next, hp_next, yd, hyd
             del dense, grams, inputs, y_local, xp_masked, hp_masked
             yield record
-        ppl_pruned = {"calibration": perplexity(model, calib), "held_out": perplexity(model, held)}
+        pruned_held = window_nlls(model, held)
+        ppl_pruned = {"calibration": pooled_perplexity(window_nlls(model, calib)),
+                      "held_out": pooled_perplexity(pruned_held)}
+        squared, reference = error_parts(hp, hd)  # after the last block: the pruned and the dense model's states
+        windows_held = {"nll_pruned": [t / n for t, n in pruned_held], "error_squared": squared,
+                        "error_reference": reference}
+        if dense_held is not None:
+            windows_held["nll_dense"] = [t / n for t, n in dense_held]
         weights = pruned_matrices(model)
         matrices = {name: count_sparsity(w) for name, w in weights.items()}
         all_zeros = sum(int((w == 0).sum()) for w in weights.values())
@@ -180,7 +188,10 @@ class SparsePruning:
             sparsity=all_zeros / all_weights, matrices=matrices,
             calibration_tokens=len(calib) * cfg.seq_len, held_out_tokens=len(held) * cfg.seq_len,
             mask_tokens=tokens if cfg.method != "magnitude" else 0, generated_windows=self.calibration.generated,
-            real_windows=n - self.calibration.generated,
+            real_windows=n - self.calibration.generated, generated_texts=self.calibration.texts,
+            epochs=None if cfg.reconstruct == "none" or cfg.steps is not None else cfg.epochs,
+            steps=0 if cfg.reconstruct == "none" else cfg.training_steps,
+            steps_per_epoch=cfg.steps_per_epoch, held_out_windows=windows_held,
             calibration_preview=[tok.decode(ids[:48]) for ids in calib[-2:]],
             seconds=time.perf_counter() - started)
         if self.output:

@@ -46,23 +46,33 @@ def _masked_step(opt, sched, pairs) -> None:
                 weight.mul_(keep)
 
 
+def epoch_batches(samples: int, batch: int, steps: int, generator: torch.Generator):
+    """``steps`` mini-batches of sample indices: passes (epochs) over all ``samples``, each in a
+    fresh shuffled order cut into batches of ``batch`` (the last one of a pass may be smaller),
+    as the reference's data loader goes; the last pass stops where the steps end."""
+    done = 0
+    while done < steps:
+        order = torch.randperm(samples, generator=generator).tolist()
+        for start in range(0, samples, batch):
+            if done == steps:
+                return
+            yield order[start:start + batch]
+            done += 1
+
+
 def _fit(pairs: list, samples: int, options: TrainOptions, seed: int, batch_loss) -> list[float]:
     """Train the weights of ``pairs`` [(weight, keep mask)] for ``options.steps`` steps on shuffled
-    mini-batches of sample indices; ``batch_loss(indices)`` gives a batch's loss. Returns the losses."""
+    mini-batches of sample indices (``epoch_batches``); ``batch_loss(indices)`` gives a batch's
+    loss. Returns the losses."""
     for weight, _ in pairs:
         weight.requires_grad_(True)
     opt, sched = make_optimizer([w for w, _ in pairs], options)
     generator = torch.Generator().manual_seed(seed)
-    batch = min(options.batch_size, samples)
-    order: list[int] = []
     losses = []
     try:
         with torch.enable_grad():
-            for _ in range(options.steps):
+            for idx in epoch_batches(samples, min(options.batch_size, samples), options.steps, generator):
                 checkpoint()
-                if len(order) < batch:  # a fresh shuffled pass over the calibration samples
-                    order += torch.randperm(samples, generator=generator).tolist()
-                idx, order = order[:batch], order[batch:]
                 loss = batch_loss(idx)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()

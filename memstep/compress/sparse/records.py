@@ -55,6 +55,13 @@ class SparseResult:
     mask_tokens: int = 0  # calibration tokens the masks' statistics came from (0: magnitude needs none)
     generated_windows: int = 0  # self-generated windows among the reconstruction's calibration windows
     real_windows: int = 0  # windows of real text among them
+    generated_texts: int = 0  # texts the model wrote, the generated windows' pool
+    epochs: int | None = None  # passes over the reconstruction windows per block (None: --steps set the count)
+    steps: int = 0  # optimizer steps per block (or window) of reconstruction; 0 without reconstruction
+    steps_per_epoch: int = 0  # mini-batches in one pass over the reconstruction windows
+    # per held-out window: mean next-token NLL (nats) of the dense and the pruned model, and the
+    # parts of the final normalized error (||pruned - dense||^2, ||dense||^2 after the last block)
+    held_out_windows: dict = field(default_factory=dict)
 
     @property
     def final_error(self) -> dict:

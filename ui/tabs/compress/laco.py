@@ -16,6 +16,7 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from memstep.cancel import Cancelled
+from memstep.compress.guard import CHECK_WINDOWS
 from memstep.compress.laco import (CALIBRATION_SENTENCES, CALIBRATION_TOKENS, DEFAULTS, MERGES, REFERENCES,
                                     VARIANTS)
 from memstep.errors import MemstepError
@@ -41,7 +42,11 @@ A merge is kept when the final hidden states of the candidate stay close to the 
 calibration sentences (mean cosine similarity above **T**); then the search steps down by **I**, else by 1.
 The model is the one chosen on the **Run** tab. Afterwards the collapsed model, the dense one and two
 layer-removal baselines at the same number of layers (block influence as in ShortGPT, uniformly spaced)
-are measured on held-out text (*Pride and Prejudice*; calibration comes from *Persuasion*)."""
+are measured on held-out text (*Pride and Prejudice*; calibration comes from *Persuasion*).
+**The collapsed model is saved only if the check finds it no worse than dropping the same number of layers
+by block influence** (held-out perplexity); tick *keep a worse model* to save it anyway."""
+KEEP_BOX = "keep a worse model"
+KEEP_NAME = f"ticking “{KEEP_BOX}”"  # how the page's refusal names the way to save anyway
 
 
 # ---- pure figure and table builders ---------------------------------------------------------------
@@ -162,8 +167,8 @@ def table_rows(models: dict) -> list[list]:
         removed = row.get("removed")
         removed_text = "—" if key == "dense" else (", ".join(map(str, removed)) if removed is not None else "")
         ppl = f"{row['perplexity']:,.2f}" + (f" (×{row['perplexity'] / dense['perplexity']:.2f})" if dense else "")
-        seconds = f"{row['prefill_cpu_seconds']:.2f}"
-        if dense and key != "dense":
+        seconds = "—" if row.get("prefill_cpu_seconds") is None else f"{row['prefill_cpu_seconds']:.2f}"
+        if dense and key != "dense" and row.get("prefill_cpu_seconds") is not None:
             seconds += f" ({1 - row['prefill_cpu_seconds'] / dense['prefill_cpu_seconds']:.0%})"
         acc = "—" if row["passkey_accuracy"] is None else (
             f"{sum(row['passkey_correct'])}/{len(row['passkey_correct'])}")
@@ -225,7 +230,7 @@ def _estimate(lm, settings: dict, evaluate: bool) -> float:
     shape = model_shape(lm.model)
     return estimates.seconds(*estimates.laco_work(
         shape, sentences=settings["sentences"], tokens=settings["tokens"], C=settings["C"], L=settings["L"],
-        H=settings["H"], evaluate=bool(evaluate), probe=APP_PROBE, repeats=APP_REPEATS), shape,
+        H=settings["H"], evaluate=bool(evaluate), probe=APP_PROBE, repeats=APP_REPEATS, check=not evaluate), shape,
         compressed.weight_bytes(lm.model))
 
 
@@ -246,15 +251,17 @@ def estimate_note(model_spec, C, L, H, T, sentences, tokens, evaluate, request: 
 
 
 def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, evaluate,  # noqa: E741
-             merge="chained", request: gr.Request = None):
+             merge="chained", keep_worse=False, request: gr.Request = None):
     """Stream (status, similarity plot, layer map, guard verdict, table, load button, saved model,
     keep-the-baseline button, the baseline's layers). The work runs in a job of its own
     (ui/jobs.py): Stop, a cancelled request or a visitor gone end it within seconds. One press
-    starts it: the estimate stands beside the button beforehand."""
+    starts it: the estimate stands beside the button beforehand. With ``evaluate`` off the check
+    alone runs (perplexity of the dense model, LaCo and block influence); either way the model is
+    saved only when the check finds it no worse, or ``keep_worse``."""
     from memstep.compress.collapse_run import LABELS, CollapseRun
     from memstep.compress.data import calibration_texts
     from memstep.compress.laco import settings_warnings
-    from memstep.compress.quality import make_probe
+    from memstep.compress.quality import make_check_probe, make_probe
 
     from ui.models import forget, get_model
 
@@ -263,16 +270,18 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
         compressed.check_enabled()
         settings = _settings(C, L, H, I, T, variant, reference, sentences, tokens, merge)
         variant, reference, evaluate = settings["variant"], settings["reference"], flag(evaluate, "measure")
+        keep_worse = flag(keep_worse, KEEP_BOX)
         lm = get_model(model_spec, session)
         settings["H"] = settings["H"] or len(lm.model.model.layers) - 1  # 0: the top layer's index, as the notebook
-        probe = make_probe(lm.tokenizer, **APP_PROBE) if evaluate else None
+        probe = make_probe(lm.tokenizer, **APP_PROBE) if evaluate else make_check_probe(lm.tokenizer)
         texts = calibration_texts(settings["sentences"])
         estimate = _estimate(lm, settings, evaluate)
         reservation = compressed.Reservation(session, folder_name(lm.name, settings), compressed.weight_bytes(lm.model))
         forget(str(reservation.path))  # an earlier model of that name, loaded, is about to be replaced
         run = CollapseRun(lm, texts, variants=(variant,), probe=probe, output=reservation.path, repeats=APP_REPEATS,
                           C=settings["C"], L=settings["L"], H=settings["H"], I=settings["I"], T=settings["T"],
-                          reference=reference, merge=settings["merge"], max_tokens=settings["tokens"])
+                          reference=reference, merge=settings["merge"], max_tokens=settings["tokens"],
+                          keep_worse=keep_worse, keep_name=KEEP_NAME)
     except MemstepError as err:
         if reservation is not None:
             reservation.release()
@@ -281,7 +290,7 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
         gr.Warning(warning)
     search = run.searches[variant]
     depth, total = len(search.dense_layers), max(1, search.H - search.C - search.L + 1)
-    measured_total = 4 if evaluate else 0
+    measured_total = 4 if evaluate else 3  # the check alone: dense, LaCo, block influence
     candidates, groups, baselines, models = [], None, {}, {}
     no_button, skip = gr.update(interactive=False), gr.skip()
     state = f"measuring the dense model's layer inputs… (estimated {estimates.duration(estimate)})"
@@ -309,6 +318,11 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
                 progress = 0.5 if evaluate else 0.95
             elif kind == "saved":
                 state = f"saved the collapsed model as {compressed.shown(event['folder'])}"
+                if event.get("kept_worse"):
+                    verdict = verdict_html(run.report["guard"], kept=True)
+            elif kind == "refused":
+                state = "not saved: the check finds LaCo's model worse"
+                verdict = verdict_html(run.report["guard"], refused=event["message"])
             elif kind == "guard":
                 verdict = verdict_html(event)
                 state = "compared with block influence at the same layer count"
@@ -317,7 +331,7 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
                 if "removed" in event and event["key"] in ("block-influence", "uniform"):
                     baselines[LABELS[event["key"]]] = event["removed"]
                 state = f"measured {event['label']}: perplexity {event['perplexity']:.2f}"
-                progress = 0.5 + 0.5 * len(models) / measured_total
+                progress = 0.5 + 0.5 * min(len(models) / measured_total, 1.0)
             else:
                 continue
             yield (status_html(state, progress), similarity_figure(candidates, settings["T"], depth),
@@ -331,9 +345,14 @@ def run_laco(model_spec, C, L, H, I, T, variant, reference, sentences, tokens, e
     finally:
         reservation.release()
     result = search.result
+    if run.report["refused"]:
+        after = " · not saved: the check finds it worse than block influence"
+    elif not result.removed:
+        after = " · lower T or C to collapse more"
+    else:
+        after = " · ready to load into Run" + (" (kept although worse, as asked)" if run.report["kept_worse"] else "")
     done = (f"done: {result.layers_before} → {result.layers_after} layers, removed "
-            f"{', '.join(map(str, result.removed)) or 'none'}" + (" · ready to load into Run" if result.removed else
-                                                                   " · lower T or C to collapse more"))
+            f"{', '.join(map(str, result.removed)) or 'none'}{after}")
     worse = bool(run.report["guard"] and run.report["guard"]["worse"])
     baseline = {"spec": model_spec, "removed": models["block-influence"]["removed"]} if worse else None
     yield (status_html(done, 1.0), similarity_figure(candidates, settings["T"], depth),
@@ -347,13 +366,23 @@ LOAD_LABEL = "Load the collapsed model into Run"
 KEEP_LABEL = "Keep block influence's model instead"
 
 
-def verdict_html(verdict: dict) -> str:
-    """The guard's verdict in one line above the table: a warning when LaCo did worse."""
+def verdict_html(verdict: dict | None, refused: str | None = None, kept: bool = False) -> str:
+    """The guard's verdict above the table: a warning when LaCo did worse, saying whether its
+    model was saved (``refused``: the refusal's line; ``kept``: saved as asked although worse)."""
+    if verdict is None:  # nothing removed: nothing to compare (and nothing the page's check refuses)
+        return ""
     if verdict["worse"]:
+        if refused:
+            then = (f"<b>Not saved.</b> Keep block influence's model instead, or tick “{KEEP_BOX}” and collapse "
+                    "again to save LaCo's anyway.")
+        elif kept:
+            then = f"<b>Saved anyway</b>, as “{KEEP_BOX}” asked."
+        else:
+            then = "Keep the baseline's model instead?"
         return (f"<div class='memstep-guard memstep-guard-worse' role='alert'><b>LaCo's model is worse than dropping "
                 f"the same {verdict['removed_layers']} layers by block influence:</b> perplexity "
                 f"{verdict['perplexity']:,.2f} against {verdict['baseline_perplexity']:,.2f} (dense "
-                f"{verdict['dense_perplexity']:,.2f}). Keep the baseline's model instead?</div>")
+                f"{verdict['dense_perplexity']:,.2f}). {then}</div>")
     return (f"<div class='memstep-guard'>LaCo's model is no worse than block influence at {verdict['layers']} layers: "
             f"perplexity {verdict['perplexity']:,.2f} against {verdict['baseline_perplexity']:,.2f}.</div>")
 
@@ -439,8 +468,13 @@ def build_section(model_box=None, tabs=None) -> dict:
             evaluate = gr.Checkbox(True, label="measure against the dense model and baselines",
                                    info=f"perplexity ({APP_PROBE['windows']}×256 held-out tokens), passkey "
                                         f"({APP_PROBE['passkey_cases']} cases at 1k tokens), prefill of "
-                                        f"{APP_PROBE['prefill_tokens']} tokens (CPU seconds, best of {APP_REPEATS})",
+                                        f"{APP_PROBE['prefill_tokens']} tokens (CPU seconds, best of {APP_REPEATS}), "
+                                        "uniform removal. Off: the check alone (perplexity of the dense model, LaCo "
+                                        f"and block influence on {CHECK_WINDOWS}×256 tokens)",
                                    elem_id="laco-evaluate")
+            keep_worse = gr.Checkbox(False, label=KEEP_BOX, elem_id="laco-keep-worse",
+                                     info="save LaCo's model even when the check finds it worse than block "
+                                          "influence at the same layer count")
             with gr.Row(equal_height=True):
                 start = gr.Button("Collapse", variant="primary", elem_id="laco-run",
                                   interactive=compressed.compress_enabled(), min_width=100)
@@ -465,7 +499,8 @@ def build_section(model_box=None, tabs=None) -> dict:
                                  label="quality and cost against the dense model and the baselines")
             keep = gr.Button(KEEP_LABEL, visible=False, elem_id="laco-keep")
     folder, baseline = gr.State(None), gr.State(None)
-    running = start.click(run_laco, [model_input, C, L, H, I, T, variant, reference, sentences, tokens, evaluate, merge],
+    running = start.click(run_laco, [model_input, C, L, H, I, T, variant, reference, sentences, tokens, evaluate, merge,
+                                     keep_worse],
                           [status, sim_plot, map_plot, verdict, table, load, folder, keep, baseline],
                           concurrency_id="prefill", concurrency_limit=1, show_progress="minimal",
                           show_progress_on=[status], api_visibility="private")

@@ -32,19 +32,21 @@ from ui.theme import FONT, chart_template
 # Bounds on the work one request can cause (the app is meant to be public).
 MAX_SAMPLES = 32
 MAX_SEQ_LEN = 256
-MAX_STEPS = 50
+MAX_EPOCHS = 10
+MAX_STEPS = 80  # optimizer steps per block: 5 epochs over 32 real + 32 added windows in batches of 4
 MAX_PARAMS = int(float(os.environ.get("MEMSTEP_PRUNE_MAX_PARAMS", 6e8)))
 HELD_OUT_SAMPLES = 8
 TECHNIQUE_LABELS = {"none": "none", "lr": "LR", "br": "BR", "br+gp": "BR+GP", "br+gp+cr": "BR+GP+CR"}
 TECHNIQUE_COLORS = {"none": "#94a3b8", "lr": "#f59e0b", "br": "#3b82f6", "br+gp": "#10b981", "br+gp+cr": "#db2777"}
 PATTERNS = ["unstructured", "2:4", "4:8"]
 LOG_TICKS = [m * 10.0 ** e for e in range(-6, 2) for m in (1, 2, 5)]  # 1-2-5 labels on the log axis
-TABLE_HEADERS = ["technique", "calibration windows (real + generated)", "calib. ppl (dense → pruned)",
+TABLE_HEADERS = ["technique", "calibration windows (real + generated)", "epochs = steps per block",
+                 "calib. ppl (dense → pruned)",
                  "held-out ppl (dense → pruned)",
                  "final error calib.", "final error held-out", "error cut vs none (calib. / held-out)",
                  "sparsity", "seconds"]
 DEFAULTS = dict(method="wanda", pattern="unstructured", sparsity=0.5, techniques=["none", "br+gp"],
-                calibration="text", samples=16, seq_len=128, steps=20, lr=1e-3)
+                calibration="text", samples=16, seq_len=128, epochs=5, lr=1e-3)
 
 
 def folder_name(technique: str) -> str:
@@ -112,6 +114,7 @@ def table_rows(runs: list[dict]) -> list[list]:
         rows.append([
             TECHNIQUE_LABELS[run["technique"]] + ("" if done else f" (block {last.block + 1}/{last.blocks})"),
             f"{result.real_windows} + {result.generated_windows}" if done else "…",
+            training_text(result) if done else "…",
             f"{ppl['calibration']['dense']:.2f} → {ppl['calibration']['pruned']:.2f}" if done else "…",
             f"{ppl['held_out']['dense']:.2f} → {ppl['held_out']['pruned']:.2f}" if done else "…",
             f"{last.error_calibration:.4g}", f"{last.error_held_out:.4g}", cut,
@@ -120,28 +123,52 @@ def table_rows(runs: list[dict]) -> list[list]:
     return rows
 
 
+def training_text(result) -> str:
+    """How one run trained each block: "5 = 40" (epochs = steps), "—" without reconstruction."""
+    if not result.steps:
+        return "—"
+    return f"{result.epochs} = {result.steps}" if result.epochs else f"{result.steps} steps"
+
+
+def mix_text(config: SparseConfig) -> str:
+    """The calibration mix and the training it makes, before the run: windows, texts, epochs, steps."""
+    real = config.samples if config.calibration in ("text", "add") else config.samples - config.generated_samples
+    texts = f" drawn from {config.pool_texts} generated texts" if config.generated_samples else ""
+    mix = f"{real} real + {config.generated_samples} self-generated windows{texts}"
+    if config.reconstruct == "none":
+        return mix
+    return (f"{mix}; {config.epochs} epochs over {config.recon_windows} windows = {config.training_steps} steps per "
+            "block")
+
+
 # ---- handlers --------------------------------------------------------------------------------
-def make_config(method, pattern, sparsity, calibration, samples, seq_len, steps, lr, technique,
+def make_config(method, pattern, sparsity, calibration, samples, seq_len, epochs, lr, technique,
                 train="norms") -> SparseConfig:
-    """The settings of one run, with the app's caps; MemstepError on a bad value."""
-    samples, seq_len, steps = (number(v, name, 0, 1 << 20) for v, name in
-                               ((samples, "samples"), (seq_len, "tokens per sample"), (steps, "steps")))
+    """The settings of one run, with the app's caps; MemstepError on a bad value. Reconstruction
+    trains ``epochs`` passes over every window, as the reference does: added windows add steps."""
+    samples, seq_len, epochs = (number(v, name, 0, 1 << 20) for v, name in
+                                ((samples, "samples"), (seq_len, "tokens per sample"), (epochs, "epochs")))
     sparsity, lr = real(sparsity, "sparsity"), real(lr, "the learning rate")
     if not 1 <= samples <= MAX_SAMPLES:
         raise MemstepError(f"samples must be 1-{MAX_SAMPLES} in the app (the CLI takes more)")
     if not 16 <= seq_len <= MAX_SEQ_LEN:
         raise MemstepError(f"tokens per sample must be 16-{MAX_SEQ_LEN} in the app (the CLI takes more)")
-    if not 1 <= steps <= MAX_STEPS:
-        raise MemstepError(f"steps must be 1-{MAX_STEPS} in the app (the CLI takes more)")
+    if not 1 <= epochs <= MAX_EPOCHS:
+        raise MemstepError(f"epochs must be 1-{MAX_EPOCHS} in the app (the CLI takes more)")
     if not 0 < lr <= 0.1:
         raise MemstepError("the learning rate must lie in (0, 0.1]")
     nm = None if pattern == "unstructured" else pattern
     if pattern not in PATTERNS:
         raise MemstepError(f"unknown sparsity pattern '{pattern}': choose one of {', '.join(PATTERNS)}")
-    return SparseConfig(method=method, sparsity=sparsity, nm=nm, reconstruct=technique,
-                        calibration=calibration, samples=samples, seq_len=seq_len,
-                        held_out_samples=HELD_OUT_SAMPLES, steps=steps, lr=lr,
-                        batch_size=min(4, samples), train_params=train).validate()
+    config = SparseConfig(method=method, sparsity=sparsity, nm=nm, reconstruct=technique,
+                          calibration=calibration, samples=samples, seq_len=seq_len,
+                          held_out_samples=HELD_OUT_SAMPLES, epochs=epochs, lr=lr,
+                          batch_size=min(4, samples), train_params=train).validate()
+    if technique != "none" and config.training_steps > MAX_STEPS:
+        raise MemstepError(f"{epochs} epochs over {config.recon_windows} windows in batches of {config.batch_size} make "
+                           f"{config.training_steps} steps per block: the app runs at most {MAX_STEPS} (fewer epochs "
+                           "or samples; the CLI takes more)")
+    return config
 
 
 def _source_model(spec, session: str = ""):
@@ -163,39 +190,44 @@ def _private_copy(lm):
     return LoadedModel(copy.deepcopy(lm.model), lm.tokenizer, lm.name, lm.device, lm.dtype)
 
 
-def _configs(method, pattern, sparsity, techniques, calibration, samples, seq_len, steps, lr, train):
+def _configs(method, pattern, sparsity, techniques, calibration, samples, seq_len, epochs, lr, train):
     techniques = [t for t in RECONSTRUCTIONS if t in names(techniques, "techniques", RECONSTRUCTIONS)]
     if not techniques:
         raise MemstepError("tick at least one reconstruction technique")
-    return techniques, [make_config(method, pattern, sparsity, calibration, samples, seq_len, steps, lr, t, train)
+    return techniques, [make_config(method, pattern, sparsity, calibration, samples, seq_len, epochs, lr, t, train)
                         for t in techniques]
 
 
 def _estimate(lm, configs) -> float:
-    """Seconds for every technique's run; "add" reconstructs on its real and its generated windows."""
+    """Seconds for every technique's run; "add" reconstructs on its real and its generated windows,
+    and the model writes its texts once, for the first run (the others reuse the windows)."""
     from memstep.engine import model_shape
 
     shape, needed = model_shape(lm.model), compressed.weight_bytes(lm.model)
     return sum(estimates.seconds(*estimates.sparse_work(
-        shape, method=c.method, technique=c.reconstruct, calibration=c.calibration,
-        samples=c.samples + (c.generated_samples if c.calibration == "add" else 0), seq_len=c.seq_len,
-        held_out=c.held_out_samples, steps=c.steps, batch=c.batch_size), shape, needed) for c in configs)
+        shape, method=c.method, technique=c.reconstruct, calibration=c.calibration, samples=c.recon_windows,
+        seq_len=c.seq_len, held_out=c.held_out_samples, steps=c.training_steps, batch=c.batch_size,
+        generated_texts=c.pool_texts if c.generated_samples and i == 0 else 0, self_length=c.self_length),
+        shape, needed) for i, c in enumerate(configs))
 
 
-def estimate_note(spec, method, pattern, sparsity, techniques, calibration, samples, seq_len, steps, lr, train="norms",
-                  request: gr.Request = None) -> str:
-    """What the run would take, beside the Prune button before it is pressed; a bad setting says so."""
+def estimate_note(spec, method, pattern, sparsity, techniques, calibration, samples, seq_len, epochs, lr,
+                  train="norms", request: gr.Request = None) -> str:
+    """What the run would take, beside the Prune button before it is pressed, with the windows,
+    epochs and steps it trains; a bad setting says so."""
     if not compressed.compress_enabled():
         return ""
     try:
-        _, configs = _configs(method, pattern, sparsity, techniques, calibration, samples, seq_len, steps, lr, train)
+        _, configs = _configs(method, pattern, sparsity, techniques, calibration, samples, seq_len, epochs, lr, train)
         lm = _source_model(spec, jobs.session_of(request))
-        return f"estimated **{estimates.duration(_estimate(lm, configs))}** on this machine"
+        trained = next((c for c in configs if c.reconstruct != "none"), configs[0])
+        return (f"estimated **{estimates.duration(_estimate(lm, configs))}** on this machine · "
+                f"{mix_text(trained)}")
     except MemstepError as err:
         return f"cannot run: {err}"
 
 
-def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq_len, steps, lr, train="norms",
+def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq_len, epochs, lr, train="norms",
           request: gr.Request = None):
     """Stream (status, figure, table, saved-model dropdown) while each technique prunes the model.
     The work runs in a job of its own (ui/jobs.py): Stop, a cancelled request or a visitor gone end
@@ -206,7 +238,7 @@ def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq
     reservations: list = []
     try:
         compressed.check_enabled()
-        techniques, configs = _configs(method, pattern, sparsity, techniques, calibration, samples, seq_len, steps,
+        techniques, configs = _configs(method, pattern, sparsity, techniques, calibration, samples, seq_len, epochs,
                                        lr, train)
         lm = _source_model(spec, session)
         needed, estimate = compressed.weight_bytes(lm.model), _estimate(lm, configs)
@@ -220,13 +252,15 @@ def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq
         raise gr.Error(str(err)) from err
 
     def work():
+        shared = None  # the calibration windows: the first run makes them (the model writes its texts once)
         for technique, config, reservation in zip(techniques, configs, reservations):
             process = SparsePruning(_private_copy(lm), config, output=str(reservation.path),
-                                    info={"app": True, "technique": technique})
+                                    info={"app": True, "technique": technique}, calibration=shared)
             yield "start", technique, process
             for record in process:
                 yield "block", technique, record
             yield "done", technique, process.result
+            shared = process.calibration
             del process
 
     runs: list[dict] = []
@@ -243,11 +277,7 @@ def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq
             head = f"**{TECHNIQUE_LABELS[technique]}** ({i}/{len(techniques)})"
             if kind == "start":
                 runs.append({"technique": technique, "records": value.records, "result": None})
-                config = value.config
-                real = config.samples if config.calibration in ("text", "add") else \
-                    config.samples - config.generated_samples  # self: none, both: half
-                mix = f"{real} real + {config.generated_samples} self-generated windows"
-                status = f"{head}: preparing calibration data ({mix}) and dense perplexity…"
+                status = f"{head}: preparing calibration data ({mix_text(value.config)}) and dense perplexity…"
                 yield status, error_figure(runs, blocks), table_rows(runs), gr.update()
             elif kind == "block":
                 status = (f"{head}: block {value.block + 1}/{value.blocks} pruned to {value.sparsity:.1%} — error "
@@ -270,9 +300,13 @@ def prune(spec, method, pattern, sparsity, techniques, calibration, samples, seq
         for reservation in reservations:
             reservation.release()
     last = runs[-1]["result"]
+    texts = f" drawn from {last.generated_texts} generated texts" if last.generated_windows else ""
+    trained = next((r["result"] for r in runs if r["result"].steps), None)
+    training = (f"; reconstruction {trained.epochs} epochs over {trained.real_windows + trained.generated_windows} "
+                f"windows = {trained.steps} steps per block" if trained else "")
     done = (f"**Done.** Calibration: {last.real_windows} real + {last.generated_windows} self-generated windows of "
-            f"{last.settings['seq_len']} tokens. Solid lines: calibration data; dashed: held-out text. Pick a pruned "
-            "model below and load it into the Run tab.")
+            f"{last.settings['seq_len']} tokens{texts}{training}. Solid lines: calibration data; dashed: held-out "
+            "text. Pick a pruned model below and load it into the Run tab.")
     if calibration != "text":  # let the user see what the model wrote for itself
         sample = re.sub(r"[\s*_`#\[\]<>|~\\]+", " ", runs[-1]["result"].calibration_preview[-1]).strip()
         done += f" A self-generated calibration sample begins: *{html.escape(sample[:240])}…*"
@@ -309,15 +343,17 @@ def build_section(model_box=None, tabs=None) -> None:
             calibration = gr.Radio([("Persuasion (text)", "text"), ("text + self-generated added (reference)", "add"),
                                     ("self-generated", "self"), ("half of each", "both")],
                                    value=DEFAULTS["calibration"], label="Calibration data",
-                                   info="added: the model writes as many windows as there are samples and they join "
-                                        "the real ones (the reference code's gen_add)",
+                                   info="added: the model writes a text per sample; as many windows, drawn from them "
+                                        "at random offsets, join the real ones (the reference code's gen_add)",
                                    elem_id="sparse-calibration")
             with gr.Row():
                 samples = gr.Number(DEFAULTS["samples"], label=f"Samples (1-{MAX_SAMPLES})", precision=0,
                                     elem_id="sparse-samples", min_width=80)
                 seq_len = gr.Number(DEFAULTS["seq_len"], label=f"Tokens each (16-{MAX_SEQ_LEN})", precision=0, elem_id="sparse-seq-len", min_width=80)
             with gr.Row():
-                steps = gr.Number(DEFAULTS["steps"], label=f"Steps per block (1-{MAX_STEPS})", precision=0, elem_id="sparse-steps", min_width=80)
+                epochs = gr.Number(DEFAULTS["epochs"], label=f"Epochs per block (1-{MAX_EPOCHS})", precision=0,
+                                   elem_id="sparse-epochs", min_width=80,
+                                   info="passes over every window, as the reference trains: more windows, more steps")
                 lr = gr.Number(DEFAULTS["lr"], label="Learning rate (Adam)", elem_id="sparse-lr",
                                min_width=80)
             train = gr.Radio([("every block parameter (reference)", "norms"), ("linear weights only", "linear")],
@@ -328,7 +364,7 @@ def build_section(model_box=None, tabs=None) -> None:
                 stop = gr.Button("Stop", elem_id="sparse-stop", min_width=80)
             model_input = model_box if model_box is not None else gr.State(None)
             gr.Markdown(estimate_note, inputs=[model_input, method, pattern, sparsity, techniques, calibration, samples,
-                                               seq_len, steps, lr, train],
+                                               seq_len, epochs, lr, train],
                         elem_id="sparse-estimate", elem_classes="memstep-note")
         with gr.Column(scale=9):
             status = gr.Markdown("Pick a mask, a pattern and the techniques to compare, then **Prune**. The embedded "
@@ -340,7 +376,7 @@ def build_section(model_box=None, tabs=None) -> None:
                 pruned = gr.Dropdown([], label="Pruned model", elem_id="sparse-pruned", scale=4)
                 load = gr.Button("Load into the Run tab", elem_id="sparse-load", scale=1)
     running = start.click(prune, [model_input, method, pattern, sparsity,
-                                  techniques, calibration, samples, seq_len, steps, lr, train],
+                                  techniques, calibration, samples, seq_len, epochs, lr, train],
                           [status, plot, table, pruned], concurrency_id="prefill", concurrency_limit=1,
                           show_progress="minimal", show_progress_on=[status], api_visibility="private")
     stop.click(stop_pruning, None, [status], cancels=[running], concurrency_limit=None, api_visibility="private")

@@ -1,0 +1,308 @@
+"""`memstep eval --executor ray`: the same cells as the local executor, on a local Ray of two
+workers; a driver killed mid-run resumes without recomputing a finished cell (with either
+executor), a task that fails is retried once and then recorded; nothing is left running.
+Ray runs in a subprocess of its own (as a user runs it), never in the test's process."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memstep.cli import main
+from memstep.evaluation.grid import Config
+from memstep.evaluation.ray_executor import TEMP_PREFIX, Driver, clean_stale, task_resources, temp_root, _holders
+from memstep.evaluation.ray_worker import CellError
+from memstep.evaluation.runner import EvalSettings, RunReport, reference_path
+from memstep.evaluation.store import ResultStore
+from memstep.evaluation.suite import Case
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = "import sys; from memstep.cli import main; sys.exit(main(sys.argv[1:]))"
+# the issue's grid: 2 haystacks x 2 depths, memstep's full cache and FM at M = 128: 8 cells
+GRID = ["--lengths", "512", "--depths", "0.3,0.7", "--schedules", "full,fm", "--budgets", "128", "--chunk", "128",
+        "--needles", "passkey", "--metrics", "accuracy", "--continuation-tokens", "0"]
+# with the KL against the full cache: each FM cell needs its case's full-cache log-probabilities
+KL_GRID = ["--lengths", "160", "--depths", "0.3,0.7", "--schedules", "full,fm", "--scorers", "recency", "--budgets", "32",
+           "--chunk", "64", "--ropes", "compact", "--needles", "passkey", "--metrics", "accuracy,kl",
+           "--continuation-tokens", "8"]
+MEASURED = {"seconds", "prefill_seconds", "peak_rss_bytes", "baseline_rss_bytes", "peak_device_bytes"}
+# one torch thread a worker (xdist runs another test file beside this one); a local Ray of 2 CPUs
+COMMON = ["--quiet", "--json", "--threads", "1"]
+RAY = ["--executor", "ray", "--workers", "2"]
+ONE_WORKER = ["--executor", "ray", "--workers", "1"]  # what resuming needs (one model process a run)
+
+
+def eval_cli(*args: str, script: str = CLI, extra: tuple = ()) -> tuple[subprocess.CompletedProcess, int]:
+    """`memstep eval ARGS` in a process of its own: its result and its pid."""
+    process = subprocess.Popen([sys.executable, "-c", script, *extra, "eval", *args, *COMMON], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = process.communicate(timeout=600)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err), process.pid
+
+
+def cells(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "cells.jsonl").read_text().splitlines()]
+
+
+def computed(cell: dict) -> dict:
+    """What a cell computed (its answer, retention, KL...), without what it measured (seconds, memory)."""
+    return {k: v for k, v in cell.items() if k not in MEASURED}
+
+
+def served_workers() -> list[int]:
+    """Served workers (a Ray worker's model process) still running."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--serve" in words and any(w.endswith((b"memstep.evaluation.worker", b"kvpress_peer.py")) for w in words):
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+def assert_nothing_left(*pids: int) -> None:
+    """No Ray folder of these drivers' runs, no process writing into one, no served worker (they end
+    with their Ray worker: waited for, at most a minute)."""
+    for pid in pids:
+        folder = temp_root() / f"{TEMP_PREFIX}{pid}"
+        assert not folder.exists(), folder
+        assert _holders(folder) == []
+    deadline = time.monotonic() + 60
+    while served_workers() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert served_workers() == []
+
+
+@pytest.mark.slow
+def test_ray_cells_are_the_local_cells(tmp_path, capsys):
+    """The issue's acceptance grid: `--executor ray` on a local Ray of 2 workers writes the cells the
+    local executor writes (same keys; same answers, retention, memory...), only the seconds and
+    memory readings differ; the summary says which executor ran them, on how many workers."""
+    assert main(["eval", *GRID, "--output", str(tmp_path / "local"), *COMMON]) == 0  # (its workers: processes)
+    local = json.loads(capsys.readouterr().out)
+    ray, pid = eval_cli(*GRID, *RAY, "--output", str(tmp_path / "ray"))
+    assert ray.returncode == 0, ray.stderr
+    assert ray.stderr == ""  # the progress bar is off (--quiet) and Ray says nothing
+    mine, theirs = cells(tmp_path / "ray"), cells(tmp_path / "local")
+    assert len(mine) == 8 and len({c["key"] for c in mine}) == 8
+    assert sorted(map(computed, mine), key=lambda c: c["key"]) == sorted(map(computed, theirs), key=lambda c: c["key"])
+    assert all(c["peak_rss_bytes"] >= c["baseline_rss_bytes"] > 100 * 2**20 for c in mine)
+    run = json.loads(ray.stdout)["run"]
+    assert run["executor"]["name"] == "ray" and 1 <= run["executor"]["workers"] <= 2 and run["executor"]["nodes"] == 1
+    assert local["run"]["executor"] == {"name": "local", "workers": 2, "nodes": 1}
+    assert_nothing_left(pid)
+
+
+# The driver of the killed run: every full-cache cell fails its first try (Ray retries it), and the
+# driver kills itself (SIGKILL) right after the store holds AFTER cells, with others in flight.
+KILLED = CLI.replace("sys.exit(main(sys.argv[1:]))", """
+import os, signal
+from memstep.evaluation import ray_executor, ray_worker
+from memstep.evaluation.store import ResultStore
+marks, after = sys.argv[1], int(sys.argv[2])
+
+def flaky(config, kvpress_python, job, reference, divergence):
+    folder = os.path.join(marks, job["cases"][0]["key"])
+    os.makedirs(folder, exist_ok=True)
+    tries = len(os.listdir(folder))
+    open(os.path.join(folder, str(tries)), "w").close()
+    if config["schedule"] == "full" and tries == 0:
+        raise ray_worker.CellError("injected")
+    return ray_worker.run_cell(config, kvpress_python, job, reference, divergence)
+
+add = ResultStore.add
+def add_then_die(store, cell):
+    add(store, cell)
+    if len(store) >= after:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+ray_executor.run_cell, ResultStore.add = flaky, add_then_die
+sys.exit(main(sys.argv[3:]))""")
+
+
+@pytest.mark.slow
+def test_killed_driver_resumes_without_recomputing(tmp_path):
+    """kill -9 of the driver after 3 of 8 cells: a rerun runs the other 5 alone (each key written
+    once), the FM cells scored against full-cache log-probabilities from both runs; the killed run's
+    Ray is gone (the rerun removes its folder); a failed first try was retried. Then the local
+    executor resumes the same folder: the FM cells it recomputes from the saved log-probabilities
+    equal Ray's."""
+    out, marks = tmp_path / "ray", tmp_path / "tries"
+    killed, killed_pid = eval_cli(*KL_GRID, *ONE_WORKER, "--output", str(out), script=KILLED, extra=(str(marks), "3"))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    first = cells(out)
+    # the full caches go first (each FM cell waits for its case's), and each failed once, then ran again
+    assert [c["label"] for c in first] == ["memstep full"] * 3
+    assert [len(list((marks / c["key"]).iterdir())) for c in first] == [2, 2, 2]
+
+    again, pid = eval_cli(*KL_GRID, *ONE_WORKER, "--output", str(out))
+    assert again.returncode == 0, again.stderr
+    run = json.loads(again.stdout)["run"]
+    assert (run["ran"], run["skipped"]) == (5, 3)
+    every = cells(out)
+    assert len(every) == 8 and len({c["key"] for c in every}) == 8  # nothing computed twice
+    assert every[:3] == first
+    full = [c for c in every if c["label"] == "memstep full"]
+    fm = [c for c in every if c["label"] != "memstep full"]
+    assert len(full) == len(fm) == 4
+    assert all(c["kl"] == 0.0 and c["top1"] == 1.0 for c in full)
+    assert all(c["kl"] > 0 for c in fm)  # each scored against its case's full cache
+    assert len(list((out / "logits").glob("*.npy"))) == 4
+    assert_nothing_left(killed_pid, pid)
+
+    # the local executor resumes what Ray wrote: the full cache's cells and log-probabilities stand
+    local = tmp_path / "local"
+    shutil.copytree(out, local)
+    (local / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in full))
+    assert main(["eval", *KL_GRID, "--output", str(local), *COMMON]) == 0
+    assert sorted(map(computed, cells(local)[4:]), key=lambda c: c["key"]) == \
+        sorted(map(computed, fm), key=lambda c: c["key"])
+
+
+def test_without_ray_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    """No Ray installed: one line naming the install command, exit 2, nothing written."""
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where it is not installed
+    out = tmp_path / "results"
+    assert main(["eval", *GRID, "--executor", "ray", "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install 'memstep[ray]'" in err and "ray==2.60.0" in err
+    assert not out.exists()
+
+
+def test_executor_arguments(tmp_path, capsys):
+    for argv in (["--ray-address", "127.0.0.1:6379"], ["--workers", "2"], ["--executor", "ray", "--workers", "0"]):
+        assert main(["eval", *GRID, *argv, "--output", str(tmp_path / "out")]) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    import torch
+
+    if not torch.cuda.is_available():  # CUDA asked for where there is none: one line, before any work
+        assert main(["eval", *GRID, "--device", "cuda", "--output", str(tmp_path / "out")]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert task_resources(EvalSettings(threads=3)) == {"num_cpus": 3, "num_gpus": 0}
+    assert task_resources(EvalSettings(threads=1, device="cuda")) == {"num_cpus": 1, "num_gpus": 1}
+
+
+def test_clean_stale_removes_a_killed_runs_ray(tmp_path):
+    """What a killed run's local Ray left (its folder, a process still writing into it) goes; a live
+    run's folder (its lock held) stays."""
+    import fcntl
+
+    stale, live = tmp_path / f"{TEMP_PREFIX}1", tmp_path / f"{TEMP_PREFIX}2"
+    for folder in (stale, live):
+        (folder / "session" / "logs").mkdir(parents=True)
+        (folder / "lock").touch()
+    leftover = subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1], 'w'); "
+                                 "print('open', flush=True); time.sleep(600)", str(stale / "session" / "logs" / "x")],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert leftover.stdout.readline() == "open\n"
+        with open(live / "lock") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            assert _holders(stale) == [leftover.pid]
+            assert clean_stale(tmp_path) == [stale]
+        assert leftover.wait(timeout=60) == -signal.SIGKILL
+        assert not stale.exists() and live.exists()
+    finally:
+        leftover.kill()
+        leftover.wait()
+
+
+# ---- the driver's bookkeeping, with a stand-in for Ray (no cluster) ---------------------------------
+class FakeTask:
+    def __init__(self, args):
+        self.args = args
+
+
+class FakeRay:
+    """Runs each submitted cell when the driver asks for it, in submission order; ``cell(args)``
+    plays the worker (and may raise, as a task failing twice does)."""
+
+    class exceptions:
+        RayError = RuntimeError
+
+    def __init__(self, cell):
+        self.cell, self.log, self.options, self.objects, self.most = cell, [], {}, {}, 0
+        self.flying = 0
+
+    def remote(self, **decorated):
+        fake = self
+
+        class Remote:
+            def options(self, **options):
+                fake.options = {**decorated, **options}
+                return self
+
+            def remote(self, *args):
+                fake.flying += 1
+                fake.most = max(fake.most, fake.flying)
+                fake.log.append(("submit", args[2]["cases"][0]["key"]))
+                return FakeTask(args)
+
+        return lambda function: Remote()
+
+    def put(self, value):
+        ref = object()
+        self.objects[ref] = value
+        return ref
+
+    def wait(self, tasks, num_returns):
+        return tasks[:1], tasks[1:]
+
+    def get(self, task):
+        self.flying -= 1
+        config, _, job, reference, _ = task.args
+        self.log.append(("end", job["cases"][0]["key"]))
+        return self.cell(config, job, self.objects.get(reference) if reference is not None else None)
+
+
+def _case(depth: float) -> Case:
+    return Case(length=64, depth=depth, seed=0, haystack="h.txt", start=0, passkey="1", question="q?",
+                document_ids=[1] * 60, continuation_ids=[2] * 4, head_ids=[3], question_ids=[4],
+                needle_tokens=(0, 5), passkey_tokens=(1, 2))
+
+
+def test_driver_orders_references_and_records_failures(tmp_path):
+    """Each FM cell is submitted after its case's full cache ended and gets its log-probabilities; a
+    full cache that fails (twice, Ray's retry spent) is recorded with its error, and its FM cell runs
+    without a reference; the others are stored; no more than 2 x workers are ever in flight."""
+    settings = EvalSettings(threads=1)
+    store = ResultStore(tmp_path)
+    cases = [_case(d) for d in (0.2, 0.4, 0.6, 0.8)]
+    full, fm = Config("memstep", "full"), Config("memstep", "fm", "linear", "recency", 32, 64, "compact")
+    grid = [(full, f"full{i}", c) for i, c in enumerate(cases)] + [(fm, f"fm{i}", c) for i, c in enumerate(cases)]
+    seen = {}
+
+    def cell(config, job, reference):
+        key = job["cases"][0]["key"]
+        seen[key] = reference
+        if key == "full2":
+            raise CellError("injected")
+        return {"ready": {"baseline_rss_bytes": 1}, "cell": {"answer": "1", "kl": 0.0 if key.startswith("full") else 1.0},
+                "logprobs": np.full((4, 3), float(key[-1])) if key.startswith("full") else None,
+                "worker": f"w{len(seen) % 2}", "node": "n"}
+
+    ray = FakeRay(cell)
+    report = RunReport(executor="ray")
+    Driver(ray, settings, store, report, None, None, True, 4, None).run(grid)  # room for all 8 at once
+    assert ray.options["max_retries"] == 1 and ray.options["retry_exceptions"] is True
+    assert ray.options["max_calls"] == 0  # a GPU task's worker (and its model) stays, as a CPU task's does
+    assert ray.most <= 8
+    for i in range(4):
+        assert ray.log.index(("submit", f"fm{i}")) > ray.log.index(("end", f"full{i}"))
+    assert [float(seen[f"fm{i}"][0, 0]) for i in (0, 1, 3)] == [0.0, 1.0, 3.0] and seen["fm2"] is None
+    assert sorted(c["key"] for c in store.cells()) == ["fm0", "fm1", "fm2", "fm3", "full0", "full1", "full3"]
+    assert store.failures() == [{"label": "memstep full", "length": 64, "message": "injected", "cases": 1}]
+    assert report.errors == ["memstep full: injected"] and (report.ran, report.workers, report.nodes) == (7, 2, 1)
+    assert np.load(reference_path(tmp_path, cases[3], settings))[0, 0] == 3.0
+    assert not reference_path(tmp_path, cases[2], settings).exists()
