@@ -158,13 +158,14 @@ def _per_group(values: np.ndarray, groups: list[tuple[int, int]], how=np.mean) -
     return np.array([how(values[a:b]) for a, b in groups], dtype=float)
 
 
-def placeholder_figure(message: str, title: str = "", height: int = 300) -> go.Figure:
-    """An empty figure with a centred hint (before a run, or when there is nothing to show)."""
+def placeholder_figure(message: str, title: str = "", height: int = 300, wrap: int = 40) -> go.Figure:
+    """An empty figure with a centred hint (before a run, or when there is nothing to show), its lines
+    at most ``wrap`` characters (narrower for a chart whose plot area leaves less room)."""
     fig = _style(go.Figure(), title, height, "", "")
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     # long errors wrap instead of running off the chart; "<" in a message is text, not markup
-    wrapped = "<br>".join(textwrap.wrap(html.escape(message, quote=False), 40, break_long_words=False)) or message
+    wrapped = "<br>".join(textwrap.wrap(html.escape(message, quote=False), wrap, break_long_words=False)) or message
     fig.add_annotation(text=wrapped, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
                        font=dict(size=13, color=INK_SOFT))
     return fig
@@ -552,7 +553,7 @@ def compare_kept_figure(runs: Sequence[tuple[str, Sequence[StepRecord], str]], t
 
     title = "What each memory keeps at the end, on one token axis"
     if not runs or not any(records for _, records, _ in runs):
-        return placeholder_figure("Run a comparison to see what each memory keeps", title, 300)
+        return placeholder_figure("Run a comparison to see what each memory keeps", title, 300, wrap=24)
     n = len(runs)
     width = bin_width(tokens, MAX_COLUMNS, n)
     columns = math.ceil(tokens / width)
