@@ -176,8 +176,9 @@ document.addEventListener("click", (event) => {
       if (t0 > last) break;
       const node = piece.firstChild;
       if (!node || node.nodeType !== Node.TEXT_NODE) continue;
-      const from = starts[Math.max(first, t0) - t0];
+      let from = starts[Math.max(first, t0) - t0];
       const to = last < t1 ? starts[last + 1 - t0] : node.length;
+      while (from < to && /\s/.test(node.data[from])) from++;  // a token's leading space: no box at a line's end
       if (to <= from) continue;
       const range = document.createRange();
       range.setStart(node, from);
