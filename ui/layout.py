@@ -212,10 +212,17 @@ def build_app() -> gr.Blocks:
     return demo
 
 
+HEARTBEAT_SECONDS = 2
+
+
 def launch_options() -> dict:
     """Arguments of demo.launch() that shape the page and the server's upload limits (a file's size, an
     address's bytes: ui/uploads.UploadBudget)."""
     from starlette.middleware import Middleware
+
+    # Gradio notices a client that left (and so a read or a run it no longer waits for) when its next
+    # heartbeat goes out: every 15 s by default, every HEARTBEAT_SECONDS here
+    os.environ.setdefault("GRADIO_HEARTBEAT_INTERVAL", str(HEARTBEAT_SECONDS))
 
     theme = gr.themes.Soft(primary_hue="blue", neutral_hue="slate",
                            font=[gr.themes.Font(name) for name in ("Inter", "Segoe UI", "system-ui", "sans-serif")],
