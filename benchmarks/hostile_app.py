@@ -411,8 +411,10 @@ def cli_round4(folder: Path, add) -> list[dict]:
     plain = folder / "plain.txt"
     plain.write_text((ROOT / "assets" / "persuasion_excerpt.txt").read_text()[:8_000])
     (folder / "empty200.pdf").write_bytes(empty_text_pdf())
-    code, err, cpu, wall = run_cli(["run", "plain.txt", "--max-tokens", "256", "--quiet"], folder)
-    rows.append({"case": "memstep run plain.txt --max-tokens 256 (the reference run)", "cpu_seconds": cpu,
+    code, err, cpu, wall = run_cli(["run", "plain.txt", "--max-tokens", "256", "--chunk", "64", "--memory", "64",
+                                    "--quiet"], folder)
+    rows.append({"case": "memstep run plain.txt --max-tokens 256 --chunk 64 --memory 64 (the reference run)",
+                 "cpu_seconds": cpu,
                  "seconds": wall, "answer": f"exit {code}", "one_line": True, "files_left": 0, "reference": True})
     print(f"{rows[-1]['case']:<58} {cpu:>5.2f} CPU-s", flush=True)
     code, err, cpu, wall = run_cli(["run", "empty200.pdf", "--quiet"], folder)

@@ -65,9 +65,9 @@ APP_SECOND_GROUP = {"test_app_screens.py", "test_app_api.py", "test_long_browser
                     "test_app_identity.py"}
 # Handed out first (longest first, so no long group starts last): the two app groups, then the
 # files whose tests run the real models longest. The rest follow in collection order.
-LONG_GROUPS = ["app-1", "app-2", "tests/test_eval_cli.py", "tests/test_eval_ray.py", "tests/test_fidelity.py", "tests/test_compress_sparse.py",
-               "tests/test_generate.py", "tests/test_gemma3.py", "tests/test_compress_laco.py",
-               "tests/test_compress_laco_app.py", "tests/test_cli.py"]
+LONG_GROUPS = ["app-1", "app-2", "tests/test_eval_ray.py", "tests/test_eval_cli.py", "tests/test_eval_ray_resume.py",
+               "tests/test_fidelity.py", "tests/test_compress_sparse.py", "tests/test_generate.py", "tests/test_gemma3.py",
+               "tests/test_compress_laco.py", "tests/test_compress_laco_app.py", "tests/test_cli.py"]
 
 
 def xdist_group_of(item) -> str:

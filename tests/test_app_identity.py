@@ -94,7 +94,8 @@ def _press_run_after(page, delay: float, choose) -> dict:
     choose()
     page.wait_for_timeout(delay * 1000)
     page.locator("#run").click(timeout=120_000)
-    wait_for_state(page, "starting|running|stopped|done|failed", timeout_s=180)
+    # this run's own card (the last one ended "stopped", and this one is held until Stop), or a refusal
+    wait_for_state(page, "starting|running|failed", timeout_s=180)
     assert "failed" not in stat(page, "state"), page.locator(".toast-body").all_inner_texts()  # refused
     page.locator("#stop").click()
     wait_for_state(page, "stopped|done", timeout_s=180)

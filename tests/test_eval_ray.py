@@ -6,7 +6,7 @@ Ray runs in a subprocess of its own (as a user runs it), never in the test's pro
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import signal
 import subprocess
 import sys
@@ -29,23 +29,25 @@ CLI = "import sys; from memstep.cli import main; sys.exit(main(sys.argv[1:]))"
 # the issue's grid: 2 haystacks x 2 depths, memstep's full cache and FM at M = 128: 8 cells
 GRID = ["--lengths", "512", "--depths", "0.3,0.7", "--schedules", "full,fm", "--budgets", "128", "--chunk", "128",
         "--needles", "passkey", "--metrics", "accuracy", "--continuation-tokens", "0"]
-# with the KL against the full cache: each FM cell needs its case's full-cache log-probabilities
-KL_GRID = ["--lengths", "160", "--depths", "0.3,0.7", "--schedules", "full,fm", "--scorers", "recency", "--budgets", "32",
-           "--chunk", "64", "--ropes", "compact", "--needles", "passkey", "--metrics", "accuracy,kl",
-           "--continuation-tokens", "8"]
 MEASURED = {"seconds", "prefill_seconds", "peak_rss_bytes", "baseline_rss_bytes", "peak_device_bytes"}
 # one torch thread a worker (xdist runs another test file beside this one); a local Ray of 2 CPUs
 COMMON = ["--quiet", "--json", "--threads", "1"]
 RAY = ["--executor", "ray", "--workers", "2"]
-ONE_WORKER = ["--executor", "ray", "--workers", "1"]  # what resuming needs (one model process a run)
 
 
 def eval_cli(*args: str, script: str = CLI, extra: tuple = ()) -> tuple[subprocess.CompletedProcess, int]:
-    """`memstep eval ARGS` in a process of its own: its result and its pid."""
+    """`memstep eval ARGS` in a process of its own: its result and its pid (every process it starts,
+    Ray's and the served workers included, carries that pid in MEMSTEP_TEST_DRIVER)."""
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"
     process = subprocess.Popen([sys.executable, "-c", script, *extra, "eval", *args, *COMMON], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=dict(os.environ, MEMSTEP_TEST_RUN=mark))
     out, err = process.communicate(timeout=600)
+    RUNS[process.pid] = mark
     return subprocess.CompletedProcess(process.args, process.returncode, out, err), process.pid
+
+
+RUNS: dict[int, str] = {}  # driver pid -> the mark in the environment of everything it started
 
 
 def cells(folder: Path) -> list[dict]:
@@ -57,30 +59,34 @@ def computed(cell: dict) -> dict:
     return {k: v for k, v in cell.items() if k not in MEASURED}
 
 
-def served_workers() -> list[int]:
-    """Served workers (a Ray worker's model process) still running."""
+def served_workers(marks: set[str]) -> list[int]:
+    """Served workers (a Ray worker's model process) of these runs still running (a test beside this
+    one on another pytest-xdist worker has its own)."""
     found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    for pid in Path("/proc").glob("[0-9]*"):
         try:
-            words = cmdline.read_bytes().split(b"\0")
+            words = (pid / "cmdline").read_bytes().split(b"\0")
+            env = (pid / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"--serve" in words and any(w.endswith((b"memstep.evaluation.worker", b"kvpress_peer.py")) for w in words):
-            found.append(int(cmdline.parent.name))
+        if b"--serve" in words and any(f"MEMSTEP_TEST_RUN={mark}".encode() in env for mark in marks):
+            found.append(int(pid.name))
     return found
 
 
 def assert_nothing_left(*pids: int) -> None:
-    """No Ray folder of these drivers' runs, no process writing into one, no served worker (they end
-    with their Ray worker: waited for, at most a minute)."""
+    """No Ray folder of these drivers' runs, no process writing into one, no served worker of theirs
+    (they end with their Ray worker: waited for, at most a minute)."""
     for pid in pids:
         folder = temp_root() / f"{TEMP_PREFIX}{pid}"
-        assert not folder.exists(), folder
-        assert _holders(folder) == []
+        assert not folder.exists(), sorted(str(p) for p in folder.rglob("*"))[:20]
+        holders = _holders(folder)
+        assert holders == [], [Path(f"/proc/{pid}/cmdline").read_bytes()[:200] for pid in holders]
+    marks = {RUNS[pid] for pid in pids}
     deadline = time.monotonic() + 60
-    while served_workers() and time.monotonic() < deadline:
+    while served_workers(marks) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert served_workers() == []
+    assert served_workers(marks) == []
 
 
 @pytest.mark.slow
@@ -101,72 +107,6 @@ def test_ray_cells_are_the_local_cells(tmp_path, capsys):
     assert run["executor"]["name"] == "ray" and 1 <= run["executor"]["workers"] <= 2 and run["executor"]["nodes"] == 1
     assert local["run"]["executor"] == {"name": "local", "workers": 2, "nodes": 1}
     assert_nothing_left(pid)
-
-
-# The driver of the killed run: every full-cache cell fails its first try (Ray retries it), and the
-# driver kills itself (SIGKILL) right after the store holds AFTER cells, with others in flight.
-KILLED = CLI.replace("sys.exit(main(sys.argv[1:]))", """
-import os, signal
-from memstep.evaluation import ray_executor, ray_worker
-from memstep.evaluation.store import ResultStore
-marks, after = sys.argv[1], int(sys.argv[2])
-
-def flaky(config, kvpress_python, job, reference, divergence):
-    folder = os.path.join(marks, job["cases"][0]["key"])
-    os.makedirs(folder, exist_ok=True)
-    tries = len(os.listdir(folder))
-    open(os.path.join(folder, str(tries)), "w").close()
-    if config["schedule"] == "full" and tries == 0:
-        raise ray_worker.CellError("injected")
-    return ray_worker.run_cell(config, kvpress_python, job, reference, divergence)
-
-add = ResultStore.add
-def add_then_die(store, cell):
-    add(store, cell)
-    if len(store) >= after:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-ray_executor.run_cell, ResultStore.add = flaky, add_then_die
-sys.exit(main(sys.argv[3:]))""")
-
-
-@pytest.mark.slow
-def test_killed_driver_resumes_without_recomputing(tmp_path):
-    """kill -9 of the driver after 3 of 8 cells: a rerun runs the other 5 alone (each key written
-    once), the FM cells scored against full-cache log-probabilities from both runs; the killed run's
-    Ray is gone (the rerun removes its folder); a failed first try was retried. Then the local
-    executor resumes the same folder: the FM cells it recomputes from the saved log-probabilities
-    equal Ray's."""
-    out, marks = tmp_path / "ray", tmp_path / "tries"
-    killed, killed_pid = eval_cli(*KL_GRID, *ONE_WORKER, "--output", str(out), script=KILLED, extra=(str(marks), "3"))
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    first = cells(out)
-    # the full caches go first (each FM cell waits for its case's), and each failed once, then ran again
-    assert [c["label"] for c in first] == ["memstep full"] * 3
-    assert [len(list((marks / c["key"]).iterdir())) for c in first] == [2, 2, 2]
-
-    again, pid = eval_cli(*KL_GRID, *ONE_WORKER, "--output", str(out))
-    assert again.returncode == 0, again.stderr
-    run = json.loads(again.stdout)["run"]
-    assert (run["ran"], run["skipped"]) == (5, 3)
-    every = cells(out)
-    assert len(every) == 8 and len({c["key"] for c in every}) == 8  # nothing computed twice
-    assert every[:3] == first
-    full = [c for c in every if c["label"] == "memstep full"]
-    fm = [c for c in every if c["label"] != "memstep full"]
-    assert len(full) == len(fm) == 4
-    assert all(c["kl"] == 0.0 and c["top1"] == 1.0 for c in full)
-    assert all(c["kl"] > 0 for c in fm)  # each scored against its case's full cache
-    assert len(list((out / "logits").glob("*.npy"))) == 4
-    assert_nothing_left(killed_pid, pid)
-
-    # the local executor resumes what Ray wrote: the full cache's cells and log-probabilities stand
-    local = tmp_path / "local"
-    shutil.copytree(out, local)
-    (local / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in full))
-    assert main(["eval", *KL_GRID, "--output", str(local), *COMMON]) == 0
-    assert sorted(map(computed, cells(local)[4:]), key=lambda c: c["key"]) == \
-        sorted(map(computed, fm), key=lambda c: c["key"])
 
 
 def test_without_ray_one_line_exit_2(tmp_path, capsys, monkeypatch):

@@ -176,8 +176,9 @@ document.addEventListener("click", (event) => {
       if (t0 > last) break;
       const node = piece.firstChild;
       if (!node || node.nodeType !== Node.TEXT_NODE) continue;
-      const from = starts[Math.max(first, t0) - t0];
+      let from = starts[Math.max(first, t0) - t0];
       const to = last < t1 ? starts[last + 1 - t0] : node.length;
+      while (from < to && /\s/.test(node.data[from])) from++;  // a token's leading space: no box at a line's end
       if (to <= from) continue;
       const range = document.createRange();
       range.setStart(node, from);
@@ -299,10 +300,17 @@ def build_app() -> gr.Blocks:
     return demo
 
 
+HEARTBEAT_SECONDS = 2
+
+
 def launch_options() -> dict:
     """Arguments of demo.launch() that shape the page and the server's upload limits (a file's size, an
     address's bytes: ui/uploads.UploadBudget)."""
     from starlette.middleware import Middleware
+
+    # Gradio notices a client that left (and so a read or a run it no longer waits for) when its next
+    # heartbeat goes out: every 15 s by default, every HEARTBEAT_SECONDS here
+    os.environ.setdefault("GRADIO_HEARTBEAT_INTERVAL", str(HEARTBEAT_SECONDS))
 
     theme = gr.themes.Soft(primary_hue="blue", neutral_hue="slate",
                            font=[gr.themes.Font(name) for name in ("Inter", "Segoe UI", "system-ui", "sans-serif")],

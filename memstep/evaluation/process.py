@@ -122,14 +122,17 @@ def model_identity(job: dict) -> tuple:
     return job.get("model"), job.get("device", "cpu"), job.get("dtype", "float32"), job.get("threads", 2)
 
 
+SERVED_BY = "MEMSTEP_SERVED_BY"  # the pid of the process that started a served worker
+
+
 def _exit_with_parent() -> None:
     """A served worker ends when the process that started it does (a Ray worker killed at shutdown,
-    even mid-cell): nothing is left running."""
+    even mid-cell, or while this one was still importing): nothing is left running."""
     import os
     import threading
     import time
 
-    parent = os.getppid()
+    parent = int(os.environ.get(SERVED_BY) or os.getppid())
 
     def watch():
         while os.getppid() == parent:

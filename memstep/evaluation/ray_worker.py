@@ -15,7 +15,7 @@ import numpy as np
 
 from memstep.evaluation.commands import REFERENCE, ROOT, worker_command, worker_env
 from memstep.evaluation.grid import Config
-from memstep.evaluation.process import parse_line
+from memstep.evaluation.process import SERVED_BY, parse_line
 
 
 class CellError(Exception):
@@ -35,7 +35,7 @@ class Served:
         self.key = served_key(command, env)
         self.errors = tempfile.TemporaryFile("w+")
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
-                                        text=True, env=env, cwd=ROOT)
+                                        text=True, env={**env, SERVED_BY: str(os.getpid())}, cwd=ROOT)
 
     def run(self, job: dict) -> dict:
         """The job's events by name (its one case: "ready" and "cell" or "error")."""
