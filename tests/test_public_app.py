@@ -211,7 +211,8 @@ def test_load_into_run_in_a_public_app_then_run_with_the_token(tmp_path, monkeyp
         assert token in [value for _, value in box["choices"]] and str(root) not in json.dumps(box)
         owner.messages.clear()
         run_data = [None, token, "fm", "linear", 64, 32, "chunk-attention", 4, 200, "", False, "compact", False,
-                    handlers.WAY_DEFAULTS, ""]  # the last: the search box's word
+                    handlers.WAY_DEFAULTS, "", None, "", None]  # the search box's word, then the page's example,
+        # pending mark and shown document id (None: a raw client names no page state, ui/identity.py)
         owner.join(_event(demo, handlers.run_document), run_data)
         done = owner.wait_for(lambda m: m.get("msg") == "process_completed", 120)
         assert done["success"], done  # the box took the token, and the run loaded it
