@@ -36,7 +36,7 @@ class ReadLimits:
     max_pending_chars: int = 1 << 16          # an HTML tag or comment still open after this many characters
     max_raw_chars: int = 4 << 20              # a script or style element's text
     cpu_seconds: float = 2.0                  # CPU any read may take (its process's start aside)...
-    cpu_per_char: float = 5e-5                # ...and this much more for each character of text it yields
+    cpu_per_char: float = 1e-5                # ...and this much more for each character of text it yields
     cpu_ceiling: float = 60.0                 # the reading process's hard CPU limit when max_chars is None
     memory_bytes: int = 2 << 30               # its address space
 

@@ -100,8 +100,8 @@ def read_isolated(data: bytes, filename: str, *, max_bytes: int = DEFAULT_MAX_BY
             if time.monotonic() > deadline:  # a machine so loaded the CPU limit is not reached in time
                 raise MemstepError(f"{filename}: reading it took over {deadline - started:.0f} seconds of wall-clock "
                                    f"time (the time limit per document: {WALL_FACTOR} x its "
-                                   f"{limits.hard_cpu_seconds()} CPU seconds + {WALL_EXTRA_SECONDS:g}) on a machine this loaded: try "
-                                   "again when it is less busy, or upload a .txt version")
+                                   f"{limits.hard_cpu_seconds()} CPU seconds + {WALL_EXTRA_SECONDS:g}) on a machine "
+                                   "this loaded: try again when it is less busy, or upload a .txt version")
     finally:
         if child.poll() is None:
             child.kill()
