@@ -332,3 +332,24 @@ def test_the_size_sliders_leave_the_bounds_to_memstep():
               "at 1,524.")
     assert settle(8, "Chunk size c", 16, 1524)[0] == 16 and settle(512, "Chunk size c", 16, 1524) == (512, None)
     assert settle(float("nan"), "M", 0, 10)[1] is None and settle("ten", "M", 0, 10) == ("ten", None)  # for the check
+
+
+def test_run_follows_the_settings_once_a_preparation_ends():
+    """A refused upload brings Run back, and no preview follows (no control changed): Run must
+    still wait while the memory is smaller than the sinks, and come back once it is fixed. While
+    the page prepares or shows another document, Run is left as the page set it."""
+    from memstep.models import default_model
+    from ui import handlers
+
+    doc, model = handlers.default_document(), default_model()
+    example, key = getattr(doc, "example", None), doc.doc_id
+
+    def ready(memory, pending="", shown=key, name=example):
+        return handlers.run_ready(name, doc, pending, shown, model, "fm", "linear", 256, memory, 4, None)
+
+    assert ready(0) == {"__type__": "update", "value": "Run", "interactive": False}
+    assert ready(512) == {"__type__": "update", "value": "Run", "interactive": True}
+    assert ready(512, pending="1") == {"__type__": "update"}  # a newer document is on its way
+    assert ready(512, shown="another") == {"__type__": "update"}
+    assert handlers.run_ready(example, None, "", key, model, "fm", "linear", 256, 512, 4, None) == {
+        "__type__": "update"}

@@ -95,6 +95,19 @@ def preparation_failed(current: DocumentSource | None):
     return (getattr(current, "example", None), *ready_outputs(current, back=True))
 
 
+def run_ready(example_name, doc: DocumentSource | None, pending, doc_key, model, schedule, growth, chunk, memory,
+              sinks, max_tokens, rope=AUTO, ways=None):
+    """Run once a document's preparation ended (built, refused, cleared or the same again): enabled
+    only for settings the preview accepts, as controls_changed sets it. A refused upload brings Run
+    back (ready_outputs), and no preview follows it since no control changed: without this, Run
+    came back enabled under a memory smaller than the sinks. Left alone while the page prepares
+    or shows another document (a newer choice is on its way)."""
+    if doc is None or page_mismatch(doc, example_name, pending, doc_key):
+        return gr.skip()
+    text = preview(doc, model, schedule, growth, chunk, memory, sinks, max_tokens, rope, ways)[1]
+    return gr.update(value=RUN_LABEL, interactive=not text.startswith("⚠"))
+
+
 def describe_document(source: DocumentSource, model) -> str:
     """The document's line under the upload box: its name, tokens, passkey, and id (the run card
     shows the same id: what a run is of)."""

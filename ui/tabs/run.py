@@ -246,14 +246,21 @@ def build_tab() -> RunTab:
     upload_started.click(**preparing)
     upload.upload(**preparing)
     ready = [doc_key, pending, run]
-    example.input(handlers.choose_example, [example, model, chunk, max_tokens, doc_state],
-                  [doc_state, question, doc_info, upload, chunk, memory, max_tokens, rope, chunk_end, *ready],
-                  concurrency_limit=None, api_visibility="private").failure(
-        handlers.preparation_failed, [doc_state], [example, *ready], api_visibility="private")
+    # once a preparation ends, Run follows the settings again (handlers.run_ready)
+    run_ready = dict(fn=handlers.run_ready, inputs=[example, doc_state, pending, doc_key, model, schedule, growth,
+                                                    chunk, memory, sinks, max_tokens, rope, ways],
+                     outputs=[run], concurrency_limit=None, show_progress="hidden", api_visibility="private")
+    chosen = example.input(handlers.choose_example, [example, model, chunk, max_tokens, doc_state],
+                           [doc_state, question, doc_info, upload, chunk, memory, max_tokens, rope, chunk_end, *ready],
+                           concurrency_limit=None, api_visibility="private")
+    chosen.success(**run_ready)
+    chosen.failure(handlers.preparation_failed, [doc_state], [example, *ready], api_visibility="private").then(
+        **run_ready)
     upload.upload(handlers.choose_upload, [upload, doc_state, model, chunk, max_tokens],
                   [doc_state, question, doc_info, upload, example, chunk, chunk_end, *ready],
-                  concurrency_limit=None, api_visibility="private")
-    upload.clear(handlers.preparation_failed, [doc_state], [example, *ready], api_visibility="private")
+                  concurrency_limit=None, api_visibility="private").then(**run_ready)
+    upload.clear(handlers.preparation_failed, [doc_state], [example, *ready], api_visibility="private").then(
+        **run_ready)
 
     preset.input(handlers.choose_preset, [preset], [scorer, rope, sinks, ways], concurrency_limit=None,
                  api_visibility="private")
