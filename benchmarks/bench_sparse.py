@@ -25,7 +25,7 @@ shared heavy-job lock (``flock``) for its own duration, so other jobs can run be
 
     .venv/bin/python benchmarks/bench_sparse.py --plan          # the cells, done and left, and what is left costs
     .venv/bin/python benchmarks/bench_sparse.py --limit 10      # run (or resume) up to 10 cells
-    flock /work/team/heavy.lock .venv/bin/python benchmarks/bench_sparse.py --held --limit 10   # one lock hold
+    flock /tmp/memstep-heavy.lock .venv/bin/python benchmarks/bench_sparse.py --held --limit 10   # one lock hold
     .venv/bin/python benchmarks/bench_sparse.py --docs          # run what is left, then write the tables
     .venv/bin/python benchmarks/bench_sparse.py --retable --docs   # the tables from what has run, no runs
     .venv/bin/python benchmarks/bench_sparse.py --default-run   # CPU s and peak RSS of `memstep compress sparse`
@@ -57,7 +57,7 @@ GENERATED_FILE = RESULTS / "bench_sparse_texts.json"
 DENSE_FILE = RESULTS / "bench_sparse_dense.json"
 SUMMARY_FILE = RESULTS / "bench_sparse_cpu.json"
 DOCS = ROOT / "docs" / "compress.md"
-LOCK = os.environ.get("MEMSTEP_HEAVY_LOCK", "/work/team/heavy.lock")
+LOCK = os.environ.get("MEMSTEP_HEAVY_LOCK", "/tmp/memstep-heavy.lock")
 MASKS = ("magnitude", "wanda", "sparsegpt")
 PATTERNS = ("50%", "2:4")
 RECONSTRUCTIONS = ("none", "lr", "br", "br+gp", "br+gp+cr")

@@ -4,7 +4,7 @@ LaCo at its defaults with the guard's verdict and block influence's row beside L
 self-generated calibration (small settings). Also checks that Stop leaves a status that says
 "stopped" (LaCo mid-search) and that each button starts its run in one press.
 
-    flock /work/team/heavy.lock .venv/bin/python scripts/screenshot_compress.py   # ~10 minutes on 2 cores
+    flock /tmp/memstep-heavy.lock .venv/bin/python scripts/screenshot_compress.py   # ~10 minutes on 2 cores
 """
 
 from __future__ import annotations
