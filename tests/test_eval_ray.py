@@ -246,3 +246,24 @@ def test_driver_orders_references_and_records_failures(tmp_path):
     assert report.errors == ["memstep full: injected"] and (report.ran, report.workers, report.nodes) == (7, 2, 1)
     assert np.load(reference_path(tmp_path, cases[3], settings))[0, 0] == 3.0
     assert not reference_path(tmp_path, cases[2], settings).exists()
+
+
+def test_a_failed_join_says_how_to_send_rays_token(monkeypatch):
+    """Ray 2.59+ `ray start` asks for its token, and a driver sends it only under RAY_AUTH_MODE=token:
+    the failed join's one line says so (and says nothing of it when the mode is already set)."""
+    from memstep.errors import MemstepError
+    from memstep.evaluation.ray_executor import joined_ray
+
+    class Refusing:
+        def init(self, **kwargs):
+            raise ConnectionError("Failed to connect to Ray cluster at 192.0.2.2:6390\nmore")
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    with pytest.raises(MemstepError) as caught, joined_ray(Refusing(), "127.0.0.1:6390"):
+        pass
+    line = str(caught.value)
+    assert "\n" not in line and "Failed to connect" in line and "RAY_AUTH_MODE=token" in line
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    with pytest.raises(MemstepError) as caught, joined_ray(Refusing(), "127.0.0.1:6390"):
+        pass
+    assert "RAY_AUTH_MODE" not in str(caught.value)

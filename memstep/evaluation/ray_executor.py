@@ -147,12 +147,22 @@ def local_ray(ray, cpus: int):
         lock.close()
 
 
+def auth_hint() -> str:
+    """What to try when a join fails: `ray start` has required Ray's token since Ray 2.59, and a
+    driver only sends it with RAY_AUTH_MODE=token (the failure itself names neither)."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+        return ""
+    return ("; a cluster started by `ray start` asks for Ray's token: run with RAY_AUTH_MODE=token and the "
+            "cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN")
+
+
 @contextlib.contextmanager
 def joined_ray(ray, address: str):
     try:
         ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
     except Exception as err:
-        raise MemstepError(f"cannot join the Ray cluster at {address}: {str(err).splitlines()[0][:200]}") from err
+        raise MemstepError(f"cannot join the Ray cluster at {address}: {str(err).splitlines()[0][:200]}"
+                           f"{auth_hint()}") from err
     try:
         yield
     finally:
