@@ -149,6 +149,11 @@ def test_the_kept_strips_share_one_axis_and_mark_the_true_answer():
     assert len(lines) == 3 and {s.x0 for s in lines} == {1051.0}  # the answer dotted through every strip
     assert any("true answer" in (t.name or "") for t in fig.data)
     assert fig.layout.coloraxis.colorbar.outlinewidth >= 1
+    # the colour bar runs from "one" slot to all: orange (kept by none) is named in the legend
+    from ui import legend
+
+    evicted = [t for t in fig.data if t.name == legend.LEGEND_NAMES["evicted"]]
+    assert len(evicted) == 1 and evicted[0].marker.color == legend.EVICTED_MAP
 
 
 def test_a_token_kept_by_a_few_slots_is_pale_and_the_colour_bar_is_outlined():

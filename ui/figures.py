@@ -589,6 +589,9 @@ def compare_kept_figure(runs: Sequence[tuple[str, Sequence[StepRecord], str]], t
         plot_bgcolor=UNREAD, margin=dict(t=KEPT_TOP_PX, r=12, l=12, b=100), showlegend=True)
     for annotation in fig.layout.annotations:  # the strips' titles: left-aligned, small, in two lines
         annotation.update(x=0.0, xanchor="left", font=dict(size=11, color=INK_SOFT), align="left")
+    # orange (evicted everywhere) lies below the colour bar's "one": named in the legend, as on the map
+    fig.add_scatter(x=[None], y=[None], mode="markers", name=legend.LEGEND_NAMES["evicted"], hoverinfo="skip",
+                    marker=dict(symbol="square", size=12, color=EVICTED, line=dict(width=0)), row=1, col=1)
     marks = [("passkey", needle, COLORS["passkey"])] if needle is not None else []
     if answer is not None and (needle is None or not (answer[0] < needle[1] and answer[1] > needle[0])):
         marks.append((answer_label, answer, COLORS["answer"]))
