@@ -1,0 +1,116 @@
+"""The question-aware memory's development ablation, as a table: every configuration run into
+``results/dev-rule`` (dev split only: the Austen needle cases at 2,048 tokens), counted on the
+cases the full cache answers, against the default at the same budget on the same cases (paired
+difference, Newcombe's 95% interval), with the answer's retention beside it.
+
+    .venv/bin/python benchmarks/dev_ablation.py                       # print the table
+    .venv/bin/python benchmarks/dev_ablation.py --docs                # and write docs/question-aware.md's block
+
+Reads only what the runs wrote; the commands that filled the folder are in docs/question-aware.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.docs_block import write_block  # noqa: E402
+from memstep.evaluation.stats import paired_difference_interval, wilson_interval  # noqa: E402
+
+FOLDER = ROOT / "results" / "dev-rule"
+DOC = ROOT / "docs" / "question-aware.md"
+FULL = "memstep full"
+CANDIDATE = "pool=max:15 weight=1"  # the rule under test: the question's attention alone, max over 15
+
+
+def case_key(cell: dict) -> tuple:
+    return cell.get("haystack"), cell["depth"], cell["seed"], cell.get("kind", "passkey")
+
+
+def counted(cells: list[dict]) -> dict[str, dict[tuple, dict]]:
+    """label -> {case: cell}, only the cases the full cache answers."""
+    answered = {case_key(c) for c in cells if c["label"] == FULL and c["correct"]}
+    by: dict[str, dict[tuple, dict]] = collections.defaultdict(dict)
+    for c in cells:
+        if c["label"] != FULL and case_key(c) in answered:
+            by[c["label"]][case_key(c)] = c
+    return by
+
+
+def budget_of(label: str) -> int:
+    return int(re.search(r"M=(\d+)", label).group(1))
+
+
+def is_default(label: str) -> bool:
+    """The default's label: FM, chunk-attention, question-aware, the default pool and weight, the
+    positions `auto` picks at that budget (shared at 128, compact above: the label names them)."""
+    return label.startswith("fm ") and "pool=" not in label and "weight=" not in label and (
+        (" shared " in label) or (" compact " in label))
+
+
+def describe(label: str) -> str:
+    schedule = {"fm": "FM", "once": "one cut", "imdc": "IMDC"}[label.split()[0]]
+    positions = next(p for p in ("document", "compact", "shared") if f" {p} " in label)
+    pool = "`max:15`, weight 1" if CANDIDATE in label else "the default pool"
+    return f"{schedule}, {pool}, {positions} positions"
+
+
+def retention(cell: dict) -> float | None:
+    value = cell.get("retention")
+    if isinstance(value, list):
+        return sum(value) / len(value) if value else None
+    return value
+
+
+def table(cells: list[dict]) -> str:
+    by = counted(cells)
+    lines = ["| M | memory | answered (95% CI) | minus the default on the same cases (points, 95% CI) | "
+             "answer's retention |", "|---:|---|---:|---|---:|"]
+    for budget in sorted({budget_of(label) for label in by}):
+        labels = [label for label in by if budget_of(label) == budget]
+        default = next((label for label in labels if is_default(label)), None)
+        order = sorted(labels, key=lambda label: (label != default, label.split()[0] != "fm", label))
+        for label in order:
+            got = by[label]
+            right = sum(c["correct"] for c in got.values())
+            low, high = wilson_interval(right, len(got))
+            kept = [r for r in map(retention, got.values()) if r is not None]
+            diff = ""
+            if default and label != default:
+                common = [k for k in got if k in by[default]]
+                pairs = [(got[k]["correct"], by[default][k]["correct"]) for k in common]
+                if pairs:
+                    d, lo, hi = paired_difference_interval(sum(a and b for a, b in pairs),
+                                                           sum(a and not b for a, b in pairs),
+                                                           sum(b and not a for a, b in pairs),
+                                                           sum(not a and not b for a, b in pairs))
+                    diff = f"{100 * d:+.0f} ({100 * lo:+.0f} to {100 * hi:+.0f}) on {len(pairs)}"
+            name = ("**the default**: " if label == default else "") + describe(label)
+            lines.append(f"| {budget} | {name} | {right}/{len(got)} ({100 * low:.0f}-{100 * high:.0f}%) | {diff} | "
+                         f"{sum(kept) / len(kept):.2f} |" if kept else f"| {budget} | {name} | {right}/{len(got)} | "
+                         f"{diff} | |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--folder", type=Path, default=FOLDER)
+    parser.add_argument("--docs", action="store_true", help=f"write the table into {DOC.relative_to(ROOT)}")
+    args = parser.parse_args(argv)
+    cells = [json.loads(line) for line in (args.folder / "cells.jsonl").read_text().splitlines() if line.strip()]
+    text = table(cells)
+    print(text)
+    if args.docs:
+        write_block("dev-ablation", text, "python benchmarks/dev_ablation.py --docs", doc=DOC)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
