@@ -5,6 +5,7 @@ difference, Newcombe's 95% interval), with the answer's retention beside it.
 
     .venv/bin/python benchmarks/dev_ablation.py                       # print the table
     .venv/bin/python benchmarks/dev_ablation.py --docs                # and write docs/question-aware.md's block
+    .venv/bin/python benchmarks/dev_ablation.py --docs --folder results/dev-rule-4k --block dev-ablation-4k
 
 Reads only what the runs wrote; the commands that filled the folder are in docs/question-aware.md.
 """
@@ -103,12 +104,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folder", type=Path, default=FOLDER)
     parser.add_argument("--docs", action="store_true", help=f"write the table into {DOC.relative_to(ROOT)}")
+    parser.add_argument("--block", default="dev-ablation", help="the block of the doc it writes (dev-ablation-4k "
+                        "for results/dev-rule-4k)")
     args = parser.parse_args(argv)
+    args.folder = args.folder.resolve()
     cells = [json.loads(line) for line in (args.folder / "cells.jsonl").read_text().splitlines() if line.strip()]
     text = table(cells)
     print(text)
     if args.docs:
-        write_block("dev-ablation", text, "python benchmarks/dev_ablation.py --docs", doc=DOC)
+        command = "python benchmarks/dev_ablation.py --docs" + (
+            "" if args.folder == FOLDER else f" --folder {args.folder.relative_to(ROOT)} --block {args.block}")
+        write_block(args.block, text, command, doc=DOC)
     return 0
 
 
