@@ -32,6 +32,7 @@ def _level(fraction: float) -> int:
 
 _OUTLINE = "outline-offset:2px;border-radius:2px;scroll-margin-top:14px"
 NEEDLE_STYLE = f"outline:2px solid {legend.PASSKEY_MARK};{_OUTLINE}"
+POINTED_STYLE = f"outline:3px dotted var(--body-text-color);{_OUTLINE}"  # as .memstep-pointed (ui/layout.py)
 MARK_STYLES = {  # kind -> style of the wrapper around a marked stretch of text
     "needle": NEEDLE_STYLE,
     "answer": f"outline:2px dashed {legend.ANSWER_MARK};{_OUTLINE}",
@@ -104,7 +105,8 @@ def legend_html() -> str:
         f'<span>{kept.meaning} <span style="display:inline-flex">{swatches}</span></span>'
         f'<span><span style="{NEEDLE_STYLE};padding:0 3px">passkey</span>, '
         f'<span style="{MARK_STYLES["answer"]};padding:0 3px">answer</span> and '
-        f'<span style="{MARK_STYLES["match"]};padding:0 3px">search matches</span> outlined</span>'
+        f'<span style="{MARK_STYLES["match"]};padding:0 3px">search matches</span> outlined; '
+        f'<span style="{POINTED_STYLE};padding:0 3px">a clicked token</span> dotted</span>'
         "</div>")
 
 

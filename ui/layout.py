@@ -70,8 +70,9 @@ a:focus-visible { outline: 3px solid #1d4ed8 !important; outline-offset: 2px !im
   #map-and-text > #answer-text { flex: 2 1 0; }
   #answer-text .memstep-paper { max-height: 520px !important; }
 }
-.memstep-paper .memstep-pointed { outline: 3px solid #b45309; outline-offset: 1px; border-radius: 2px;
-  color: inherit !important; }  /* the token's own shade and ink, not the page's */
+.memstep-paper .memstep-pointed { outline: 3px dotted var(--body-text-color); outline-offset: 1px; border-radius: 2px;
+  color: inherit !important; }  /* the token's own shade and ink, not the page's; dotted in ink, unlike the
+  passkey's, the answer's and the matches' coloured outlines, so a clicked word is never read as the passkey */
 #memstep-map-token b { color: var(--body-text-color); }
 /* tables scroll sideways instead of stacking their headers one letter per line (the header is
    a separate table from the body: both get the same minimum widths, and words never break) */
