@@ -98,15 +98,15 @@ def legend_html() -> str:
         for level in range(2, LEVELS + 1, 2))
     unread, evicted, kept = legend.TEXT_ENTRIES
     return (
-        '<div class="memstep-legend" style="font-size:12px;margin-bottom:6px;display:flex;gap:14px;'
+        '<div class="memstep-legend" style="font-size:12px;line-height:2;margin-bottom:6px;display:flex;gap:14px;'
         'align-items:center;flex-wrap:wrap">'
         f'<span style="{_style(-1)}">{unread.meaning}</span>'
         f'<span style="{_style(0)};padding:0 3px">{evicted.meaning}</span>'
         f'<span>{kept.meaning} <span style="display:inline-flex">{swatches}</span></span>'
-        f'<span><span style="{NEEDLE_STYLE};padding:0 3px">passkey</span>, '
-        f'<span style="{MARK_STYLES["answer"]};padding:0 3px">answer</span> and '
-        f'<span style="{MARK_STYLES["match"]};padding:0 3px">search matches</span> outlined; '
-        f'<span style="{POINTED_STYLE};padding:0 3px">a clicked token</span> dotted</span>'
+        f'<span><span style="{NEEDLE_STYLE};padding:0 3px;white-space:nowrap">passkey</span>, '
+        f'<span style="{MARK_STYLES["answer"]};padding:0 3px;white-space:nowrap">answer</span> and '
+        f'<span style="{MARK_STYLES["match"]};padding:0 3px;white-space:nowrap">search matches</span> outlined; '
+        f'<span style="{POINTED_STYLE};padding:0 3px;white-space:nowrap">a clicked token</span> dotted</span>'
         "</div>")
 
 
