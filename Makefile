@@ -164,6 +164,7 @@ TEST_EVAL := $(VENV)/bin/memstep eval --split test --chunk 512 --metrics accurac
 bench-test-split: install-dev model kvpress-venv
 	$(TEST_EVAL) --schedules full > /dev/null
 	$(TEST_EVAL) --only-answered --schedules fm,imdc,once --budgets 128,256,512 --question-aware yes > /dev/null
+	$(TEST_EVAL) --only-answered --schedules fm --budgets 128,256,512 --question-aware yes --question-pools tuned > /dev/null
 	$(TEST_EVAL) --only-answered --schedules full --peers kvpress --presses chunkkv,snapkv,snapkv-max15,finch \
 		--budgets 128,256,512 --question-aware yes > /dev/null
 	$(TEST_EVAL) --only-answered --schedules fm --scorers chunk-attention,conv,vatp,snapkv,knorm,recency \

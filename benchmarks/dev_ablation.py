@@ -1,7 +1,8 @@
 """The question-aware memory's development ablation, as a table: every configuration run into
 ``results/dev-rule`` (dev split only: the Austen needle cases at 2,048 tokens), counted on the
-cases the full cache answers, against the default at the same budget on the same cases (paired
-difference, Newcombe's 95% interval), with the answer's retention beside it.
+cases the full cache answers, against the recipe that was the default when it ran (now
+``--question-pool tuned``) at the same budget on the same cases (paired difference, Newcombe's 95%
+interval), with the answer's retention beside it.
 
     .venv/bin/python benchmarks/dev_ablation.py                       # print the table
     .venv/bin/python benchmarks/dev_ablation.py --docs                # and write docs/question-aware.md's block
@@ -50,8 +51,8 @@ def budget_of(label: str) -> int:
 
 
 def is_default(label: str) -> bool:
-    """The default's label: FM, chunk-attention, question-aware, the default pool and weight, the
-    positions `auto` picks at that budget (shared at 128, compact above: the label names them)."""
+    """The label of the default of the day these cells ran (the tuned recipe): FM, chunk-attention,
+    question-aware, no pool or weight named, the positions `auto` then picked (shared at 128, compact above)."""
     return label.startswith("fm ") and "pool=" not in label and "weight=" not in label and (
         (" shared " in label) or (" compact " in label))
 
@@ -59,7 +60,7 @@ def is_default(label: str) -> bool:
 def describe(label: str) -> str:
     schedule = {"fm": "FM", "once": "one cut", "imdc": "IMDC"}[label.split()[0]]
     positions = next(p for p in ("document", "compact", "shared") if f" {p} " in label)
-    pool = "`max:15`, weight 1" if CANDIDATE in label else "the default pool"
+    pool = "`max:15`, weight 1" if CANDIDATE in label else "the tuned recipe"
     return f"{schedule}, {pool}, {positions} positions"
 
 
@@ -72,7 +73,7 @@ def retention(cell: dict) -> float | None:
 
 def table(cells: list[dict]) -> str:
     by = counted(cells)
-    lines = ["| M | memory | answered (95% CI) | minus the default on the same cases (points, 95% CI) | "
+    lines = ["| M | memory | answered (95% CI) | minus the tuned recipe on the same cases (points, 95% CI) | "
              "answer's retention |", "|---:|---|---:|---|---:|"]
     for budget in sorted({budget_of(label) for label in by}):
         labels = [label for label in by if budget_of(label) == budget]
@@ -93,7 +94,7 @@ def table(cells: list[dict]) -> str:
                                                            sum(b and not a for a, b in pairs),
                                                            sum(not a and not b for a, b in pairs))
                     diff = f"{100 * d:+.0f} ({100 * lo:+.0f} to {100 * hi:+.0f}) on {len(pairs)}"
-            name = ("**the default**: " if label == default else "") + describe(label)
+            name = ("**then the default**: " if label == default else "") + describe(label)
             lines.append(f"| {budget} | {name} | {right}/{len(got)} ({100 * low:.0f}-{100 * high:.0f}%) | {diff} | "
                          f"{sum(kept) / len(kept):.2f} |" if kept else f"| {budget} | {name} | {right}/{len(got)} | "
                          f"{diff} | |")

@@ -29,6 +29,7 @@ from memstep.evaluation.grid import upgrade_cell  # noqa: E402
 from memstep.evaluation.metrics import case_of  # noqa: E402
 from memstep.evaluation.stats import mean_interval, paired_difference_interval, wilson_interval  # noqa: E402
 from memstep.presets import AUTO, resolve_rope  # noqa: E402
+from memstep.question_pool import TUNED_SHARED_BELOW  # noqa: E402
 
 FULL = "memstep full"
 
@@ -91,8 +92,9 @@ def rows_of(cells: list[dict], versus: list[str], kind_filter=None) -> list[dict
 
 
 def default_rope(budget: int | None) -> str:
-    """The RoPE positions memstep's default (auto) reads a question-aware FM memory of ``budget`` at."""
-    return resolve_rope(AUTO, schedule="fm", memory=budget or 0, question_aware=True)
+    """The RoPE positions the default of these runs' day (the tuned recipe, --question-pool tuned) read a
+    question-aware FM memory of ``budget`` at: shared below 256 entries per head, compact from 256 up."""
+    return resolve_rope(AUTO, schedule="fm", memory=budget or 0, question_aware=True, shared_below=TUNED_SHARED_BELOW)
 
 
 def _mi(found, digits=2) -> str:

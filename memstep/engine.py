@@ -60,8 +60,9 @@ from memstep.errors import MemstepError
 from memstep.layers import GLOBAL, TYPE_LABELS
 from memstep.memory import DeviceMemory, ModelShape, step_bytes
 from memstep.presets import ROPE_MODES, Fidelity
-from memstep.question_pool import (LEND_TOP, QUESTION_POOL, SENTENCE, carry_fade, carry_kind, fade_at, heads_at,
-                                   last_at, lend_at, parse_question_pool, spans_at, spans_need_text)
+from memstep.question_pool import (LEND_TOP, QUESTION_POOL, SENTENCE, carry_fade, carry_kind,
+                                   default_weight, fade_at, heads_at, last_at, lend_at, named_pool,
+                                   parse_question_pool, spans_at, spans_need_text)
 from memstep.records import StepRecord
 from memstep.schedules import Schedule
 from memstep.scorers import ChunkAttention, LayerState, Scorer, select_kept
@@ -89,7 +90,6 @@ def model_shape(model) -> ModelShape:
 
 
 ENGINE_ATTENTIONS = ("sdpa", "padded")
-QUESTION_WEIGHT = 0.75  # share of the question's attention in a question-aware score (see question_mix)
 def check_question_aware(scorer: Scorer, question_tokens: int, weight: float) -> None:
     if question_tokens < 1:
         raise MemstepError("question-aware compression needs a question: type one, or untick question-aware")
@@ -112,7 +112,7 @@ def question_share(question: torch.Tensor, positions: torch.Tensor, sinks: int,
     of one over the non-sink keys (the sinks are kept anyway, and draw most of it)."""
     free = positions >= sinks
     # a key the question looks at carries its neighbours (the number after "the lighthouse is"), as
-    # SnapKV pools its window's scores: by default (follow:15) the keys after it, up to 14 on
+    # SnapKV pools its window's scores: by default (max:15) the 7 keys on each side of it
     # (the sinks' share is taken out first: it would spill onto the keys next to them)
     question = question.float() * free
     kind, width = parse_question_pool(pool)
@@ -248,7 +248,7 @@ def cache_keyword(decoder) -> str:
 class ChunkedPrefill(StepContext):
     def __init__(self, model, scorer: Scorer | None = None, sinks: int = 4, attention: str = "sdpa",
                  collect_hidden: bool = False, rope: str = "compact", question_ids: Sequence[int] | None = None,
-                 question_weight: float = QUESTION_WEIGHT, fidelity: Fidelity | None = None,
+                 question_weight: float | None = None, fidelity: Fidelity | None = None,
                  question_pool: str = QUESTION_POOL, span: SpanSetting | None = None):
         if sinks < 0:
             raise MemstepError(f"sinks must be 0 or more (got {sinks})")
@@ -263,8 +263,9 @@ class ChunkedPrefill(StepContext):
         self.collect_hidden = collect_hidden
         self.rope = check_rope(rope)
         self.question_ids = torch.as_tensor(list(question_ids or []), dtype=torch.long)
-        self.question_weight = float(question_weight)
-        self.question_pool = question_pool
+        self.question_pool = question_pool = named_pool(question_pool)  # 'tuned': the recipe it names
+        # None: the pool's own (the tuned recipe's 0.75, else QUESTION_WEIGHT)
+        self.question_weight = float(default_weight(question_pool) if question_weight is None else question_weight)
         parse_question_pool(question_pool)
         self.question_carry = carry_kind(question_pool)  # None, "carry", "lift" (shares x keys), "read" or "fade"
         self.question_fade = carry_fade(question_pool)[0]  # what is left of a carried share one step on

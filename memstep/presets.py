@@ -20,13 +20,10 @@ ROPE_MODES = ("compact", "document", "shared")
 # what a user may ask for: a mode, or "auto", memstep's default, which picks one per run (resolve_rope)
 AUTO = "auto"
 ROPE_CHOICES = (AUTO, *ROPE_MODES)
-# auto: a question-aware memory of fewer entries per KV head (besides the sinks) reads at shared
-# positions. On the public needle test and the Austen cases at M = 128 they answered more on every
-# row measured (held-out depths 48/48 against 43, password words 13/22 against 7); with more memory
-# they lost the needles read early (4,096 tokens at M = 256: 11/28 against 15; 8,192 at M = 512:
-# 23/35 against 29), so from 256 entries up compact positions stay (docs/spans-and-niah.md,
-# "Shared positions").
-SHARED_BELOW = 256
+# auto: a question-aware memory reads at shared positions on a document within the model's context:
+# its kept tokens sit one apart, as the model was trained to read neighbours, in every layer and head
+# alike; compact positions stay for what reads past the trained window (they never pass sinks + M + c).
+# The tuned recipe (--question-pool tuned) keeps its own rule: shared below 256 entries per KV head only.
 ATTENTIONS = ("sdpa", "padded")
 
 
@@ -141,8 +138,8 @@ DEFAULTS = {"rope": AUTO, "scorer": "chunk-attention", "sinks": 4, "kernel": 5, 
 PRESETS = {"reference": {"rope": "compact", "scorer": "conv", "sinks": 4, "kernel": 5, "attention": "padded",
                          **asdict(REFERENCE)}}
 ROPE_HELP = {
-    AUTO: f"shared positions for a question-aware memory below {SHARED_BELOW} entries per KV head on a document "
-          "within the model's context, compact positions otherwise (memstep's default)",
+    AUTO: "shared positions for a question-aware memory on a document within the model's context, compact "
+          "positions otherwise (memstep's default; --question-pool tuned: shared below 256 entries per KV head)",
     "compact": "contiguous positions, as the reference code: the memory sits at 0..m-1 and the chunk right "
                "after it, so no position exceeds sinks + M + c",
     "document": "every token keeps its true position in the document (memstep's first design)",
@@ -152,15 +149,17 @@ ROPE_HELP = {
 
 
 def resolve_rope(rope: str, *, schedule: str, memory: int, question_aware: bool, ntk: str = "none",
-                 within_context: bool = True) -> str:
-    """The RoPE position mode a run uses: ``rope`` itself, or for ``auto`` shared positions where
-    a question-aware memory keeps fewer than SHARED_BELOW entries per KV head, compact elsewhere:
-    a full prefill evicts nothing, dynamic NTK rescales compact positions only, and a document
-    longer than the model's context (``within_context`` False) could put shared positions past
-    the trained ones, where compact positions never pass sinks + M + c."""
+                 within_context: bool = True, shared_below: int | None = None) -> str:
+    """The RoPE position mode a run uses: ``rope`` itself, or for ``auto`` shared positions for a
+    question-aware memory (one of fewer than ``shared_below`` entries per KV head, where given:
+    the tuned recipe's rule), compact elsewhere: a full prefill evicts nothing, dynamic NTK
+    rescales compact positions only, and a document longer than the model's context
+    (``within_context`` False) could put shared positions past the trained ones, where compact
+    positions never pass sinks + M + c."""
     if rope != AUTO:
         return rope
-    shared = question_aware and schedule != "full" and memory < SHARED_BELOW and ntk != "dynamic" and within_context
+    shared = question_aware and schedule != "full" and ntk != "dynamic" and within_context and \
+        (shared_below is None or memory < shared_below)
     return "shared" if shared else "compact"
 
 

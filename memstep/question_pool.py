@@ -9,21 +9,46 @@ from functools import lru_cache
 
 from memstep.errors import MemstepError
 
-# each key takes the strongest question attention of itself and the 14 keys before it (see question_share);
-# a memory entry keeps the strongest share it has had in any step, worth 0.7 of itself one step on: from
-# 256 entries per KV head up every carried peak fades, below only one carried through 8 cuts or more
-# (+fade:0.7@256/8); from 256 up every head of a layer keeps what the question finds through any of them
-# (+heads@256); below 256 a head whose vote is spread thin takes the layer's strongest vote (+lend:0.75),
-# and the prefill's last cut ranks by the question's vote alone (+last<256). Built rule by rule on the
-# development split; its dated history is in docs/question-aware.md.
-QUESTION_POOL = "follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256"
-# the engine's earlier defaults, newest first: results that ran at one stand in for it
-EARLIER_POOLS = ("follow:15+fade:0.7@256/8+heads@256+last<256", "follow:15+fade:0.7@256/8+heads@256",
+# memstep's default: each key is ranked by the question's attention alone (QUESTION_WEIGHT), taking the
+# strongest of itself and its 7 neighbours on each side (SnapKV's max-pool kernel), so a kept fact keeps
+# the words it is read with; the kept tokens read at shared positions (presets.resolve_rope), one apart
+# as the model was trained. Chosen on the development split (docs/question-aware.md, "Dev ablation").
+QUESTION_POOL = "max:15"
+QUESTION_WEIGHT = 1.0  # the question's share of a question-aware score (engine.question_mix)
+# the recipe that was the default until 2026-12-07, by name (--question-pool tuned): built rule by rule
+# on the development split, it takes the scorer's vote at TUNED_WEIGHT and reads compact positions from
+# TUNED_SHARED_BELOW entries per KV head up; its dated history is in docs/question-aware.md
+TUNED = "tuned"
+TUNED_POOL = "follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256"
+TUNED_WEIGHT = 0.75
+TUNED_SHARED_BELOW = 256
+# the engine's earlier defaults, newest first, each run at EARLIER_WEIGHT: results that ran at one stand in for it
+EARLIER_POOLS = (TUNED_POOL, "follow:15+fade:0.7@256/8+heads@256+last<256", "follow:15+fade:0.7@256/8+heads@256",
                  "follow:15+fade:0.7@256+heads@256", "follow:15+carry+heads@256", "follow:15+carry", "follow:15",
                  "max:15")
-# pools the default's cells were run under by name before it became the default (the evaluation
-# finds them as the default's where they run the same)
+EARLIER_WEIGHT = 0.75
+# pools the tuned recipe's cells were run under by name before it became the default
 RAN_AS = ("follow:15+fade:0.7+heads@256",)
+
+
+def named_pool(pool: str | None) -> str:
+    """A pool as the engine reads it: the default for None, the tuned recipe for its name."""
+    if pool is None:
+        return QUESTION_POOL
+    return TUNED_POOL if str(pool).strip() == TUNED else str(pool).strip()
+
+
+def default_weight(pool: str | None) -> float:
+    """The question's share a pool runs at unless one is given: the tuned recipe's own, else the default's."""
+    return TUNED_WEIGHT if named_pool(pool) == TUNED_POOL else QUESTION_WEIGHT
+
+
+def shared_below(pool: str | None) -> int | None:
+    """Below how many kept entries per KV head a question-aware memory under ``pool`` reads at shared
+    positions when asked for auto positions: the tuned recipe's TUNED_SHARED_BELOW, else always (None)."""
+    return TUNED_SHARED_BELOW if named_pool(pool) == TUNED_POOL else None
+
+
 QUESTION_POOLS = ("max", "mean", "follow", "none")
 
 
@@ -291,6 +316,7 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     where that cut keeps fewer than N per head). A very last
     '+last': the prefill's last cut ranks by the question's share alone ('+last:W': at weight W;
     '+last<N': only where that cut keeps fewer than N entries per head)."""
+    pool = named_pool(pool)
     if _split_last(pool)[1] is None and LAST in str(pool):
         raise MemstepError(f"question pool '{pool}': +last comes at the very end, as +last or +last:W (0 < W <= 1), "
                            "then <N (N from 1) or nothing: follow:15+fade:0.7@256/8+heads@256+last<256")

@@ -11,13 +11,13 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from memstep.engine import QUESTION_POOL, QUESTION_WEIGHT, ChunkedPrefill
+from memstep.engine import ChunkedPrefill
 from memstep.errors import MemstepError
 from memstep.generate import (answer, answer_from_prefill, continuation_nll, crop_memory, memory_mark, prompt_form,
                               prompt_parts)
 from memstep.models import LoadedModel
 from memstep.presets import Fidelity, resolve_rope
-from memstep.question_pool import SENTENCE, spans_need_text
+from memstep.question_pool import QUESTION_POOL, SENTENCE, default_weight, named_pool, shared_below, spans_need_text
 from memstep.records import RunResult, StepRecord
 from memstep.schedules import check_run_settings, make_schedule
 from memstep.scorers import make_scorer
@@ -36,7 +36,7 @@ class DocumentRun:
                  scorer: str = "chunk-attention", sinks: int = 4, seed: int = 0, window: int = 32,
                  question: str | None = None, max_new_tokens: int = 32, continuation_tokens: int = 0,
                  notices: list[str] | None = None, attention: str = "sdpa", rope: str = "compact",  # or auto
-                 kernel: int = 5, question_aware: bool = False, question_weight: float = QUESTION_WEIGHT,
+                 kernel: int = 5, question_aware: bool = False, question_weight: float | None = None,
                  fidelity: Fidelity | None = None, review: tuple[str, int, int] | None = None,
                  question_pool: str = QUESTION_POOL, span: str | None = None):
         if sinks < 0:
@@ -71,8 +71,12 @@ class DocumentRun:
         tokens = len(self.input_ids)
         check_run_settings(schedule, tokens, chunk, memory, sinks)
         limit = getattr(lm.model.config, "max_position_embeddings", None)
+        question_pool = named_pool(question_pool)  # 'tuned': the recipe it names
+        if question_weight is None:  # the pool's own: the tuned recipe's, else the default's
+            question_weight = default_weight(question_pool)
         rope = resolve_rope(rope, schedule=schedule, memory=memory, question_aware=bool(question_aware),
-                            ntk=self.fidelity.ntk, within_context=not limit or tokens + QUESTION_ROOM <= limit)
+                            ntk=self.fidelity.ntk, within_context=not limit or tokens + QUESTION_ROOM <= limit,
+                            shared_below=shared_below(question_pool))
         self.schedule = make_schedule(schedule, tokens, chunk, memory, growth,
                                       layers=lm.model.config.num_hidden_layers,
                                       rounding=self.fidelity.growth_rounding, review=review)

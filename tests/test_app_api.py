@@ -135,7 +135,7 @@ def test_prefill_question_aware(client):
 
     result = client.predict(document_text=NETHERFIELD, schedule="imdc", chunk=256, memory=128, max_tokens=600,
                             question="Who has taken Netherfield Park?", question_aware=True, api_name="/prefill")
-    assert result["question_aware"] is True and result["question_weight"] == 0.75
+    assert result["question_aware"] is True and (result["question_weight"], result["question_pool"]) == (1.0, "max:15")
     assert all(s["question_tokens"] > 0 for s in result["steps"])
     assert result["steps"][-1]["memory_after"] == 128 + 4  # the question's entries never stay
     with pytest.raises(AppError, match="attention-based scorer"):

@@ -119,7 +119,7 @@ def test_question_aware_axis_in_grid_labels_and_keys():
                         question_aware=(False, True))
     assert [c.label for c in configs] == [
         "fm chunk-attention M=512 compact", "fm knorm M=512 compact",
-        "fm chunk-attention M=512 compact question-aware",  # knorm reads no attention: no question-aware variant
+        "fm chunk-attention M=512 shared question-aware",  # knorm reads no attention: no question-aware variant
         "kvpress snapkv M=512", "kvpress snapkv M=512 question-aware"]
     # an agnostic configuration's dict (and so its cells' keys) is what it was before the axis existed
     assert "question_aware" not in configs[0].to_dict() and configs[2].to_dict()["question_aware"] is True

@@ -242,16 +242,16 @@ def test_kl_is_zero_for_the_full_cache_and_positive_for_a_recency_memory(tiny, t
 
 # ---- cells from an earlier default pool ------------------------------------------------------
 def test_cells_run_at_an_earlier_default_pool_read_as_that_pool(tmp_path):
-    """The engine's default question pool was max:15, then follow:15; a stored cell that left the
-    pool to the default but recorded an earlier one reads as that pool, under a key of its own, so
-    today's default runs on that case anew; one from before the pool was recorded ran at max:15; a
-    cell that recorded today's default stays the default."""
+    """The engine's default question pool was max:15 at weight 0.75, then follow:15 and the tuned recipe (at
+    0.75), and is max:15 at weight 1 since 2026-12-07. A stored cell that left pool and weight to the default
+    reads as what it recorded, under a key of its own, so today's default runs on that case anew: one from
+    before the pool was recorded ran at max:15 and 0.75; a cell that recorded today's default stays the default."""
     aware = Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact", True)
     case = {"length": 2048, "depth": 0.5, "seed": 0, "haystack": "h.txt", "start": 0}
     key = "k" * 16
     old = {"key": key, "config": aware.to_dict(), "label": aware.label, **case,
            "settings": {"question_pool": "max:15", "question_weight": 0.75}}
-    today = {**old, "key": "t" * 16, "settings": {"question_pool": QUESTION_POOL}}
+    today = {**old, "key": "t" * 16, "settings": {"question_pool": QUESTION_POOL, "question_weight": 1.0}}
     agnostic = Config("memstep", "fm", None, "chunk-attention", 512, 512, "compact")
     plain = {**old, "key": "p" * 16, "config": agnostic.to_dict(), "label": agnostic.label}
     follow = {**old, "key": "f" * 16, "settings": {"question_pool": "follow:15"}}
@@ -260,76 +260,64 @@ def test_cells_run_at_an_earlier_default_pool_read_as_that_pool(tmp_path):
                                                   for c in (old, today, plain, follow, unrecorded)))
     store = ResultStore(tmp_path)
     cells = {c["key"]: c for c in store.cells()}
-    assert key not in store and f"{key}-pool-max:15" in store
-    migrated = cells[f"{key}-pool-max:15"]
-    assert migrated["config"]["question_pool"] == "max:15" and migrated["label"].endswith("pool=max:15")
+    assert key not in store and f"{key}-weight-0.75" in store
+    migrated = cells[f"{key}-weight-0.75"]  # today's pool, at the weight of its day
+    assert "question_pool" not in migrated["config"] and migrated["label"].endswith("weight=0.75")
     assert "question_pool" not in cells["t" * 16]["config"] and cells["t" * 16]["label"] == aware.label
     assert cells["p" * 16]["label"] == agnostic.label  # not question-aware: no pool
-    assert cells["f" * 16 + "-pool-follow:15"]["label"].endswith("pool=follow:15")
-    assert cells["u" * 16 + "-pool-max:15"]["label"].endswith("pool=max:15")
+    assert cells["f" * 16 + "-weight-0.75-pool-follow:15"]["label"].endswith("pool=follow:15 weight=0.75")
+    assert cells["u" * 16 + "-weight-0.75"]["label"].endswith("weight=0.75")
 
 
-def test_cells_at_a_pool_that_runs_as_the_default_read_as_the_default(tmp_path, monkeypatch):
-    """Under FM (one budget in every step) and one compression at the end (one cut, to M) today's default,
-    follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256,
-    runs follow:15+fade:0.7/8+lend:0.75+last below M = 256 and follow:15+fade:0.7+heads from 256 up: a cell run
-    at the default before it (follow:15+fade:0.7@256/8+heads@256+last<256) from 256 up, or with either rule named at its
-    budget, reads as the default, and a run of the default finds it (no case runs twice). Elsewhere
-    (M = 128 at the default before; a rule named at the other budget; IMDC, whose budgets grow through
-    smaller steps) a cell keeps its own pool, and naming the default before finds its cells."""
-    from memstep.evaluation.grid import alike_keys, cell_key, pooled_key, runs_as_default
-    from memstep.question_pool import EARLIER_POOLS
+def test_cells_of_the_tuned_recipe_read_as_it_and_a_run_naming_it_finds_them(tmp_path, monkeypatch):
+    """The tuned recipe (the default until 2026-12-07, now --question-pool tuned, weight 0.75) runs
+    follow:15+fade:0.7/8+lend:0.75+last below M = 256 and follow:15+fade:0.7+heads from 256 up under FM. Cells
+    run when it (or the default before it, alike from 256 up) was the default read as it at its weight; a run
+    naming it finds them, where they run alike (no case runs twice), and a run of today's default does not.
+    Elsewhere (M = 128 at the default before it; IMDC, whose budgets grow through smaller steps) a cell keeps
+    its own pool."""
+    from memstep.evaluation.grid import alike_keys, cell_key, runs_as_default
+    from memstep.question_pool import EARLIER_POOLS, TUNED_POOL
 
-    before, fade, held = EARLIER_POOLS[0], "follow:15+fade:0.7+heads@256", "follow:15+fade:0.7/8+lend:0.75+last"
-    assert (QUESTION_POOL, before) == ("follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256",
-                                       "follow:15+fade:0.7@256/8+heads@256+last<256")
+    before, fade = EARLIER_POOLS[1], "follow:15+fade:0.7+heads@256"
+    assert (TUNED_POOL, before) == ("follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256",
+                                    "follow:15+fade:0.7@256/8+heads@256+last<256")
 
-    def fm(budget, pool=None, schedule="fm"):
+    def fm(budget, pool=None, schedule="fm", weight=None):
         return Config("memstep", schedule, "linear" if schedule == "imdc" else None, "chunk-attention", budget,
-                      512, "compact", True, question_pool=pool)
+                      512, "compact", True, question_pool=pool, question_weight=weight)
 
     case = {"length": 2048, "depth": 0.5, "seed": 0, "haystack": "h.txt", "start": 0}
     settings = runner.EvalSettings().key_fields()
 
     def stored(config, recorded):
         return {"key": cell_key(config, case, settings), "config": config.to_dict(), "label": config.label, **case,
-                "settings": {"question_pool": recorded}}
+                "settings": {"question_pool": recorded, "question_weight": 0.75}}
 
-    cells = {"before-128": stored(fm(128), before), "before-256": stored(fm(256), before),
-             "fade-256": stored(fm(256, fade), fade), "fade-128": stored(fm(128, fade), fade),
-             "held-128": stored(fm(128, held), held), "held-256": stored(fm(256, held), held),
-             "heads-256": stored(fm(256, "follow:15+carry+heads"), "follow:15+carry+heads"),
-             "imdc-256": stored(fm(256, fade, "imdc"), fade), "once-512": stored(fm(512, schedule="once"), before),
-             "once-128": stored(fm(128, schedule="once"), before)}
+    cells = {"tuned-256": stored(fm(256), TUNED_POOL), "before-256": stored(fm(256), before),
+             "before-128": stored(fm(128), before), "tuned-128": stored(fm(128), TUNED_POOL),
+             "imdc-256": stored(fm(256, fade, "imdc"), fade)}
     (tmp_path / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cells.values()))
     store = ResultStore(tmp_path)
     read = {name: next(c for c in store.cells() if c["key"].startswith(cell["key"])) for name, cell in cells.items()}
-    for name, budget in (("before-256", 256), ("fade-256", 256), ("held-128", 128)):
-        assert read[name]["label"] == fm(budget).label and read[name]["key"] == cells[name]["key"], name
-    # one compression at the end: one cut to M, so the default before reads as the default where both run alike
-    assert read["once-512"]["label"] == fm(512, schedule="once").label
-    assert read["once-128"]["label"].endswith(f"pool={before}")
-    assert read["before-128"]["label"].endswith(f"pool={before}")
-    assert read["before-128"]["key"] == pooled_key(cells["before-128"]["key"], before)
-    for name, pool in (("fade-128", fade), ("held-256", held), ("heads-256", "follow:15+carry+heads"),
-                       ("imdc-256", fade)):
-        assert read[name]["label"].endswith(f"pool={pool}"), name
-    assert runs_as_default(fm(512), QUESTION_POOL) and not runs_as_default(fm(512, schedule="imdc"), fade)
+    for name in cells:
+        assert "weight=0.75" in read[name]["label"] and fm(256).label != read[name]["label"], name
+    assert read["tuned-256"]["label"] == fm(256, TUNED_POOL, weight=0.75).label
+    assert read["before-128"]["label"].endswith(f"pool={before} weight=0.75")
+    assert read["imdc-256"]["label"].endswith(f"pool={fade} weight=0.75")
+    assert not runs_as_default(fm(256), TUNED_POOL)
 
-    assert any(key in store for key in alike_keys(fm(256), case, settings))  # the default before, or the fade named
-    assert any(key in store for key in alike_keys(fm(128), case, settings))  # the rule below 256 named
-    assert not any(key in store for key in alike_keys(fm(512), case, settings))
-    assert alike_keys(fm(256, "mean:5"), case, settings)[0] == cell_key(fm(256, "mean:5"), case, settings)
-    # naming the default before finds the cells run when it was the default (read under key-pool-...)
-    assert read["before-128"]["key"] in alike_keys(fm(128, before), case, settings)
-    assert not any(key in store for key in alike_keys(fm(256, "mean:5"), case, settings))
-    # the other way round: naming the fade at M = 256 finds the default's cell
-    assert cell_key(fm(256), case, settings) in alike_keys(fm(256, fade), case, settings)
+    named = make_grid(["fm"], ["chunk-attention"], [128, 256], 512, ropes=("compact",), question_aware=(True,),
+                      question_pools=("tuned",))
+    assert [c.label for c in named] == [fm(128, TUNED_POOL, weight=0.75).label, fm(256, TUNED_POOL, weight=0.75).label]
+    for config in named:  # found: the recipe's own cells, and at 256 the default before it, which runs alike there
+        assert any(key in store for key in alike_keys(config, case, settings)), config.label
+    assert not any(key in store for key in alike_keys(fm(256), case, settings))  # today's default runs anew
     calls = []
     monkeypatch.setattr(runner, "run_group", lambda config, *args, **kwargs: calls.append(config.label))
-    report = runner.run_grid([fm(128), fm(256), fm(512)], [types.SimpleNamespace(length=2048, cell=case)],
+    report = runner.run_grid([*named, fm(256)], [types.SimpleNamespace(length=2048, cell=case)],
                              runner.EvalSettings(), store)
-    assert calls == [fm(512).label] and report.skipped == 2
+    assert calls == [fm(256).label] and report.skipped == 2
 
 
 def test_imdc_runs_alike_where_only_the_last_cuts_rules_differ_below_its_budget():
@@ -418,15 +406,15 @@ def test_ablation_switches_change_the_kept_sets(tiny, tokenizer):
     def differ(one, other):
         return len(one) != len(other) or any(not np.array_equal(a, b) for a, b in zip(one, other))
 
-    for variant in (aware(pool="mean:5"), aware(pool="none"), aware(pool="max:15"), aware(pool=before),
+    for variant in (aware(pool="mean:5"), aware(pool="none"), aware(pool="follow:15"), aware(pool=before),
                     aware(schedule="once", chunk=None)):
         other = _kept_steps(tiny, variant, case)
         assert other[-1].shape == base.shape and differ(other, steps), variant.label
-    at_before = _kept_steps(tiny, aware(pool=before), case)
+    at_before = _kept_steps(tiny, aware(pool=before, weight=0.75), case)  # its weight of the day
     for weight in (0.25, 1.0):
         assert differ(_kept_steps(tiny, aware(pool=before, weight=weight), case), at_before), weight
     # the engine's defaults written out keep the very same sets as leaving them unset
-    assert np.array_equal(_kept(tiny, aware(pool=QUESTION_POOL, weight=0.75), case), base)
+    assert np.array_equal(_kept(tiny, aware(pool=QUESTION_POOL, weight=1.0), case), base)
     once = document_run(tiny, aware(schedule="once", chunk=None).to_dict(), SETTINGS, case, case["question"], [])
     assert once.schedule.steps == 1 and once.schedule.memory_sizes[-1] == 48
 

@@ -124,7 +124,7 @@ def test_one_cut_is_fm_over_the_whole_document_with_its_own_label():
     import dataclasses
 
     whole = dataclasses.replace(settings, chunk=1524)
-    assert comparison.label_of(comparison.ONCE, whole) == "one cut M256 · question-aware"
+    assert comparison.label_of(comparison.ONCE, whole) == "one cut M256 · shared positions · question-aware"
     assert make_schedule("fm", 1524, whole.chunk, whole.memory).steps == 1
     with pytest.raises(Exception, match="configuration 2: memory size must be"):
         comparison.configuration_settings(2, "fm", "linear", 512, -5, "chunk-attention", 4, "auto", False)

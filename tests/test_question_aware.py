@@ -13,6 +13,7 @@ from conftest import make_tiny_model
 
 from memstep.engine import ChunkedPrefill, model_shape, question_mix
 from memstep.errors import MemstepError
+from memstep.question_pool import TUNED_POOL
 from memstep.schedules import make_schedule
 from memstep.scorers import make_scorer
 
@@ -164,8 +165,9 @@ def test_question_pool_follow_by_hand():
     assert torch.allclose(mixed[0], expected)
     # keys before the looked-at key take nothing from it (max:N would spread both ways)
     assert torch.allclose(mixed[0, 4:8], torch.full((4,), 0.25 / 16))
-    # the engine's default pools as follow:15: key 8's attention goes to keys 8..19 (12 of the 16)
-    default = question_mix(base, question[:, :] * (torch.arange(20) == 8), positions, sinks=4, weight=0.75)
+    # follow:15 (the tuned recipe's): key 8's attention goes to keys 8..19 (12 of the 16)
+    default = question_mix(base, question[:, :] * (torch.arange(20) == 8), positions, sinks=4, weight=0.75,
+                           pool="follow:15")
     assert (default[0, 8:20] > 0.25 / 16).sum() == 12 and torch.allclose(default[0, 4:8], torch.full((4,), 0.25 / 16))
     # width 1 is no pooling
     one = question_mix(base, question, positions, sinks=4, weight=0.75, pool="follow:1")
@@ -192,12 +194,13 @@ def test_carry_keeps_the_strongest_share_an_entry_had():
 def test_carried_shares_follow_the_memory_step_by_step(tiny_model):
     """The engine's carried shares line up with each layer's memory after every step (one per kept
     entry, per KV head); the first cut, with nothing carried, keeps what the plain pool keeps, and
-    a later one differs. The engine's default fades its carried vote (+fade:0.7@256/8: every carried
-    vote from 256 entries per head up, those carried through 8 cuts below)."""
-    from memstep.question_pool import QUESTION_POOL, carry_fade, carry_kind, fade_at
+    a later one differs. The tuned recipe fades its carried vote (+fade:0.7@256/8: every carried
+    vote from 256 entries per head up, those carried through 8 cuts below); the default carries none."""
+    from memstep.question_pool import QUESTION_POOL, TUNED_POOL, carry_fade, carry_kind, fade_at
 
-    assert carry_kind(QUESTION_POOL) == "fade" and carry_fade(QUESTION_POOL) == (0.7, 256)
-    assert (fade_at(QUESTION_POOL, 128), fade_at(QUESTION_POOL, 256)) == (8, 0)
+    assert carry_kind(TUNED_POOL) == "fade" and carry_fade(TUNED_POOL) == (0.7, 256)
+    assert (fade_at(TUNED_POOL, 128), fade_at(TUNED_POOL, 256)) == (8, 0)
+    assert carry_kind(QUESTION_POOL) is None
     tokens = ids(300, seed=4)
     schedule = make_schedule("fm", 300, 64, 40)
     engine = ChunkedPrefill(tiny_model, make_scorer("chunk-attention"), sinks=4, question_ids=QUESTION,
@@ -642,12 +645,12 @@ def test_spans_by_hand_and_in_the_engine(embedded):
 
 def test_heads_share_from_a_budget_up(tiny_model):
     """+heads@N shares the question's vote between a layer's KV heads in a step that keeps N or more
-    entries per head (sinks not counted) and not below; the engine's default shares (and fades its
+    entries per head (sinks not counted) and not below; the tuned recipe shares (and fades its
     carried vote) from 256 up. In the engine a budget of 40 runs +heads@40 as +heads and +heads@41 as the pool without it."""
-    from memstep.question_pool import QUESTION_POOL, heads_from, parse_question_pool, pool_at
+    from memstep.question_pool import TUNED_POOL, heads_from, parse_question_pool, pool_at
 
-    assert QUESTION_POOL == "follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256"
-    assert [pool_at(QUESTION_POOL, budget) for budget in (128, 255, 256, 512)] == \
+    assert TUNED_POOL == "follow:15+fade:0.7@256/8+heads@256+lend:0.75+last<256"
+    assert [pool_at(TUNED_POOL, budget) for budget in (128, 255, 256, 512)] == \
         ["follow:15+fade:0.7/8+lend:0.75+last", "follow:15+fade:0.7/8+lend:0.75+last", "follow:15+fade:0.7+heads",
          "follow:15+fade:0.7+heads"]
     table = [("follow:15+carry+heads@256", 128, "follow:15+carry"), ("follow:15+carry+heads@256", 255, "follow:15+carry"),
@@ -724,7 +727,15 @@ def test_runner_needs_a_question_that_fits(tiny_model):
     run = DocumentRun(lm, document, schedule="imdc", chunk=64, memory=40, question_aware=True, question="who?",
                       max_new_tokens=2)
     result = run.run()
-    assert result.question_aware and result.question_weight == 0.75
+    assert result.question_aware and (result.question_weight, result.question_pool) == (1.0, "max:15")
+    # the recipe named 'tuned' runs spelled out, at its own weight unless one is given
+    tuned = DocumentRun(lm, document, schedule="fm", chunk=64, memory=40, question_aware=True, question="who?",
+                        question_pool="tuned")
+    assert (tuned.result.question_pool, tuned.result.question_weight) == (TUNED_POOL, 0.75)
+    assert tuned.engine.question_pool == TUNED_POOL and tuned.engine.question_weight == 0.75
+    weighed = DocumentRun(lm, document, schedule="fm", chunk=64, memory=40, question_aware=True, question="who?",
+                          question_pool="tuned", question_weight=0.5)
+    assert weighed.engine.question_weight == 0.5
     assert result.steps[-1].question_tokens == len("\n\nQuestion: who?\nAnswer:")  # the prompt's tail
     assert result.to_dict()["question_aware"] is True
 

@@ -1,5 +1,6 @@
-"""RoPE positions "auto", memstep's default: shared positions for a question-aware memory below
-256 entries per KV head on a document within the model's context, compact ones elsewhere.
+"""RoPE positions "auto", memstep's default: shared positions for a question-aware memory on a
+document within the model's context, compact ones elsewhere (the tuned recipe, --question-pool tuned:
+shared below 256 entries per KV head only).
 
 - the rule against a table written by hand;
 - a run (the tiny model, SmolLM2's tokenizer, 8,192 trained positions) records the mode it picked,
@@ -19,7 +20,7 @@ from test_models import tiny_lm, tiny_lm_folder  # noqa: F401  (fixtures)
 from memstep.errors import MemstepError
 from memstep.evaluation.grid import make_grid
 from memstep.evaluation.metrics import anchor_of
-from memstep.presets import SHARED_BELOW, resolve_rope
+from memstep.presets import resolve_rope
 
 EXAMPLE = str(ASSETS / "pride_and_prejudice_ch1-12.txt")
 
@@ -27,8 +28,8 @@ EXAMPLE = str(ASSETS / "pride_and_prejudice_ch1-12.txt")
 @pytest.mark.parametrize("asked, schedule, memory, aware, ntk, within, picked", [
     ("auto", "fm", 128, True, "none", True, "shared"),
     ("auto", "imdc", 255, True, "none", True, "shared"),
-    ("auto", "fm", 256, True, "none", True, "compact"),  # from 256 entries per head up: compact
-    ("auto", "fm", 512, True, "none", True, "compact"),
+    ("auto", "fm", 256, True, "none", True, "shared"),
+    ("auto", "fm", 4096, True, "none", True, "shared"),
     ("auto", "fm", 128, False, "none", True, "compact"),  # without the question: compact
     ("auto", "full", 128, True, "none", True, "compact"),  # nothing evicted
     ("auto", "fm", 128, True, "dynamic", True, "compact"),  # dynamic NTK rescales compact positions only
@@ -38,9 +39,17 @@ EXAMPLE = str(ASSETS / "pride_and_prejudice_ch1-12.txt")
     ("shared", "fm", 512, False, "none", False, "shared"),
 ])
 def test_the_rule_by_hand(asked, schedule, memory, aware, ntk, within, picked):
-    assert SHARED_BELOW == 256
     assert resolve_rope(asked, schedule=schedule, memory=memory, question_aware=aware, ntk=ntk,
                         within_context=within) == picked
+
+
+@pytest.mark.parametrize("memory, picked", [(128, "shared"), (255, "shared"), (256, "compact"), (512, "compact")])
+def test_the_tuned_recipe_keeps_its_own_rule(memory, picked):
+    from memstep.question_pool import TUNED, TUNED_POOL, shared_below
+
+    assert shared_below(TUNED) == shared_below(TUNED_POOL) == 256 and shared_below(None) is None
+    assert resolve_rope("auto", schedule="fm", memory=memory, question_aware=True,
+                        shared_below=shared_below(TUNED)) == picked
 
 
 def test_a_run_records_the_mode_auto_picked(tiny_lm):
@@ -54,8 +63,8 @@ def test_a_run_records_the_mode_auto_picked(tiny_lm):
         assert run.engine.rope == run.result.rope  # the engine reads at the recorded positions
         return run.result.rope
 
-    assert picked(600, 64) == "shared" and picked(600, 255) == "shared"
-    assert picked(600, 256) == "compact" and picked(600, 64, aware=False) == "compact"
+    assert picked(600, 64) == "shared" and picked(600, 256) == "shared"
+    assert picked(600, 64, aware=False) == "compact"
     assert picked(600, 64, rope="compact") == "compact"
     assert picked(8400, 64) == "compact"  # longer than the context: never past sinks + M + c
 
@@ -76,8 +85,10 @@ def test_an_unknown_mode_is_refused_before_the_model_loads(capsys):
 def test_the_grid_stores_auto_as_the_mode_it_picks():
     configs = make_grid(["fm"], ["chunk-attention"], [128, 256], 512, question_aware=(True, False))
     ropes = {(c.budget, c.question_aware): c.rope for c in configs}
-    assert ropes == {(128, True): "shared", (256, True): "compact", (128, False): "compact",
+    assert ropes == {(128, True): "shared", (256, True): "shared", (128, False): "compact",
                      (256, False): "compact"}
+    tuned = make_grid(["fm"], ["chunk-attention"], [128, 256], 512, question_aware=(True,), question_pools=("tuned",))
+    assert [(c.budget, c.rope, c.question_weight) for c in tuned] == [(128, "shared", 0.75), (256, "compact", 0.75)]
     both = make_grid(["fm"], ["chunk-attention"], [128], 512, ropes=("auto", "shared"), question_aware=(True,))
     assert [c.rope for c in both] == ["shared"]  # the same configuration once
     reference = make_grid(["fm"], ["chunk-attention"], [128], 512, question_aware=(True,), fidelities=("reference",))
@@ -92,10 +103,10 @@ def _row(rope: str, budget: int, aware: bool = True) -> dict:
 
 
 def test_the_presses_pair_with_the_row_at_the_default_positions():
-    rows = [_row("compact", 128), _row("document", 128), _row("shared", 128), _row("shared", 256),
-            _row("compact", 256), _row("compact", 128, aware=False)]
+    rows = [_row("compact", 128), _row("document", 128), _row("shared", 128), _row("compact", 256),
+            _row("shared", 256), _row("compact", 128, aware=False)]
     assert anchor_of(rows, 2048, 128)["config"]["rope"] == "shared"
-    assert anchor_of(rows, 2048, 256)["config"]["rope"] == "compact"
+    assert anchor_of(rows, 2048, 256)["config"]["rope"] == "shared"
     # results without a row at the default's positions still pair with the default's settings
     assert anchor_of([_row("compact", 128), _row("compact", 128, aware=False)], 2048, 128) \
         == _row("compact", 128)

@@ -43,8 +43,8 @@ def test_paired_retention_and_answers_on_the_counted_cases():
 
 
 def test_rows_pair_with_the_default_positions_at_their_budget():
-    """{ROPE} names the positions memstep's default reads a question-aware memory at: shared below 256
-    entries per head, compact from 256 up."""
+    """{ROPE} names the positions the default of these runs' day (the tuned recipe) read a question-aware
+    memory at: shared below 256 entries per head, compact from 256 up."""
     cells = []
     for budget in (128, 256):
         cells += [cell(span_ablation.FULL, 0.5, True, [1.0], budget=None)]

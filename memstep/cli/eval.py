@@ -24,7 +24,7 @@ EXECUTORS = ("local", "ray")
 def register(sub) -> None:
     from memstep.evaluation.grid import PRESSES
     from memstep.evaluation.needles import KINDS
-    from memstep.presets import ROPE_CHOICES, SHARED_BELOW
+    from memstep.presets import ROPE_CHOICES
 
     p = sub.add_parser("eval", help="passkey accuracy, NLL gap, seconds and peak memory over a grid, "
                                            "with kvpress and the HF full cache as peers")
@@ -58,8 +58,7 @@ def register(sub) -> None:
                         "too; kvpress compresses the context with the question at its end")
     p.add_argument("--ropes", default="auto",
                    help=f"RoPE positions of memstep's runs: {' and/or '.join(ROPE_CHOICES)} (default auto, as "
-                        f"`memstep run`: shared for a question-aware memory below {SHARED_BELOW} entries per KV head, "
-                        "else compact; compact = as the reference code: the memory at 0..len-1, the chunk right "
+                        f"`memstep run`: shared for a question-aware memory, else compact; compact = as the reference code: the memory at 0..len-1, the chunk right "
                         "after it; document = each token at its position in the document; shared = compact "
                         "positions with one position per token across layers and heads)")
     p.add_argument("--fidelity", default="memstep",
@@ -94,11 +93,12 @@ def register(sub) -> None:
                         "sentences, with the most question share summed over its heads stay in every head), then "
                         "+last[:W][<N] (the last cut ranks by "
                         "the question's share alone, or at weight W; <N: where "
-                        f"it keeps fewer than N entries per head) (default: the engine's, {QUESTION_POOL})")
+                        f"it keeps fewer than N entries per head), or tuned (the recipe that was the default until "
+                        f"2026-12-07, at its weight 0.75) (default: the engine's, {QUESTION_POOL})")
     p.add_argument("--question-weights", default=None,
                    help="memstep question-aware ablation: the question's share of the score, comma-separated "
-                        "values in (0, 1] (default: the engine's, 0.75; a pool ending in +last, as the default "
-                        "below 256 entries per head, ranks the last cut by the question alone)")
+                        "values in (0, 1], the scorer's vote taking the rest (default: the engine's, 1: the question "
+                        "alone; 0.75 for the tuned recipe)")
     p.add_argument("--spans", default=None,
                    help="memstep ablation: span-preserving selection, comma-separated settings (see memstep run "
                         "--span), none = the token top-k (default: none)")

@@ -10,8 +10,8 @@ from memstep.cli.common import at_least, check_output_path, write_output
 from memstep.cli.schedule import add_schedule_options, review_of
 from memstep.errors import MemstepError
 from memstep.models import WEIGHTS
-from memstep.presets import ATTENTIONS, PRESETS, ROPE_CHOICES, SHARED_BELOW, SWITCHES, Fidelity, apply_preset
-from memstep.question_pool import QUESTION_POOL, parse_question_pool
+from memstep.presets import ATTENTIONS, PRESETS, ROPE_CHOICES, SWITCHES, Fidelity, apply_preset
+from memstep.question_pool import QUESTION_POOL, QUESTION_WEIGHT, TUNED, TUNED_POOL, TUNED_WEIGHT, parse_question_pool
 
 
 def _checked(parse):
@@ -48,8 +48,8 @@ def register(sub) -> None:
     p.add_argument("--window", type=int, default=32, help="SnapKV observation window")
     p.add_argument("--kernel", type=int, default=5, help="conv scorer: keys pooled together (odd, default 5)")
     p.add_argument("--rope", default=None, choices=ROPE_CHOICES,
-                   help=f"RoPE positions: auto (default: shared with --question-aware below {SHARED_BELOW} entries "
-                        "per KV head, else compact), compact (contiguous, at most sinks + M + c, as the reference "
+                   help="RoPE positions: auto (default: shared with --question-aware on a document within the "
+                        "model's context, else compact), compact (contiguous, at most sinks + M + c, as the reference "
                         "code), document (true document positions) or shared (compact positions every layer "
                         "and head agree on: a kept token has one position in every head)")
     p.add_argument("--preset", default=None, choices=sorted(PRESETS),
@@ -69,15 +69,18 @@ def register(sub) -> None:
     p.add_argument("--question-aware", action="store_true",
                    help="score each step with the question's attention too (its tokens are read after every "
                         "chunk, then dropped): keeps what the question needs")
-    p.add_argument("--question-weight", type=float, default=0.75,
-                   help="question-aware: the question's share of the score, in (0, 1] (default 0.75; a pool "
-                        "ending in +last, as the default below 256 entries per head, ranks the last cut by the "
-                        "question alone)")
+    p.add_argument("--question-weight", type=float, default=None,
+                   help=f"question-aware: the question's share of the score, in (0, 1], the scorer's vote taking "
+                        f"the rest (default {QUESTION_WEIGHT:g}: the question alone; {TUNED_WEIGHT:g} with "
+                        f"--question-pool {TUNED})")
     p.add_argument("--question-pool", type=_question_pool, default=QUESTION_POOL,
                    help="question-aware: how a key takes its neighbours' question attention: max:N, mean:N "
                         "(N odd, centred), follow:N (the strongest of itself and the N - 1 keys before it: the "
                         "words after those the question looks at) or none (default "
-                        f"{QUESTION_POOL}); + '+carry' (follow:15+carry): a memory entry keeps the strongest "
+                        f"{QUESTION_POOL}: a key takes the strongest question attention of itself and its 7 "
+                        f"neighbours on each side); '{TUNED}': the recipe that was memstep's default until "
+                        f"2026-12-07, {TUNED_POOL} at weight {TUNED_WEIGHT:g}, compact positions from 256 entries "
+                        "per KV head; + '+carry' (follow:15+carry): a memory entry keeps the strongest "
                         "question share it has had since it was read, so long documents do not wear it away; "
                         "+ '+lift': the same, each share counted against an even split of its step's keys; "
                         "+ '+read': the larger of this step's share and its reading step's; + '+fade:F': +carry with "

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, replace
 
 from memstep.errors import MemstepError
 from memstep.presets import AUTO, ROPE_CHOICES
-from memstep.question_pool import EARLIER_POOLS, QUESTION_POOL, RAN_AS, before_last_cut, last_at, pool_at, spans_at
+from memstep.question_pool import (EARLIER_POOLS, EARLIER_WEIGHT, QUESTION_POOL, QUESTION_WEIGHT, RAN_AS, before_last_cut,
+                                   last_at, pool_at, spans_at)
 from memstep.schedules import GROWTHS
 
 # kvpress presses run by the peer (peers/kvpress_peer.py), named as kvpress names them; their
@@ -134,6 +135,11 @@ def upgrade_cell(cell: dict) -> dict:
         # now, under a key of its own, so the registry's finch runs on these cases anew
         config, key = replace(config, scorer="finch-chunked"), key + "-chunked"
     if config.kind == "memstep" and config.question_aware:
+        ran = (cell.get("settings") or {}).get("question_weight") or EARLIER_WEIGHT
+        if config.question_weight is None and ran != QUESTION_WEIGHT:
+            # run when the default weight was another (0.75 until 2026-12-07): it reads as that weight,
+            # under a key of its own, so today's default runs on its cases anew
+            config, key = replace(config, question_weight=ran), f"{key}-weight-{ran:g}"
         if config.question_pool is None:
             # a cell from before the pool was recorded ran at the first one, max:15; one run at the
             # default of its day reads as that pool, under a key of its own (so today's default runs on
@@ -145,6 +151,8 @@ def upgrade_cell(cell: dict) -> dict:
             # an explicit pool that runs what the default runs reads as the default; it keeps its key,
             # and a run of the default finds it there (alike_keys)
             config = replace(config, question_pool=None)
+        if config.question_weight == QUESTION_WEIGHT:  # the default weight, named
+            config = replace(config, question_weight=None)
     return {**cell, "key": key, "config": config.to_dict(), "label": config.label,
             "haystack": cell.get("haystack") or LEGACY_HAYSTACK}
 
@@ -192,10 +200,16 @@ def alike_keys(config: Config, cell: dict, settings: dict) -> list[str]:
         known += [pool_at(pool, config.budget), pool_at(QUESTION_POOL, config.budget)]
     alike = [other for other in dict.fromkeys([pool, *known]) if runs_alike(config, other, pool)]
     pools = ([None] if runs_as_default(config, pool) else []) + alike
-    keys = [cell_key(config, cell, settings)] + [cell_key(replace(config, question_pool=other), cell, settings)
-                                                for other in pools]
+    # the default weight left unset or named (1)
+    weights = [config.question_weight] + ([QUESTION_WEIGHT] if config.question_weight is None else [])
+    keys = [cell_key(config, cell, settings)] + [cell_key(replace(config, question_pool=other, question_weight=weight),
+                                                          cell, settings) for other in pools for weight in weights]
     unnamed = cell_key(replace(config, question_pool=None), cell, settings)
     keys += [pooled_key(unnamed, other) for other in alike]
+    if config.question_weight == EARLIER_WEIGHT:  # run when that weight was the default's (upgrade_cell)
+        bare = f"{cell_key(replace(config, question_pool=None, question_weight=None), cell, settings)}" \
+               f"-weight-{EARLIER_WEIGHT:g}"
+        keys += [bare] + [pooled_key(bare, other) for other in alike]
     return list(dict.fromkeys(keys))
 
 
@@ -237,12 +251,13 @@ def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES
     cache. Question-aware memstep configurations take the attention-based scorers only; the
     pooling and weight axes apply to them alone."""
     from memstep.presets import fidelity_variant, resolve_rope
-    from memstep.question_pool import parse_question_pool
+    from memstep.question_pool import TUNED_POOL, TUNED_WEIGHT, named_pool, parse_question_pool, shared_below
     from memstep.scorers import SCORERS  # here, not at the top: `memstep --help` needs no torch
 
     fidelities = [None if f in (None, "memstep") else f for f in fidelities]
     for variant in fidelities:
         fidelity_variant(variant)  # an unknown one fails here, before any work
+    question_pools = [None if pool is None else named_pool(pool) for pool in question_pools]  # 'tuned' spelled out
     for pool in question_pools:
         if pool is not None:
             parse_question_pool(pool)
@@ -287,9 +302,12 @@ def make_grid(schedules, scorers, budgets, chunk: int, peers=(), presses=PRESSES
                 weights = question_weights if aware else (None,)
                 ntk = fidelity_variant(ways).ntk if ways else "none"
                 # auto is stored as the mode it picks, so its cells are that mode's cells
+                # a named pool runs at its own weight unless one is given (the tuned recipe's 0.75)
                 configs += [Config("memstep", schedule, growth, scorer, budget, None if schedule == "once" else chunk,
-                                   resolve_rope(rope, schedule=schedule, memory=budget, question_aware=aware, ntk=ntk),
-                                   aware, ways, pool, weight, span)
+                                   resolve_rope(rope, schedule=schedule, memory=budget, question_aware=aware, ntk=ntk,
+                                                shared_below=shared_below(pool)),
+                                   aware, ways, pool, weight if weight is not None or pool != TUNED_POOL else TUNED_WEIGHT,
+                                   span)
                             for budget in budgets for scorer in scorers for rope in ropes for span in spans
                             for pool in pools for weight in weights if not aware or scorer in ATTENTION_SCORERS]
     if "kvpress" in peers:

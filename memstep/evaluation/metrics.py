@@ -12,7 +12,7 @@ from statistics import mean
 
 from memstep.evaluation.stats import mean_interval, paired_difference_interval, wilson_interval
 from memstep.presets import AUTO, resolve_rope
-from memstep.question_pool import EARLIER_POOLS
+from memstep.question_pool import EARLIER_POOLS, EARLIER_WEIGHT, QUESTION_POOL, TUNED_SHARED_BELOW
 
 REFERENCE = "memstep full"  # the NLL gap is measured against memstep's own full cache
 DEFAULT_SCORER = "chunk-attention"  # other scorers are contrasted with the paper's
@@ -117,20 +117,23 @@ def anchor_of(rows: list[dict], length: int, budget: int | None = None) -> dict 
     never paired across budgets): memstep's question-aware FM with the engine's defaults (no pool
     or weight set); where that has not run, the same at an earlier default pool (results from
     before the default changed, labelled with their pool); else its question-agnostic FM. Each at
-    the RoPE positions memstep's default picks for it (auto) before any other."""
-    for aware, pools in ((True, (None,)), *((True, (pool,)) for pool in EARLIER_POOLS), (False, (None,))):
-        found = [row for row in rows if row["length"] == length and _default_fm(row["config"], aware, pools)
+    the RoPE positions memstep's default picks for it (auto) before any other (an earlier default:
+    the rule of its day, shared positions below 256 entries per head)."""
+    earlier = [(True, (None, pool) if pool == QUESTION_POOL else (pool,), (None, EARLIER_WEIGHT), TUNED_SHARED_BELOW)
+               for pool in EARLIER_POOLS]
+    for aware, pools, weights, below in ((True, (None,), (None,), None), *earlier, (False, (None,), (None,), None)):
+        found = [row for row in rows if row["length"] == length and _default_fm(row["config"], aware, pools, weights)
                  and (budget is None or row["config"].get("budget") == budget)]
         chosen = [row for row in found if row["config"].get("rope") == resolve_rope(
-            AUTO, schedule="fm", memory=row["config"].get("budget") or 0, question_aware=aware)]
+            AUTO, schedule="fm", memory=row["config"].get("budget") or 0, question_aware=aware, shared_below=below)]
         if chosen or found:
             return (chosen or found)[0]
     return None
 
 
-def _default_fm(c: dict, aware: bool, pools: tuple) -> bool:
+def _default_fm(c: dict, aware: bool, pools: tuple, weights: tuple) -> bool:
     return c["kind"] == "memstep" and c["schedule"] == "fm" and bool(c.get("question_aware")) == aware \
-        and c.get("question_pool") in pools and c.get("question_weight") is None and not c.get("fidelity") \
+        and c.get("question_pool") in pools and c.get("question_weight") in weights and not c.get("fidelity") \
         and not c.get("span")
 
 

@@ -1,0 +1,126 @@
+"""The frozen test split's tables, from what `memstep eval --split test` wrote (``results/test-split``):
+README's summary (answers at M = 128, 256 and 512, each memory paired against memstep's default
+question-aware FM on the same cases) and docs/test-split.md's full tables (settings beside the numbers,
+KL, paired differences, measured memory).
+
+    .venv/bin/python benchmarks/test_split_docs.py                # print the summary
+    .venv/bin/python benchmarks/test_split_docs.py --docs         # and write README.md and docs/test-split.md
+
+Reads only what the runs wrote (`make bench-test-split` fills the folder); a memory that has not run
+at some budget shows "-" there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.docs_block import write_block  # noqa: E402
+from memstep.evaluation.metrics import summarize  # noqa: E402
+from memstep.evaluation.report import fair_table, paired_table, settings_text  # noqa: E402
+from memstep.evaluation.store import ResultStore  # noqa: E402
+
+FOLDER = ROOT / "results" / "test-split"
+BUDGETS = (128, 256, 512)
+COMMAND = "python benchmarks/test_split_docs.py --docs"
+
+
+def _name(row: dict) -> str:
+    """A row's memory in words, without its budget (the column says it)."""
+    c = row["config"]
+    if c["kind"] == "kvpress":
+        return f"kvpress {c['scorer']} ({settings_text(row, short=True)})"
+    if not c.get("question_aware"):
+        return f"memstep FM, {c['scorer']}, no question ({c.get('rope')} positions)"
+    schedule = {"fm": "FM", "imdc": "IMDC", "once": "one cut after a full prefill"}.get(c["schedule"], c["schedule"])
+    if c.get("question_pool"):
+        recipe = "the tuned recipe" if "fade" in c["question_pool"] else f"pool {c['question_pool']}"
+        recipe += f", weight {c.get('question_weight') or 1:g}"
+    else:
+        recipe = "the default" if c.get("question_weight") is None else f"weight {c['question_weight']:g}"
+    return f"memstep {schedule}, {recipe} ({c.get('rope')} positions)"
+
+
+def _default_fm(row: dict) -> bool:
+    c = row["config"]
+    return c["kind"] == "memstep" and c["schedule"] == "fm" and c.get("question_aware") and \
+        not c.get("question_pool") and c.get("question_weight") is None and not c.get("fidelity")
+
+
+def _cell(row: dict, paired: dict | None) -> str:
+    n, k = row.get("counted") or 0, row.get("counted_correct") or 0
+    if not n:
+        return "-"
+    text = f"{k}/{n} ({100 * row['counted_low']:.0f}-{100 * row['counted_high']:.0f}%)"
+    if paired and paired.get("accuracy_difference") is not None:
+        text += (f", {100 * paired['accuracy_difference']:+.0f} ({100 * paired['accuracy_difference_low']:+.0f} "
+                 f"to {100 * paired['accuracy_difference_high']:+.0f})")
+    return text
+
+
+def _mib(row: dict | None) -> str:
+    value = None if row is None else row.get("working_rss_bytes")
+    return "-" if value is None else f"{value / 2 ** 20:.0f}"
+
+
+def summary_table(summary: dict, length: int, aware: bool = True) -> str:
+    """Rows: each memory; columns: M. Every cell: answered of the cases the full cache answers (Wilson 95%),
+    then, but for memstep's default FM, minus it on the same cases (points, Newcombe 95%)."""
+    rows = [r for r in summary["rows"] if r["length"] == length and r["config"].get("budget") in BUDGETS
+            and bool(r["config"].get("question_aware")) == aware]
+    paired = {(p["label"], p["length"]): p for p in summary.get("paired") or []}
+    names: dict[str, dict[int, dict]] = {}
+    for r in sorted(rows, key=lambda r: (not _default_fm(r), r["config"]["kind"] != "memstep", _name(r))):
+        names.setdefault(_name(r), {})[r["config"]["budget"]] = r
+    head = ["| memory (settings) | " + " | ".join(f"M = {m}" for m in BUDGETS) + " | working memory at M = 256, MiB |",
+            "|---|" + "---:|" * (len(BUDGETS) + 1)]
+    lines = []
+    for name, by in names.items():
+        cells = [_cell(by[m], None if _default_fm(by[m]) else paired.get((by[m]["label"], length)))
+                 if m in by else "-" for m in BUDGETS]
+        lines.append(f"| {'**' + name + '**' if _default_fm(next(iter(by.values()))) else name} | "
+                     + " | ".join(cells) + f" | {_mib(by.get(256))} |")
+    return "\n".join(head + lines)
+
+
+def summary_text(summary: dict) -> str:
+    lengths = sorted({r["length"] for r in summary["rows"]})
+    parts = []
+    for length in lengths:
+        full = next((r for r in summary["rows"] if r["length"] == length and r["config"]["kind"] == "memstep"
+                     and r["config"]["schedule"] == "full"), None)
+        if full is None:
+            continue
+        parts.append(f"**{length:,} tokens**: the full cache answers {full['correct']} of {full['cells']} cases; "
+                     "each memory on those (answered, Wilson 95%; then minus memstep's default FM on the same "
+                     "cases, points, Newcombe 95%):\n\n" + summary_table(summary, length))
+    return "\n\n".join(parts) if parts else "*No test-split results yet: `make bench-test-split`.*"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--folder", type=Path, default=FOLDER)
+    parser.add_argument("--docs", action="store_true", help="write README.md's and docs/test-split.md's blocks")
+    args = parser.parse_args(argv)
+    summary = summarize(ResultStore(args.folder).cells())
+    text = summary_text(summary)
+    print(text)
+    if args.docs:
+        write_block("test-split-summary", text, COMMAND, doc=ROOT / "README.md")
+        agnostic = [length for length in sorted({r["length"] for r in summary["rows"]})
+                    if any(not r["config"].get("question_aware") and r["config"]["schedule"] != "full"
+                           for r in summary["rows"] if r["length"] == length)]
+        extra = "".join(f"\n\n**Question-agnostic scorers, {length:,} tokens** (memstep FM, no question):\n\n"
+                        + summary_table(summary, length, aware=False) for length in agnostic)
+        write_block("test-split", text + extra + "\n\nEvery row, its settings as its cells recorded them:\n\n"
+                    + fair_table(summary) + "\n\nPaired against memstep's default question-aware FM at the same "
+                    "length and M:\n\n" + paired_table(summary), COMMAND, doc=ROOT / "docs" / "test-split.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
