@@ -145,17 +145,6 @@ def fade_share(carried: torch.Tensor, fade: float, carried_for: torch.Tensor | N
     return torch.where(carried_for >= after, carried * fade, carried)
 
 
-def read_share(share: torch.Tensor, carried: torch.Tensor | None) -> torch.Tensor:
-    """``+read``: each entry's question share in the step it was read, the held entries' from
-    ``carried`` (in the order the memory holds them); an entry that joined in a step without a cut
-    (carried as 0) reads in this one."""
-    if carried is None:
-        return share
-    held = carried.shape[1]
-    read = torch.cat([carried.to(share), share[:, held:]], dim=1)
-    return torch.where(read > 0, read, share)
-
-
 def share_over_heads(share: torch.Tensor, positions: torch.Tensor, weight: float = 1.0) -> torch.Tensor:
     """``+heads``: each entry takes the strongest share any KV head gives the same document position
     (heads hold different memories: matched by position, not by index); ``+heads/W`` (weight W < 1):
@@ -192,12 +181,6 @@ def spans_over_heads(share: torch.Tensor, positions: torch.Tensor, sinks: int, c
     total = share.new_zeros(int(span.max()) + 1).scatter_add(0, span.flatten(), (share * free).flatten())
     strongest = total.topk(min(count, total.numel())).indices
     return torch.isin(span, strongest) & free
-
-
-def even_keys(positions: torch.Tensor, sinks: int) -> torch.Tensor:
-    """``+lift``'s unit: the number of non-sink keys each KV head shares out (kv_heads, 1); a share
-    times it is the entry's lift over an even split, comparable between steps of any width."""
-    return (positions >= sinks).sum(dim=1, keepdim=True).float()
 
 
 def question_mix(base: torch.Tensor, question: torch.Tensor, positions: torch.Tensor, sinks: int,
@@ -267,7 +250,7 @@ class ChunkedPrefill(StepContext):
         # None: the pool's own (the tuned recipe's 0.75, else QUESTION_WEIGHT)
         self.question_weight = float(default_weight(question_pool) if question_weight is None else question_weight)
         parse_question_pool(question_pool)
-        self.question_carry = carry_kind(question_pool)  # None, "carry", "lift" (shares x keys), "read" or "fade"
+        self.question_carry = carry_kind(question_pool)  # None, "carry" or "fade"
         self.question_fade = carry_fade(question_pool)[0]  # what is left of a carried share one step on
         self._count_cuts = bool(fade_at(question_pool, 0))  # +fade:F/K: some step fades only votes K cuts old
         self.span = span  # span-preserving selection (memstep.spans); None: the token top-k
@@ -338,24 +321,17 @@ class ChunkedPrefill(StepContext):
             state = self._layer_state(module, kwargs, keys, values, positions)
             frozen = self._before[idx] if self._frozen else 0
             scores = self._score(state, positions, keep, frozen)
-            share = keys_now = read = None
+            share = None
             per_head = keep - self.sinks  # the entries this cut keeps per head besides the sinks (+fade@N, +heads@N)
             if self._question_rows:
                 question = state.group(self._attended[2][self._question_rows][..., :entries])
                 share = question_share(question, positions, self.sinks, self.question_pool)
-                keys_now = even_keys(positions, self.sinks) if self.question_carry == "lift" else None
                 if self.question_carry:
                     carried = self._carried.get(idx)
-                    if carried is not None and keys_now is not None:  # lifts back into this step's shares
-                        carried = carried / keys_now
                     after = fade_at(self.question_pool, per_head) if self.question_fade < 1 else None
                     if carried is not None and after is not None:
                         carried = fade_share(carried, self.question_fade, self._carried_for.get(idx), after)
-                    if self.question_carry == "read":
-                        read = read_share(share, carried)
-                        share = torch.maximum(share, read)
-                    else:
-                        share = carry_share(share, carried)
+                    share = carry_share(share, carried)
                 spread = lend_at(self.question_pool, per_head)  # +lend:C: heads spread thin take the others' finds
                 if spread is not None:
                     share = lend_over_heads(share, positions, spread, max(1, per_head // LEND_TOP))
@@ -378,8 +354,7 @@ class ChunkedPrefill(StepContext):
             layer.values = values.gather(2, index)
             positions = positions.gather(1, kept)
             if self.question_carry and share is not None:  # in the order the memory now holds its entries
-                held = share if read is None else read  # +read holds each entry's share of its reading step
-                self._carried[idx] = held.gather(1, kept) * (keys_now if keys_now is not None else 1)
+                self._carried[idx] = share.gather(1, kept)
                 if self._count_cuts:  # the chunk's entries join at 0 cuts; every kept entry has been through one more
                     since = self._carried_for.get(idx, share.new_zeros(share.shape[0], 0, dtype=torch.int32))
                     self._carried_for[idx] = F.pad(since, (0, entries - since.shape[1])).gather(1, kept) + 1

@@ -53,13 +53,6 @@ QUESTION_POOLS = ("max", "mean", "follow", "none")
 
 
 CARRY = "+carry"  # a pool's suffix: an entry keeps the strongest question share it had since it was read
-# the same, counted against an even split of its step's keys (share x keys): a step with fewer keys
-# (FM's first, the chunk alone) hands out larger shares, and a plain carry keeps that advantage for good
-LIFT = "+lift"
-# the larger of this step's share and the one the entry had in the step it was read: every entry
-# draws two shares, however long it has been held (a max over every step gives entries read early
-# more draws; measured, this answered fewer late needles still: an ablation)
-READ = "+read"
 # +fade:F: +carry with each held share worth F (0 < F < 1) of itself one step on, so an entry's old
 # peak counts less the longer ago it was (a memory of the best shares ever seen raises the bar a
 # late fact must clear, step by step); /K: only the votes already carried through K cuts fade (a
@@ -72,7 +65,7 @@ FADE = "+fade"
 AT_MOST = 1_000_000
 _AT = r"(?:@(\d{1,7}))?"
 _SHARE = r"(0\.\d*[1-9]\d*)"  # a number strictly between 0 and 1
-_CARRY = re.compile(r"\+(carry|lift|read|fade:" + _SHARE + _AT + r"(?:/(\d{1,7}))?)$")
+_CARRY = re.compile(r"\+(carry|fade:" + _SHARE + _AT + r"(?:/(\d{1,7}))?)$")
 
 
 def _at(digits: str | None) -> int | None:
@@ -285,7 +278,7 @@ def _unshared(pool: str) -> str:
 
 def carry_kind(pool: str) -> str | None:
     """How ``pool`` carries the question's vote from step to step: "carry" (``follow:15+carry``),
-    "lift" (``follow:15+lift``), "read" (``follow:15+read``), "fade" (``follow:15+fade:0.7``) or None."""
+    "fade" (``follow:15+fade:0.7``) or None."""
     return _split_carry(_unshared(pool))[1]
 
 
@@ -302,9 +295,7 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     a fact is about ("San Francisco", "the passkey"), and the fact follows those words.
     Any of them + '+carry': a memory entry's question share is the strongest it has had in any
     step since it was read, so a fact the question looked at once is not worn away by the many
-    cuts of a long document (see ChunkedPrefill); + '+lift': the same, each step's share counted
-    against an even split of that step's keys; + '+read': the larger of this step's share and the
-    one it had in the step it was read; + '+fade:F': +carry with a held share worth F of itself one
+    cuts of a long document (see ChunkedPrefill); + '+fade:F': +carry with a held share worth F of itself one
     step on ('+fade:F/K': only the shares already carried through K cuts). Then '+heads': each key
     takes the strongest share any KV head of its layer gives its position ('+heads/W': the larger of
     its own and W times that). '@N' after +fade:F or +heads: the rule in steps that keep N or more
@@ -340,5 +331,5 @@ def parse_question_pool(pool: str) -> tuple[str, int]:
     if kind == "follow" and width.isdigit() and 1 <= int(width) <= 255:
         return kind, int(width)
     raise MemstepError(f"question pool '{pool}' is not one of max:N, mean:N (N odd, 1-255), follow:N (1-255) or "
-                      "none, optionally followed by +carry, +lift, +read or +fade:F[@N][/K] (0 < F < 1), then "
+                      "none, optionally followed by +carry or +fade:F[@N][/K] (0 < F < 1), then "
                       "+heads[@N][/W], then +lend:C, then +spans:KxL[<N] (L a number or sentence), then +last[:W][<N]")

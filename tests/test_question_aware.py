@@ -215,51 +215,13 @@ def test_carried_shares_follow_the_memory_step_by_step(tiny_model):
     assert any(not np.array_equal(a, b.kept_positions) for a, b in zip(carried[1:], plain[1:]))
 
 
-def test_lift_carries_shares_against_an_even_split(tiny_model):
-    """+lift: an entry carries its share times its step's non-sink keys (its lift over an even
-    split) and is read back in a later step's units: a share of 0.5 among 4 keys is a lift of 2,
-    and stands for 0.25 among 8. In the engine the first step's carried values are +carry's times
-    the keys that step scored (FM's first step: the chunk alone)."""
-    from memstep.engine import carry_share, even_keys
-    from memstep.question_pool import carry_kind, parse_question_pool
+def test_the_dropped_carries_are_refused():
+    """+lift and +read were ablations no test-split result supports: they are no longer pools."""
+    from memstep.question_pool import parse_question_pool
 
-    assert carry_kind("follow:15+lift") == "lift" and carry_kind("follow:15+carry") == "carry"
-    assert carry_kind("follow:15") is None and parse_question_pool("mean:5+lift") == ("mean", 5)
-    step1 = torch.tensor([[0, 1, 2, 3, 4, 5]])  # 2 sinks, 4 keys shared out
-    lift = torch.tensor([[0.0, 0.0, 0.5, 0.1]]) * even_keys(step1, sinks=2)
-    assert torch.allclose(lift, torch.tensor([[0.0, 0.0, 2.0, 0.4]]))
-    step2 = torch.tensor([[0, 1, 4, 5, 6, 7, 8, 9, 10, 11]])  # 8 keys shared out
-    share = torch.full((1, 10), 0.1)
-    assert torch.allclose(carry_share(share, lift / even_keys(step2, sinks=2))[0, :4],
-                          torch.tensor([0.1, 0.1, 0.25, 0.1]))
-
-    tokens = ids(300, seed=4)
-    schedule = make_schedule("fm", 300, 64, 40)
-    carried = {}
-    for pool in ("follow:15+carry", "follow:15+lift"):
-        engine = ChunkedPrefill(tiny_model, make_scorer("chunk-attention"), sinks=4, question_ids=QUESTION,
-                                question_pool=pool)
-        next(iter(engine.run(tokens, schedule)))
-        carried[pool] = [engine._carried[idx].clone() for idx in range(len(engine.positions))]
-    keys = 64 - 4  # FM's first step scores the chunk alone: 64 entries, 4 of them sinks
-    for plain, lifted in zip(carried["follow:15+carry"], carried["follow:15+lift"]):
-        assert torch.allclose(lifted, plain * keys)
-
-
-def test_read_keeps_the_share_of_the_reading_step():
-    """+read: a held entry weighs the larger of this step's share and the one it had when read (two
-    draws however long it is held); an entry carried as 0 (joined without a cut) reads now."""
-    from memstep.engine import read_share
-    from memstep.question_pool import carry_kind, parse_question_pool
-
-    assert carry_kind("follow:15+read") == "read" and carry_kind("follow:15+read+heads@256") == "read"
-    assert parse_question_pool("follow:15+read+heads@256") == ("follow", 15)
-    share = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5]])
-    carried = torch.tensor([[0.4, 0.0, 0.1]])  # three held entries; the second joined without a cut
-    read = read_share(share, carried)
-    assert torch.allclose(read, torch.tensor([[0.4, 0.2, 0.1, 0.4, 0.5]]))
-    assert torch.allclose(torch.maximum(share, read), torch.tensor([[0.4, 0.2, 0.3, 0.4, 0.5]]))
-    assert read_share(share, None) is share
+    for pool in ("follow:15+lift", "follow:15+read", "follow:15+read+heads@256"):
+        with pytest.raises(MemstepError, match="optionally followed by \\+carry or \\+fade"):
+            parse_question_pool(pool)
 
 
 def test_fade_parses_and_refuses():
@@ -354,16 +316,16 @@ def test_fade_after_k_cuts_in_the_engine(tiny_model):
 
 
 def test_carried_shares_step_by_step_by_kind():
-    """In the engine, step by step: +read's held value of an entry never changes once read; +carry's
-    never falls and grows with the steps it is held (its max over more draws); +fade:0.5's falls, but
-    never below half of the step before. Each lines up with the memory."""
+    """In the engine, step by step: +carry's held value never falls and grows with the steps it is held
+    (its max over more draws); +fade:0.5's falls, but never below half of the step before. Each lines up
+    with the memory."""
     model = make_tiny_model()
     with torch.no_grad():  # sharper attention than random init's near-even split, so shares differ step to step
         for layer in model.model.layers:
             layer.self_attn.q_proj.weight *= 30
             layer.self_attn.k_proj.weight *= 30
     rose, fell = {}, {}
-    for pool in ("follow:15+read", "follow:15+carry", "follow:15+fade:0.5"):
+    for pool in ("follow:15+carry", "follow:15+fade:0.5"):
         engine = ChunkedPrefill(model, make_scorer("chunk-attention"), sinks=4, question_ids=QUESTION,
                                 question_pool=pool)
         seen, rose[pool], fell[pool] = {}, 0, 0
@@ -378,7 +340,6 @@ def test_carried_shares_step_by_step_by_kind():
                             fell[pool] += value < before
                             assert value >= 0.5 * before * (1 - 1e-6)
                         seen[(idx, head, position)] = value
-    assert rose["follow:15+read"] == fell["follow:15+read"] == 0
     assert rose["follow:15+carry"] > 0 and fell["follow:15+carry"] == 0
     assert fell["follow:15+fade:0.5"] > 0
 

@@ -85,7 +85,7 @@ def register(sub) -> None:
                         "slots keep the answer's tokens) come with every run at no cost")
     p.add_argument("--question-pools", default=None,
                    help="memstep question-aware ablation: how the question's attention spreads over neighbouring "
-                        "keys, comma-separated max:N, mean:N, follow:N or none, each optionally +carry, +lift, +read or "
+                        "keys, comma-separated max:N, mean:N, follow:N or none, each optionally +carry or "
                         "+fade:F[@N][/K] (carried from step to step: follow:15+carry), then +heads[@N][/W] (shared by a layer's KV "
                         "heads; @N: in steps that keep N or more entries per head, the /K or /W form below), then +lend:C "
                         "(where +heads does not share in full, a head spread thin takes the layer's strongest share), then "
