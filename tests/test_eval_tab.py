@@ -263,3 +263,14 @@ def test_the_tradeoff_chart_opens_at_the_longest_length(tmp_path, monkeypatch, s
     assert first[7]["value"] == 8192 and "at 8192 tokens" in title(first)
     assert "at 8192 tokens" in plots.tradeoff_figure(summary).layout.title.text  # the figure's own default too
     assert "at 1024 tokens" in title(eval_tab.show(1024)) and "at 8192 tokens" in title(eval_tab.show(4096))
+
+
+def test_the_tab_says_which_split_its_results_are_of(tmp_path):
+    """The frozen test split is shown before the development grid, and the note says which one is shown."""
+    from ui.tabs import evaluate as eval_tab
+
+    folders = [f.name for f in eval_tab.RESULT_FOLDERS]
+    assert folders.index("test-split") < folders.index("eval")
+    assert eval_tab.split_note({"run": {"split": "test"}}).startswith("**The frozen test split**")
+    assert eval_tab.split_note({"run": {"split": "dev"}}).startswith("**The development split**")
+    assert eval_tab.split_note({}).startswith("**The development split**")  # results from before the splits

@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]  # ui/tabs/evaluate.py -> the reposit
 # Which results the tab shows, in this fixed order, never by when files were written (a fresh
 # clone writes them all at once): `memstep eval`'s default output (the user's own run), then the
 # committed `make bench-eval` results. The earlier grid lives in results/legacy-grid/, not shown.
-RESULT_FOLDERS = (ROOT / "results" / "local", ROOT / "results" / "eval")
+# your own results first, then the frozen test split (cases no setting was chosen on), then the development grid
+RESULT_FOLDERS = (ROOT / "results" / "local", ROOT / "results" / "test-split", ROOT / "results" / "eval")
 TABLE_HEADERS = ["length", "configuration", "kind", "passkey accuracy (95% CI)", "passkey kept", "NLL gap (95% CI)",
                  "seconds", "peak MiB", "peak - baseline MiB"]
 # results with a KL against the full cache: the settings beside the numbers, counted accuracy, KL, top-1
@@ -118,6 +119,16 @@ def table_rows(summary: dict) -> list[list]:
              num(r["peak_rss_bytes"], 2**-20), num(r["working_rss_bytes"], 2**-20)] for r in summary["rows"]]
 
 
+def split_note(summary: dict) -> str:
+    """Which cases the results are of, in words: the frozen test split, or the development split."""
+    split = (summary.get("run") or {}).get("split") or "dev"
+    if split == "test":
+        return ("**The frozen test split**: cases drawn once from texts and needles no setting was chosen on "
+                "(docs/test-split.md). ")
+    return ("**The development split**: the cases memstep's settings were chosen on, so these numbers say how "
+            "well they fit them. ")
+
+
 def headline(found: tuple[Path, dict] | None) -> str:
     """Where the results come from and how to read their numbers (a note under the takeaway)."""
     if found is None:
@@ -128,7 +139,7 @@ def headline(found: tuple[Path, dict] | None) -> str:
     if is_fair(summary):
         cases = {r["length"]: r.get("reference_cases") or r["cells"] for r in summary["rows"]
                  if r["config"]["kind"] == "memstep" and r["config"]["schedule"] == "full"}
-        return (f"Results from `{where}`: {len({r['label'] for r in summary['rows']})} configurations; "
+        return (split_note(summary) + f"Results from `{where}`: {len({r['label'] for r in summary['rows']})} configurations; "
                 + ", ".join(f"{n} cases at {length:,} tokens" for length, n in sorted(cases.items()))
                 + ". KL: the mean KL divergence (nats per token) of the memory's next-token distributions from the "
                 "full cache's over the prose that follows the document, with its 95% t interval; top-1 agreement: "
@@ -229,7 +240,10 @@ def headline_markdown(summary: dict) -> str:
     from ui.niah_view import needle_sentence
 
     sentence = evaluation_headline(summary)
-    return "\n\n".join(part for part in (f"### {sentence}" if sentence else "", needle_sentence()) if part)
+    needles = needle_sentence()
+    if needles:  # the public needle grid is development data, run with the recipe of its day
+        needles = "*Development split, run with the recipe memstep used then.* " + needles
+    return "\n\n".join(part for part in (f"### {sentence}" if sentence else "", needles) if part)
 
 
 def show(length=None):
