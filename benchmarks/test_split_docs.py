@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.docs_block import write_block  # noqa: E402
-from memstep.evaluation.metrics import summarize  # noqa: E402
+from memstep.evaluation.metrics import case_of, summarize  # noqa: E402
 from memstep.evaluation.report import fair_table, paired_table, settings_text  # noqa: E402
+from memstep.evaluation.stats import mean_interval, paired_difference_interval, wilson_interval  # noqa: E402
 from memstep.evaluation.store import ResultStore  # noqa: E402
 
 FOLDER = ROOT / "results" / "test-split"
@@ -87,6 +88,48 @@ def summary_table(summary: dict, length: int, aware: bool = True) -> str:
     return "\n".join(head + lines)
 
 
+def agnostic_table(cells: list[dict], length: int) -> str:
+    """The question-agnostic scorers under FM (no question), each paired against chunk-attention (the
+    paper's scorer) at the same M on the same cases: answers on the cases the full cache answers
+    (Newcombe 95%) and KL from the full cache (mean per-case difference, t 95%)."""
+    answered = {case_of(c) for c in cells if c["length"] == length and c["config"]["kind"] == "memstep"
+                and c["config"]["schedule"] == "full" and c["correct"]}
+    by: dict[tuple, dict] = {}
+    for c in cells:
+        conf = c["config"]
+        if c["length"] == length and conf["kind"] == "memstep" and conf["schedule"] == "fm" and \
+                not conf.get("question_aware") and conf.get("budget") in BUDGETS and not conf.get("fidelity"):
+            by.setdefault((conf["scorer"], conf["budget"]), {})[case_of(c)] = c
+    scorers = sorted({scorer for scorer, _ in by}, key=lambda name: (name != "chunk-attention", name))
+    lines = ["| scorer | " + " | ".join(f"M = {m}: answered; KL" for m in BUDGETS) + " |", "|---|" + "---|" * len(BUDGETS)]
+    for scorer in scorers:
+        parts = []
+        for m in BUDGETS:
+            mine, base = by.get((scorer, m), {}), by.get(("chunk-attention", m), {})
+            counted = [k for k in mine if k in answered]
+            if not counted:
+                parts.append("-")
+                continue
+            k = sum(mine[key]["correct"] for key in counted)
+            low, high = wilson_interval(k, len(counted))
+            kl = mean_interval(mine[key].get("kl") for key in mine)
+            text = f"{k}/{len(counted)} ({100 * low:.0f}-{100 * high:.0f}%); {kl['mean']:.3f}" if kl else f"{k}/{len(counted)}"
+            shared = [key for key in counted if key in base]
+            if scorer != "chunk-attention" and shared:
+                pairs = [(mine[key]["correct"], base[key]["correct"]) for key in shared]
+                d, lo, hi = paired_difference_interval(sum(a and b for a, b in pairs), sum(a and not b for a, b in pairs),
+                                                       sum(b and not a for a, b in pairs),
+                                                       sum(not a and not b for a, b in pairs))
+                diff = mean_interval(mine[key]["kl"] - base[key]["kl"] for key in mine if key in base
+                                     and mine[key].get("kl") is not None and base[key].get("kl") is not None)
+                text += f" · minus chunk-attention {100 * d:+.0f} ({100 * lo:+.0f} to {100 * hi:+.0f})"
+                if diff and diff.get("low") is not None:
+                    text += f"; KL {diff['mean']:+.3f} ({diff['low']:+.3f} to {diff['high']:+.3f})"
+            parts.append(text)
+        lines.append(f"| {scorer} | " + " | ".join(parts) + " |")
+    return "\n".join(lines)
+
+
 def summary_text(summary: dict) -> str:
     lengths = sorted({r["length"] for r in summary["rows"]})
     parts = []
@@ -106,7 +149,8 @@ def main(argv=None) -> int:
     parser.add_argument("--folder", type=Path, default=FOLDER)
     parser.add_argument("--docs", action="store_true", help="write README.md's and docs/test-split.md's blocks")
     args = parser.parse_args(argv)
-    summary = summarize(ResultStore(args.folder).cells())
+    cells = ResultStore(args.folder).cells()
+    summary = summarize(cells)
     text = summary_text(summary)
     print(text)
     if args.docs:
@@ -114,8 +158,10 @@ def main(argv=None) -> int:
         agnostic = [length for length in sorted({r["length"] for r in summary["rows"]})
                     if any(not r["config"].get("question_aware") and r["config"]["schedule"] != "full"
                            for r in summary["rows"] if r["length"] == length)]
-        extra = "".join(f"\n\n**Question-agnostic scorers, {length:,} tokens** (memstep FM, no question):\n\n"
-                        + summary_table(summary, length, aware=False) for length in agnostic)
+        extra = "".join(f"\n\n**Question-agnostic scorers, {length:,} tokens** (memstep FM, c = 512, no question; "
+                        "answered of the cases the full cache answers, Wilson 95%; KL from the full cache, nats per "
+                        "token; each minus chunk-attention on the same cases, points, Newcombe 95%, and KL, t 95%):\n\n"
+                        + agnostic_table(cells, length) for length in agnostic)
         write_block("test-split", text + extra + "\n\nEvery row, its settings as its cells recorded them:\n\n"
                     + fair_table(summary) + "\n\nPaired against memstep's default question-aware FM at the same "
                     "length and M:\n\n" + paired_table(summary), COMMAND, doc=ROOT / "docs" / "test-split.md")
