@@ -102,9 +102,7 @@ _HEADS = re.compile(r"\+heads" + _AT + r"(?:/" + _SHARE + ")?$")
 # a KV head whose question share is spread thin takes, as under +heads, the strongest share any head of
 # its layer gives each position; spread thin: its top picks (an eighth of the entries it keeps) hold
 # less than C (0 < C < 1) times what the most focused head's top picks hold. A head that found what the
-# question asks for keeps its own ranking (sharing into it cost answers at M = 128); one that found
-# nothing in particular holds what another found, where an answer is read through more heads than the
-# one the question found it through
+# question asks for keeps its own ranking; one that found nothing in particular holds what another found
 LEND = "+lend"
 _LEND = re.compile(r"\+lend:" + _SHARE + "$")
 LEND_TOP = 8  # a head's top picks: 1/8 of the entries it keeps besides the sinks (at least one)
@@ -114,13 +112,10 @@ LEND_TOP = 8  # a head's top picks: 1/8 of the entries it keeps besides the sink
 # than N entries per KV head besides the sinks (<N left out: whatever it keeps), each layer's K strongest
 # spans of L positions (counted from the first position after the sinks, as --span fixedL) by the
 # question's vote summed over the layer's KV heads stay in every head, ahead of the head's own picks,
-# which fill the rest of its budget. The span sum finds a fact several heads each give a little (a late
-# needle the question reads through no one head; ChunkKV keeps such layer-wide pieces). Only in the last
-# cut: spans shared in every cut took each head's slots cut after cut and lost the needles of long
-# documents (docs/spans-and-niah.md); after the last chunk no later fact needs those slots
+# which fill the rest of its budget: a fact several heads each give a little, kept as a layer-wide piece
+# (as ChunkKV keeps them). Only in the last cut: after the last chunk no later fact needs those slots.
 # +spans:Kxsentence: the K strongest sentences instead (a sentence ends after a token that ends in . ! ?
-# or a line break, and one longer than 48 tokens is split, as --span sentence): the needle's sentence
-# whole in one span, where a fixed span may cut it before the answer's last words
+# or a line break, and one longer than 48 tokens is split, as --span sentence)
 SPANS = "+spans"
 SENTENCE = "sentence"
 MAX_SPAN_LENGTH = 512  # positions in one span of +spans:KxL (as --span's longest)
