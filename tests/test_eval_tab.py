@@ -210,7 +210,10 @@ def test_headline_says_which_side_an_interval_favours(summary):
     aware = {"length": 2048, "label": "fm qa", "counted": 10, "counted_correct": 9, "counted_accuracy": 0.9,
              "config": {"kind": "memstep", "schedule": "fm", "question_aware": True, "budget": 512}}
     press = {"length": 2048, "label": "kvpress snapkv", "counted": 10, "counted_correct": 2, "counted_accuracy": 0.2,
-             "kl": 0.1, "config": {"kind": "kvpress", "scorer": "snapkv"}}
+             "kl": 0.1, "config": {"kind": "kvpress", "scorer": "snapkv", "budget": 512}}
+    # a press at another budget is no comparison: memstep at M = 512 beside a press at 256 says nothing
+    elsewhere = {**press, "config": {**press["config"], "budget": 256}}
+    assert eval_tab.evaluation_headline({"rows": [aware, elsewhere], "paired": []}) == ""
     paired = [{"length": 2048, "label": "kvpress snapkv", "accuracy_difference_low": -0.9,
                "accuracy_difference_high": -0.3}]
     sentence = eval_tab.evaluation_headline({"rows": [aware, press], "paired": paired})
@@ -223,6 +226,11 @@ def test_headline_says_which_side_an_interval_favours(summary):
     paired[0].update(accuracy_difference_low=0.1, accuracy_difference_high=0.3)  # the press ahead
     assert eval_tab.evaluation_headline({"rows": [aware, press], "paired": paired}).endswith(
         "(memstep minus SnapKV: -30 to -10 points) favours kvpress SnapKV.")
+    # both at two budgets: the smallest one both ran
+    small = {**aware, "label": "fm qa 128", "config": {**aware["config"], "budget": 128}}
+    small_press = {**press, "label": "kvpress snapkv 128", "config": {**press["config"], "budget": 128}}
+    assert eval_tab.evaluation_headline({"rows": [aware, press, small, small_press], "paired": []}).startswith(
+        "At 2,048 tokens with a memory of 128 tokens")
 
 
 def _write(folder, summary, lengths):

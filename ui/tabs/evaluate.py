@@ -18,7 +18,7 @@ import gradio as gr
 
 from memstep.evaluation.grid import PRESS_NAMES
 from memstep.evaluation.plots import heatmap_figure, intervals_figure, tradeoff_figure
-from memstep.evaluation.report import _aware, _best_answering  # the rows the README's takeaway names
+from memstep.evaluation.report import _best_answering  # the press the headline names
 from memstep.evaluation.report import (accuracy_text, contrasts_text, counted_text, entries_text, fair_takeaway,
                                        interval_text, paired_table, plus_minus, recommendation, retention_text,
                                        settings_text,
@@ -70,16 +70,21 @@ def chosen_results(folders) -> tuple[Path, dict] | None:
 
 
 def evaluation_headline(summary: dict) -> str:
-    """One sentence: at the shortest length with both, memstep's question-aware FM beside the
-    kvpress press that answers most, on the cases the full cache answers, and whether the paired
-    95% interval tells them apart. '' for results without those rows."""
-    for length in lengths(summary):
-        aware, best = _aware(summary, length), _best_answering(
-            [r for r in summary["rows"] if r["length"] == length and r["config"]["kind"] == "kvpress"])
-        if aware and aware.get("counted") and best:
-            break
-    else:
+    """One sentence: at the shortest length and the smallest memory budget with both, memstep's
+    question-aware FM beside the kvpress press that answers most at that budget, on the cases the full
+    cache answers, and whether the paired 95% interval tells them apart. '' for results without those rows."""
+    def both(length):
+        for aware in sorted(_aware_rows(summary, length), key=lambda r: r["config"].get("budget") or 0):
+            best = _best_answering([r for r in summary["rows"] if r["length"] == length and r["config"]["kind"] ==
+                                    "kvpress" and r["config"].get("budget") == aware["config"].get("budget")])
+            if aware.get("counted") and best:
+                return aware, best
+        return None
+
+    found = next(((length, pair) for length in lengths(summary) for pair in [both(length)] if pair), None)
+    if found is None:
         return ""
+    length, (aware, best) = found
     press = PRESS_NAMES.get(best["config"].get("scorer"), best["label"])
     paired = next((p for p in summary.get("paired") or [] if p["length"] == length and p["label"] == best["label"]),
                   {})
@@ -98,6 +103,13 @@ def evaluation_headline(summary: dict) -> str:
     return (f"At {length:,} tokens with a memory of {budget} tokens, memstep's question-aware FM answers "
             f"{aware['counted_correct']}/{aware['counted']} of the questions the full cache answers and kvpress "
             f"{press}, the press that answers most, {best['counted_correct']}/{best['counted']}{verdict}.")
+
+
+def _aware_rows(summary: dict, length: int) -> list[dict]:
+    """memstep's question-aware FM rows at the engine's defaults, one per memory budget."""
+    return [r for r in summary["rows"] if r["length"] == length and r["config"]["kind"] == "memstep"
+            and r["config"]["schedule"] == "fm" and r["config"].get("question_aware")
+            and not r["config"].get("question_pool") and r["config"].get("question_weight") is None]
 
 
 def lengths(summary: dict) -> list[int]:
