@@ -31,19 +31,22 @@ COMMAND = "python benchmarks/test_split_docs.py --docs"
 
 
 def _name(row: dict) -> str:
-    """A row's memory in words, without its budget (the column says it)."""
+    """A row's memory in words, without its budget (the column says it); memstep's positions are what
+    `auto` picks (shared for the default; the tuned recipe's own rule: shared below 256, compact from 256)."""
     c = row["config"]
     if c["kind"] == "kvpress":
         return f"kvpress {c['scorer']} ({settings_text(row, short=True)})"
     if not c.get("question_aware"):
-        return f"memstep FM, {c['scorer']}, no question ({c.get('rope')} positions)"
+        return f"memstep FM, {c['scorer']}, no question"
     schedule = {"fm": "FM", "imdc": "IMDC", "once": "one cut after a full prefill"}.get(c["schedule"], c["schedule"])
+    chunk = "" if c["schedule"] == "once" else f"c {c.get('chunk')}, "
     if c.get("question_pool"):
         recipe = "the tuned recipe" if "fade" in c["question_pool"] else f"pool {c['question_pool']}"
         recipe += f", weight {c.get('question_weight') or 1:g}"
     else:
-        recipe = "the default" if c.get("question_weight") is None else f"weight {c['question_weight']:g}"
-    return f"memstep {schedule}, {recipe} ({c.get('rope')} positions)"
+        recipe = "the default: max:15, weight 1" + ("" if c.get("question_weight") is None
+                                                    else f" at weight {c['question_weight']:g}")
+    return f"memstep {schedule} ({chunk}{recipe})"
 
 
 def _default_fm(row: dict) -> bool:
@@ -138,9 +141,13 @@ def summary_text(summary: dict) -> str:
                      and r["config"]["schedule"] == "full"), None)
         if full is None:
             continue
-        parts.append(f"**{length:,} tokens**: the full cache answers {full['correct']} of {full['cells']} cases; "
-                     "each memory on those (answered, Wilson 95%; then minus memstep's default FM on the same "
-                     "cases, points, Newcombe 95%):\n\n" + summary_table(summary, length))
+        head = f"**{length:,} tokens**: the full cache answers {full['correct']} of {full['cells']} cases"
+        if not any(r["length"] == length and r["config"].get("budget") in BUDGETS and r["config"].get("question_aware")
+                   for r in summary["rows"]):
+            parts.append(head + "; no memory has run on them yet.")
+            continue
+        parts.append(head + "; each memory on those (answered, Wilson 95%; then minus memstep's default FM on the "
+                     "same cases, points, Newcombe 95%):\n\n" + summary_table(summary, length))
     return "\n\n".join(parts) if parts else "*No test-split results yet: `make bench-test-split`.*"
 
 
