@@ -282,3 +282,15 @@ def test_the_tab_says_which_split_its_results_are_of(tmp_path):
     assert eval_tab.split_note({"run": {"split": "test"}}).startswith("**The frozen test split**")
     assert eval_tab.split_note({"run": {"split": "dev"}}).startswith("**The development split**")
     assert eval_tab.split_note({}).startswith("**The development split**")  # results from before the splits
+
+
+def test_the_headline_names_its_split_first():
+    from ui.tabs import evaluate as eval_tab
+
+    aware = {"length": 2048, "label": "fm qa", "counted": 10, "counted_correct": 9, "counted_accuracy": 0.9,
+             "config": {"kind": "memstep", "schedule": "fm", "question_aware": True, "budget": 256}}
+    press = {"length": 2048, "label": "kvpress chunkkv", "counted": 10, "counted_correct": 8, "counted_accuracy": 0.8,
+             "kl": 0.1, "config": {"kind": "kvpress", "scorer": "chunkkv", "budget": 256}}
+    for split, first in (("test", "### Frozen test split: at 2,048 tokens"), ("dev", "### Development split: at 2,048")):
+        summary = {"rows": [aware, press], "paired": [], "run": {"split": split}}
+        assert eval_tab.headline_markdown(summary).startswith(first)

@@ -252,6 +252,9 @@ def headline_markdown(summary: dict) -> str:
     from ui.niah_view import needle_sentence
 
     sentence = evaluation_headline(summary)
+    if sentence:  # which cases the sentence is of, before anything else on the tab
+        split = "Frozen test split" if (summary.get("run") or {}).get("split") == "test" else "Development split"
+        sentence = f"{split}: {sentence[0].lower()}{sentence[1:]}"
     needles = needle_sentence()
     if needles:  # the public needle grid is development data, run with the recipe of its day
         needles = "*Development split, run with the recipe memstep used then.* " + needles
