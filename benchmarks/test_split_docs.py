@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.docs_block import write_block  # noqa: E402
 from memstep.evaluation.metrics import case_of, summarize  # noqa: E402
-from memstep.evaluation.report import fair_table, paired_table, settings_text  # noqa: E402
+from memstep.evaluation.report import _at_defaults, fair_table, paired_table, settings_text  # noqa: E402
 from memstep.evaluation.stats import mean_interval, paired_difference_interval, wilson_interval  # noqa: E402
 from memstep.evaluation.store import ResultStore  # noqa: E402
 
@@ -52,7 +52,7 @@ def _name(row: dict) -> str:
 def _default_fm(row: dict) -> bool:
     c = row["config"]
     return c["kind"] == "memstep" and c["schedule"] == "fm" and c.get("question_aware") and \
-        not c.get("question_pool") and c.get("question_weight") is None and not c.get("fidelity")
+        _at_defaults(c) and not c.get("fidelity")
 
 
 def _cell(row: dict, paired: dict | None) -> str:

@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.docs_block import write_block  # noqa: E402
 from memstep.evaluation.metrics import case_of  # noqa: E402
+from memstep.evaluation.report import _at_defaults  # noqa: E402
 from memstep.evaluation.store import ResultStore  # noqa: E402
 
 FOLDER = ROOT / "results" / "test-split"
@@ -34,7 +35,7 @@ NEIGHBOURS = 7  # the default's max-pool reach on each side
 
 def _is_default_fm(config: dict, memory: int, schedule: str = "fm") -> bool:
     return config["kind"] == "memstep" and config["schedule"] == schedule and config.get("question_aware") and \
-        config.get("budget") == memory and not config.get("question_pool") and config.get("question_weight") is None
+        config.get("budget") == memory and _at_defaults(config)
 
 
 def losses(cells: list[dict], length: int, memory: int) -> list[tuple]:

@@ -18,7 +18,7 @@ import gradio as gr
 
 from memstep.evaluation.grid import PRESS_NAMES
 from memstep.evaluation.plots import heatmap_figure, intervals_figure, tradeoff_figure
-from memstep.evaluation.report import _best_answering  # the press the headline names
+from memstep.evaluation.report import _at_defaults, _best_answering  # the rows the headline names
 from memstep.evaluation.report import (accuracy_text, contrasts_text, counted_text, entries_text, fair_takeaway,
                                        interval_text, paired_table, plus_minus, recommendation, retention_text,
                                        settings_text,
@@ -109,7 +109,7 @@ def _aware_rows(summary: dict, length: int) -> list[dict]:
     """memstep's question-aware FM rows at the engine's defaults, one per memory budget."""
     return [r for r in summary["rows"] if r["length"] == length and r["config"]["kind"] == "memstep"
             and r["config"]["schedule"] == "fm" and r["config"].get("question_aware")
-            and not r["config"].get("question_pool") and r["config"].get("question_weight") is None]
+            and _at_defaults(r["config"])]
 
 
 def lengths(summary: dict) -> list[int]:
