@@ -1,6 +1,6 @@
 """Where memstep's default question-aware FM loses test-split answers: step by step, what each memory keeps
 of the answer and of the words around it, and what the model reads from it. Writes JSON
-(results/test-split/trace.json) and a table into docs/test-split.md's block ``test-split-trace``.
+(results/test-split/test_split_trace.json) and a table into docs/test-split.md's block ``test-split-trace``.
 
 The cases: those of ``--length`` where the full cache answers, memstep's default FM at M = ``--memory``
 does not, and kvpress ChunkKV at the same M does (the losses the issue is about), the first ``--cases``
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
         t["once"] = cells["once"]["correct"] if "once" in cells else None
         t["stored_answer"] = cells["fm"].get("answer")
         traced.append(t)
-    (FOLDER / "trace.json").write_text(json.dumps({"length": args.length, "memory": args.memory, "losses": len(found),
+    (FOLDER / "test_split_trace.json").write_text(json.dumps({"length": args.length, "memory": args.memory, "losses": len(found),
                                                    "cases": traced}, indent=1))
     text = (f"{len(found)} cases at {args.length:,} tokens, M = {args.memory}: the full cache and ChunkKV answer, "
             f"memstep's default FM does not; the first {len(traced)}:\n\n" + table(traced))

@@ -204,7 +204,7 @@ def test_a_needle_results_folder_resumes_without_force(tmp_path):
 
     folder = check_results_folder(tmp_path / "niah", results_files())  # made and marked as memstep's
     for name in ("cells.jsonl", "summary.json", "niah_table.json", "niah_ablation.json", "needle_trace.json",
-                 "needle_trace_4096.json", "word_trace.json", "span_cost.json",
+                 "needle_trace_4096.json", "word_trace.json", "span_cost.json", "test_split_trace.json",
                  *(f"{kind}.{ext}" for kind in BENCHMARKS for ext in ("html", "png"))):
         (folder / name).write_text("{}")
     assert check_results_folder(folder, results_files()) == folder

@@ -147,7 +147,7 @@ NIAH_PLOTS = NIAH_BENCHMARKS
 # memstep's table scripts save their rows beside the cells (benchmarks/span_ablation.py, span_cost.py,
 # needle_trace.py, at 2,048 tokens and --length 4096, word_trace.py): a resume keeps them
 TABLES = ("span_ablation.json", "niah_table.json", "niah_ablation.json", "niah_heldout.json", "span_cost.json",
-          "needle_trace.json", "needle_trace_4096.json", "word_trace.json")
+          "needle_trace.json", "needle_trace_4096.json", "word_trace.json", "test_split_trace.json")
 
 
 LOGITS = "logits"  # memstep.evaluation.runner.LOGITS (that module imports torch: not needed to refuse)
