@@ -179,7 +179,7 @@ document.addEventListener("click", (event) => {
       if (!node || node.nodeType !== Node.TEXT_NODE) continue;
       let from = starts[Math.max(first, t0) - t0];
       const to = last < t1 ? starts[last + 1 - t0] : node.length;
-      while (from < to && /\s/.test(node.data[from])) from++;  // a token's leading space: no box at a line's end
+      while (from < to && /\\s/.test(node.data[from])) from++;  // a token's leading space: no box at a line's end
       if (to <= from) continue;
       const range = document.createRange();
       range.setStart(node, from);
