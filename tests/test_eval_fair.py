@@ -357,6 +357,11 @@ def test_the_anchor_is_todays_default_else_the_earlier_default_pool():
     assert anchor_of(rows, 4096)["config"]["question_pool"] == "follow:15"  # the newest earlier default first
     assert anchor_of(rows, 1024)["config"]["question_pool"] == "max:15"
     assert not anchor_of(rows, 8192)["config"].get("question_aware")  # no default, no earlier default: agnostic
+    # a grid run under an earlier default (48 cases) beside a few cases of today's (6): the grid's own
+    grid = [{**row(512, question_pool="follow:15"), "cells": 48}, {**row(512), "cells": 6}]
+    assert anchor_of(grid, 512)["config"]["question_pool"] == "follow:15"
+    grid[1]["cells"] = 48  # as many cases: today's default
+    assert anchor_of(grid, 512)["config"].get("question_pool") is None
 
 
 def test_rows_pair_with_the_anchor_at_their_own_budget():

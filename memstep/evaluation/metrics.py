@@ -114,25 +114,43 @@ def peer_settings(group: list[dict]) -> dict | None:
 
 def anchor_of(rows: list[dict], length: int, budget: int | None = None) -> dict | None:
     """What the other rows are paired with at a length (and memory budget, when given: a row is
-    never paired across budgets): memstep's question-aware FM with the engine's defaults (no pool
-    or weight set); where that has not run, the same at an earlier default pool (results from
-    before the default changed, labelled with their pool); else its question-agnostic FM. Each at
-    the RoPE positions memstep's default picks for it (auto) before any other (an earlier default:
-    the rule of its day, shared positions below 256 entries per head)."""
-    earlier = [(True, (None, pool) if pool == QUESTION_POOL else (pool,), (None, EARLIER_WEIGHT), TUNED_SHARED_BELOW)
-               for pool in EARLIER_POOLS]
-    for aware, pools, weights, below in ((True, (None,), (None,), None), *earlier, (False, (None,), (None,), None)):
-        found = [row for row in rows if row["length"] == length and _default_fm(row["config"], aware, pools, weights)
-                 and (budget is None or row["config"].get("budget") == budget)]
-        chosen = [row for row in found if row["config"].get("rope") == resolve_rope(
-            AUTO, schedule="fm", memory=row["config"].get("budget") or 0, question_aware=aware, shared_below=below)]
-        if chosen or found:
-            return (chosen or found)[0]
-    return None
+    never paired across budgets): memstep's question-aware FM at its default (default_memory);
+    where none ran, its question-agnostic FM at the RoPE positions memstep picks for it."""
+    found = default_memory(rows, length, budget)
+    if found is None:
+        found = _at_auto(_defaults(rows, length, budget, "fm", False, (None,), (None,)), "fm", False, None)
+    return found
 
 
-def _default_fm(c: dict, aware: bool, pools: tuple, weights: tuple) -> bool:
-    return c["kind"] == "memstep" and c["schedule"] == "fm" and bool(c.get("question_aware")) == aware \
+def default_memory(rows: list[dict], length: int, budget: int | None = None, schedule: str = "fm") -> dict | None:
+    """memstep's question-aware memory of ``schedule`` at the engine's default (no pool or weight
+    set) or at an earlier default pool (results from before the default changed, labelled with
+    their pool), whichever ran the most cases there, today's on a tie: a grid run under an earlier
+    default pairs with it, not with a few cases of today's default run in an ablation. Each at the
+    RoPE positions memstep's default picks for it (auto) before any other (an earlier default: the
+    rule of its day, shared positions below 256 entries per head)."""
+    tiers = [((None,), (None,), None)] + [((None, pool) if pool == QUESTION_POOL else (pool,), (None, EARLIER_WEIGHT),
+                                           TUNED_SHARED_BELOW) for pool in EARLIER_POOLS]
+    found = [_at_auto(_defaults(rows, length, budget, schedule, True, pools, weights), schedule, True, below)
+             for pools, weights, below in tiers]
+    # max keeps the first of equals: today's default
+    return max((row for row in found if row is not None), key=lambda row: row.get("cells") or 0, default=None)
+
+
+def _defaults(rows, length, budget, schedule, aware, pools, weights) -> list[dict]:
+    return [row for row in rows if row["length"] == length and _default_of(row["config"], schedule, aware, pools, weights)
+            and (budget is None or row["config"].get("budget") == budget)]
+
+
+def _at_auto(found: list[dict], schedule: str, aware: bool, below: int | None) -> dict | None:
+    """The first of ``found`` at the positions `auto` picks for it, else the first."""
+    chosen = [row for row in found if row["config"].get("rope") == resolve_rope(
+        AUTO, schedule=schedule, memory=row["config"].get("budget") or 0, question_aware=aware, shared_below=below)]
+    return (chosen or found or [None])[0]
+
+
+def _default_of(c: dict, schedule: str, aware: bool, pools: tuple, weights: tuple) -> bool:
+    return c["kind"] == "memstep" and c["schedule"] == schedule and bool(c.get("question_aware")) == aware \
         and c.get("question_pool") in pools and c.get("question_weight") in weights and not c.get("fidelity") \
         and not c.get("span")
 

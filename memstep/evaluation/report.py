@@ -300,9 +300,11 @@ def _at_defaults(config: dict) -> bool:
 
 
 def _aware(summary: dict, length: int, schedule: str = "fm") -> dict | None:
-    """memstep's question-aware row at the engine's defaults."""
-    return _row(summary, length, lambda c: c["kind"] == "memstep" and c["schedule"] == schedule
-                and c.get("question_aware") and _at_defaults(c))
+    """memstep's question-aware row at its default (today's, or the earlier default a grid ran
+    under: metrics.default_memory)."""
+    from memstep.evaluation.metrics import default_memory
+
+    return default_memory(summary["rows"], length, schedule=schedule)
 
 
 def _presses(summary: dict, length: int) -> list[dict]:

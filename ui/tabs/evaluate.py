@@ -18,7 +18,7 @@ import gradio as gr
 
 from memstep.evaluation.grid import PRESS_NAMES
 from memstep.evaluation.plots import heatmap_figure, intervals_figure, tradeoff_figure
-from memstep.evaluation.report import _at_defaults, _best_answering  # the rows the headline names
+from memstep.evaluation.report import _best_answering  # the press the headline names
 from memstep.evaluation.report import (accuracy_text, contrasts_text, counted_text, entries_text, fair_takeaway,
                                        interval_text, paired_table, plus_minus, recommendation, retention_text,
                                        settings_text,
@@ -106,10 +106,13 @@ def evaluation_headline(summary: dict) -> str:
 
 
 def _aware_rows(summary: dict, length: int) -> list[dict]:
-    """memstep's question-aware FM rows at the engine's defaults, one per memory budget."""
-    return [r for r in summary["rows"] if r["length"] == length and r["config"]["kind"] == "memstep"
-            and r["config"]["schedule"] == "fm" and r["config"].get("question_aware")
-            and _at_defaults(r["config"])]
+    """memstep's question-aware FM rows at its default, one per memory budget: the rows the others
+    pair with (a grid run under an earlier default pairs with that one)."""
+    from memstep.evaluation.metrics import default_memory
+
+    rows = [default_memory(summary["rows"], length, budget) for budget in
+            sorted({r["config"].get("budget") for r in summary["rows"] if r["length"] == length} - {None})]
+    return [r for r in rows if r is not None]
 
 
 def lengths(summary: dict) -> list[int]:
