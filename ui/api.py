@@ -82,8 +82,8 @@ def prefill(document_text: str = "", document_file: FileData | None = None, exam
     layer-head slots keeping each position, the answer to the question from the
     compressed memory and, for passkey documents, whether the passkey survived. An empty
     question asks the document's own question (bundled examples, passkey documents).
-    ``rope``: auto (memstep's default: shared positions for a question-aware memory below 256
-    entries per KV head on a document within the model's context, else compact), compact
+    ``rope``: auto (memstep's default: shared positions for a question-aware memory on a document
+    within the model's context, else compact), compact
     (contiguous positions, the reference code's), document (true positions) or shared (one
     position per kept token in every head); the result's ``rope`` says which ran. ``preset``
     "reference" runs as the reference code (scorer conv, compact positions, 4 sinks, padded
