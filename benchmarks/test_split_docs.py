@@ -119,10 +119,7 @@ def agnostic_table(cells: list[dict], length: int) -> str:
             text = f"{k}/{len(counted)} ({100 * low:.0f}-{100 * high:.0f}%); {kl['mean']:.3f}" if kl else f"{k}/{len(counted)}"
             shared = [key for key in counted if key in base]
             if scorer != "chunk-attention" and shared:
-                pairs = [(mine[key]["correct"], base[key]["correct"]) for key in shared]
-                d, lo, hi = paired_difference_interval(sum(a and b for a, b in pairs), sum(a and not b for a, b in pairs),
-                                                       sum(b and not a for a, b in pairs),
-                                                       sum(not a and not b for a, b in pairs))
+                d, lo, hi = _paired(mine, base, shared)
                 diff = mean_interval(mine[key]["kl"] - base[key]["kl"] for key in mine if key in base
                                      and mine[key].get("kl") is not None and base[key].get("kl") is not None)
                 text += f" · minus chunk-attention {100 * d:+.0f} ({100 * lo:+.0f} to {100 * hi:+.0f})"
@@ -133,7 +130,45 @@ def agnostic_table(cells: list[dict], length: int) -> str:
     return "\n".join(lines)
 
 
-def summary_text(summary: dict) -> str:
+def _paired(mine: dict, base: dict, keys: list) -> tuple[float, float, float]:
+    """Answered by ``mine`` minus by ``base`` on the same cases ``keys``: difference and Newcombe's 95%."""
+    pairs = [(mine[key]["correct"], base[key]["correct"]) for key in keys]
+    return paired_difference_interval(sum(a and b for a, b in pairs), sum(a and not b for a, b in pairs),
+                                      sum(b and not a for a, b in pairs), sum(not a and not b for a, b in pairs))
+
+
+def one_cut_text(cells: list[dict], length: int) -> str:
+    """The rule against the presses with the same information: memstep's default rule in one cut after a
+    full prefill (`once`) minus each question-aware press at the same M, on the cases both ran that the
+    full cache answers. Empty where no `once` ran beside a press."""
+    answered = {case_of(c) for c in cells if c["length"] == length and c["config"]["kind"] == "memstep"
+                and c["config"]["schedule"] == "full" and c["correct"]}
+    once: dict[int, dict] = {}
+    presses: dict[tuple, dict] = {}
+    for c in cells:
+        conf, key = c["config"], case_of(c)
+        if c["length"] != length or key not in answered or conf.get("budget") not in BUDGETS:
+            continue
+        if conf["kind"] == "memstep" and conf["schedule"] == "once" and conf.get("question_aware") \
+                and _at_defaults(conf):
+            once.setdefault(conf["budget"], {})[key] = c
+        elif conf["kind"] == "kvpress" and conf.get("question_aware"):
+            presses.setdefault((conf["budget"], conf["scorer"]), {})[key] = c
+    parts = []
+    for (m, press), theirs in sorted(presses.items()):
+        shared = [key for key in once.get(m, {}) if key in theirs]
+        if shared:
+            d, lo, hi = _paired(once[m], theirs, shared)
+            parts.append(f"M = {m}: memstep {sum(once[m][k]['correct'] for k in shared)}/{len(shared)}, {press} "
+                         f"{sum(theirs[k]['correct'] for k in shared)}/{len(shared)}, memstep minus {press} "
+                         f"{100 * d:+.0f} ({100 * lo:+.0f} to {100 * hi:+.0f})")
+    if not parts:
+        return ""
+    return ("With the information a press has (the whole document prefilled, then one cut), memstep's default "
+            "rule against each press on the same cases (points, Newcombe 95%): " + "; ".join(parts) + ".")
+
+
+def summary_text(summary: dict, cells: list[dict] | None = None) -> str:
     lengths = sorted({r["length"] for r in summary["rows"]})
     parts = []
     for length in lengths:
@@ -146,8 +181,10 @@ def summary_text(summary: dict) -> str:
                    for r in summary["rows"]):
             parts.append(head + "; no memory has run on them yet.")
             continue
+        cut = one_cut_text(cells or [], length)
         parts.append(head + "; each memory on those (answered, Wilson 95%; then minus memstep's default FM on the "
-                     "same cases, points, Newcombe 95%):\n\n" + summary_table(summary, length))
+                     "same cases, points, Newcombe 95%):\n\n" + summary_table(summary, length)
+                     + (f"\n\n{cut}" if cut else ""))
     return "\n\n".join(parts) if parts else "*No test-split results yet: `make bench-test-split`.*"
 
 
@@ -158,7 +195,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cells = ResultStore(args.folder).cells()
     summary = summarize(cells)
-    text = summary_text(summary)
+    text = summary_text(summary, cells)
     print(text)
     if args.docs:
         write_block("test-split-summary", text, COMMAND, doc=ROOT / "README.md")

@@ -130,8 +130,12 @@ def main(argv=None) -> int:
         traced.append(t)
     (FOLDER / "test_split_trace.json").write_text(json.dumps({"length": args.length, "memory": args.memory, "losses": len(found),
                                                    "cases": traced}, indent=1))
+    once = [cells["once"]["correct"] for _, cells in found if "once" in cells]
     text = (f"{len(found)} cases at {args.length:,} tokens, M = {args.memory}: the full cache and ChunkKV answer, "
-            f"memstep's default FM does not; the first {len(traced)}:\n\n" + table(traced))
+            "memstep's default FM does not"
+            + (f"; memstep's rule in one cut after a full prefill answers {sum(once)} of the {len(once)} of them it ran"
+               if once else "")
+            + f". The first {len(traced)}:\n\n" + table(traced))
     print(text)
     if args.docs:
         write_block("test-split-trace", text, "python benchmarks/test_split_trace.py --docs", doc=ROOT / "docs" / "test-split.md")
