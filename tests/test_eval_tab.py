@@ -226,11 +226,28 @@ def test_headline_says_which_side_an_interval_favours(summary):
     paired[0].update(accuracy_difference_low=0.1, accuracy_difference_high=0.3)  # the press ahead
     assert eval_tab.evaluation_headline({"rows": [aware, press], "paired": paired}).endswith(
         "(memstep minus SnapKV: -30 to -10 points) favours kvpress SnapKV.")
-    # both at two budgets: the smallest one both ran
-    small = {**aware, "label": "fm qa 128", "config": {**aware["config"], "budget": 128}}
-    small_press = {**press, "label": "kvpress snapkv 128", "config": {**press["config"], "budget": 128}}
-    assert eval_tab.evaluation_headline({"rows": [aware, press, small, small_press], "paired": []}).startswith(
-        "At 2,048 tokens with a memory of 128 tokens")
+    # both at two budgets: each budget in turn, the smallest first, each with its own interval; a press
+    # named once, and named again where another press answers most
+    small = {**aware, "label": "fm qa 128", "counted_correct": 5,
+             "config": {**aware["config"], "budget": 128}}
+    small_press = {**press, "label": "kvpress snapkv 128", "counted_correct": 8, "counted_accuracy": 0.8,
+                   "config": {**press["config"], "budget": 128}}
+    paired = [{"length": 2048, "label": "kvpress snapkv 128", "accuracy_difference_low": 0.1,
+               "accuracy_difference_high": 0.5},  # the press ahead at 128
+              {"length": 2048, "label": "kvpress snapkv", "accuracy_difference_low": -0.2,
+               "accuracy_difference_high": 0.1}]  # not told apart at 512
+    assert eval_tab.evaluation_headline({"rows": [aware, press, small, small_press], "paired": paired}) == (
+        "At 2,048 tokens, of the questions the full cache answers, memstep's question-aware FM answers 5/10 with a "
+        "memory of 128 tokens, where kvpress SnapKV, the press that answers most there, answers 8/10 (memstep minus "
+        "SnapKV: -50 to -10 points, SnapKV ahead); 9/10 with a memory of 512 tokens, SnapKV 2/10 (-10 to +20 "
+        "points, not told apart).")
+    chunkkv = {**press, "label": "kvpress chunkkv", "counted_correct": 3, "counted_accuracy": 0.3,
+               "config": {**press["config"], "scorer": "chunkkv"}}
+    paired.append({"length": 2048, "label": "kvpress chunkkv", "accuracy_difference_low": -0.9,
+                   "accuracy_difference_high": -0.2})  # memstep ahead at 512
+    assert eval_tab.evaluation_headline({"rows": [aware, press, chunkkv, small, small_press], "paired": paired}) \
+        .endswith("9/10 with a memory of 512 tokens, where kvpress ChunkKV, the press that answers most there, "
+                  "answers 3/10 (memstep minus ChunkKV: +20 to +90 points, memstep ahead).")
 
 
 def _write(folder, summary, lengths):

@@ -70,39 +70,71 @@ def chosen_results(folders) -> tuple[Path, dict] | None:
 
 
 def evaluation_headline(summary: dict) -> str:
-    """One sentence: at the shortest length and the smallest memory budget with both, memstep's
-    question-aware FM beside the kvpress press that answers most at that budget, on the cases the full
-    cache answers, and whether the paired 95% interval tells them apart. '' for results without those rows."""
+    """One sentence: at the shortest length with both, memstep's question-aware FM beside the kvpress
+    press that answers most, at every memory budget both ran, on the cases the full cache answers, and
+    whether each paired 95% interval tells them apart. '' for results without those rows."""
     def both(length):
+        found = []
         for aware in sorted(_aware_rows(summary, length), key=lambda r: r["config"].get("budget") or 0):
             best = _best_answering([r for r in summary["rows"] if r["length"] == length and r["config"]["kind"] ==
                                     "kvpress" and r["config"].get("budget") == aware["config"].get("budget")])
             if aware.get("counted") and best:
-                return aware, best
-        return None
+                found.append((aware, best))
+        return found
 
-    found = next(((length, pair) for length in lengths(summary) for pair in [both(length)] if pair), None)
+    found = next(((length, pairs) for length in lengths(summary) for pairs in [both(length)] if pairs), None)
     if found is None:
         return ""
-    length, (aware, best) = found
-    press = PRESS_NAMES.get(best["config"].get("scorer"), best["label"])
+    length, pairs = found
+    if len(pairs) == 1:
+        (aware, best), = pairs
+        press, interval = press_named(best), _interval(summary, length, best)
+        verdict = "" if interval is None else (f"; the paired 95% interval of the difference (memstep minus {press}: "
+                                              f"{_points(interval)}) {_says(interval, press)}")
+        return (f"At {length:,} tokens with a memory of {aware['config'].get('budget')} tokens, memstep's "
+                f"question-aware FM answers {aware['counted_correct']}/{aware['counted']} of the questions the full "
+                f"cache answers and kvpress {press}, the press that answers most, "
+                f"{best['counted_correct']}/{best['counted']}{verdict}.")
+    clauses, named = [], None
+    for aware, best in pairs:
+        press, interval = press_named(best), _interval(summary, length, best)
+        mine = f"{aware['counted_correct']}/{aware['counted']} with a memory of {aware['config'].get('budget')} tokens"
+        theirs = f"{best['counted_correct']}/{best['counted']}"
+        verdict = "" if interval is None else (
+            f" ({'' if press == named else f'memstep minus {press}: '}{_points(interval)}, "
+            + (f"{press} ahead" if _lead(interval) is False else "memstep ahead" if _lead(interval) else
+               "not told apart") + ")")
+        clauses.append(f"{mine}, {press} {theirs}{verdict}" if press == named else
+                       f"{mine}, where kvpress {press}, the press that answers most there, answers {theirs}{verdict}")
+        named = press
+    return (f"At {length:,} tokens, of the questions the full cache answers, memstep's question-aware FM answers "
+            + "; ".join(clauses) + ".")
+
+
+def press_named(row: dict) -> str:
+    return PRESS_NAMES.get(row["config"].get("scorer"), row["label"])
+
+
+def _interval(summary: dict, length: int, best: dict) -> tuple[float, float] | None:
+    """memstep minus the press, the paired 95% interval of answered cases (None when unpaired). The store
+    pairs each press against memstep (press minus memstep): turned round here."""
     paired = next((p for p in summary.get("paired") or [] if p["length"] == length and p["label"] == best["label"]),
                   {})
-    # the store pairs each press against memstep (press minus memstep); the sentence reads from
-    # memstep's side, so the interval is turned round: memstep minus the press
     low, high = paired.get("accuracy_difference_low"), paired.get("accuracy_difference_high")
-    if low is None:
-        verdict = ""
-    else:
-        lead_low, lead_high = -high, -low
-        span = f"memstep minus {press}: {100 * lead_low:+.0f} to {100 * lead_high:+.0f} points"
-        verdict = (f"; the paired 95% interval of the difference ({span}) " + (
-            "does not tell them apart" if lead_low <= 0 <= lead_high else
-            "favours memstep" if lead_low > 0 else f"favours kvpress {press}"))
-    budget = aware["config"].get("budget")
-    return (f"At {length:,} tokens with a memory of {budget} tokens, memstep's question-aware FM answers "
-            f"{aware['counted_correct']}/{aware['counted']} of the questions the full cache answers and kvpress "
-            f"{press}, the press that answers most, {best['counted_correct']}/{best['counted']}{verdict}.")
+    return None if low is None else (-high, -low)
+
+
+def _points(interval: tuple[float, float]) -> str:
+    return f"{100 * interval[0]:+.0f} to {100 * interval[1]:+.0f} points"
+
+
+def _lead(interval: tuple[float, float]) -> bool | None:
+    """True: memstep ahead; False: the press ahead; None: the interval includes 0."""
+    return None if interval[0] <= 0 <= interval[1] else interval[0] > 0
+
+
+def _says(interval: tuple[float, float], press: str) -> str:
+    return {None: "does not tell them apart", True: "favours memstep", False: f"favours kvpress {press}"}[_lead(interval)]
 
 
 def _aware_rows(summary: dict, length: int) -> list[dict]:
