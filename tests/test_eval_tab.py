@@ -311,3 +311,40 @@ def test_the_headline_names_its_split_first():
     for split, first in (("test", "### Frozen test split: at 2,048 tokens"), ("dev", "### Development split: at 2,048")):
         summary = {"rows": [aware, press], "paired": [], "run": {"split": split}}
         assert eval_tab.headline_markdown(summary).startswith(first)
+
+
+def test_the_trade_off_opens_at_the_length_with_the_most_configurations():
+    """A length where only the full cache has run (one point) is not where the trade-off chart opens;
+    with as many configurations at each length, the longest."""
+    from ui.tabs import evaluate as eval_tab
+
+    def rows(length, n):
+        return [{"length": length, "label": f"row {i}", "config": {"kind": "memstep"}} for i in range(n)]
+
+    assert eval_tab.default_length({"rows": rows(2048, 10) + rows(4096, 1)}) == 2048
+    assert eval_tab.default_length({"rows": rows(2048, 3) + rows(4096, 3)}) == 4096
+    assert eval_tab.default_length({"rows": []}) is None
+
+
+def test_the_headline_title_groups_the_budgets_by_verdict():
+    """The title gives the verdicts alone, budgets with one verdict grouped; nothing where a pair has no
+    interval (it would claim what was not measured)."""
+    from ui.tabs import evaluate as eval_tab
+
+    def pair(budget, low, high):
+        aware = {"length": 2048, "label": f"fm {budget}", "counted": 10, "counted_correct": 5, "counted_accuracy": 0.5,
+                 "config": {"kind": "memstep", "schedule": "fm", "question_aware": True, "budget": budget}}
+        press = {"length": 2048, "label": f"chunkkv {budget}", "counted": 10, "counted_correct": 6,
+                 "counted_accuracy": 0.6, "config": {"kind": "kvpress", "scorer": "chunkkv", "budget": budget}}
+        # the store's side: press minus memstep
+        return [aware, press], {"length": 2048, "label": f"chunkkv {budget}", "accuracy_difference_low": low,
+                                "accuracy_difference_high": high}
+
+    found = [pair(128, 0.02, 0.2), pair(256, -0.12, 0.04), pair(512, -0.07, 0.04), pair(1024, -0.3, -0.1)]
+    summary = {"rows": [r for rows, _ in found for r in rows], "paired": [p for _, p in found]}
+    assert eval_tab.headline_title(summary) == (
+        "2,048 tokens: ChunkKV answers more than memstep at M = 128; memstep and ChunkKV not told apart at "
+        "M = 256 and 512; memstep answers more than ChunkKV at M = 1024")
+    markdown = eval_tab.headline_markdown({**summary, "run": {"split": "test"}})
+    assert markdown.startswith("### Frozen test split, 2,048 tokens: ChunkKV answers more") and "\n\nAt 2,048" in markdown
+    assert eval_tab.headline_title({**summary, "paired": summary["paired"][1:]}) == ""

@@ -73,16 +73,7 @@ def evaluation_headline(summary: dict) -> str:
     """One sentence: at the shortest length with both, memstep's question-aware FM beside the kvpress
     press that answers most, at every memory budget both ran, on the cases the full cache answers, and
     whether each paired 95% interval tells them apart. '' for results without those rows."""
-    def both(length):
-        found = []
-        for aware in sorted(_aware_rows(summary, length), key=lambda r: r["config"].get("budget") or 0):
-            best = _best_answering([r for r in summary["rows"] if r["length"] == length and r["config"]["kind"] ==
-                                    "kvpress" and r["config"].get("budget") == aware["config"].get("budget")])
-            if aware.get("counted") and best:
-                found.append((aware, best))
-        return found
-
-    found = next(((length, pairs) for length in lengths(summary) for pairs in [both(length)] if pairs), None)
+    found = _compared(summary)
     if found is None:
         return ""
     length, pairs = found
@@ -109,6 +100,47 @@ def evaluation_headline(summary: dict) -> str:
         named = press
     return (f"At {length:,} tokens, of the questions the full cache answers, memstep's question-aware FM answers "
             + "; ".join(clauses) + ".")
+
+
+def _compared(summary: dict) -> tuple[int, list[tuple[dict, dict]]] | None:
+    """The shortest length where memstep's question-aware FM and a press both ran at some memory budget,
+    with (memstep's row, the press that answers most) at each such budget, smallest first."""
+    def both(length):
+        found = []
+        for aware in sorted(_aware_rows(summary, length), key=lambda r: r["config"].get("budget") or 0):
+            best = _best_answering([r for r in summary["rows"] if r["length"] == length and r["config"]["kind"] ==
+                                    "kvpress" and r["config"].get("budget") == aware["config"].get("budget")])
+            if aware.get("counted") and best:
+                found.append((aware, best))
+        return found
+
+    return next(((length, pairs) for length in lengths(summary) for pairs in [both(length)] if pairs), None)
+
+
+def headline_title(summary: dict) -> str:
+    """The verdicts alone, budgets that share one grouped: '2,048 tokens: ChunkKV answers more than memstep
+    at M = 128; memstep and ChunkKV not told apart at M = 256 and 512'. '' where nothing is compared or
+    nothing is paired."""
+    found = _compared(summary)
+    if found is None:
+        return ""
+    length, pairs = found
+    groups: list[tuple[str, list]] = []
+    for aware, best in pairs:
+        interval = _interval(summary, length, best)
+        if interval is None:
+            return ""
+        lead = _lead(interval)
+        press = press_named(best)
+        said = (f"memstep and {press} not told apart" if lead is None else
+                f"memstep answers more than {press}" if lead else f"{press} answers more than memstep")
+        if groups and groups[-1][0] == said:
+            groups[-1][1].append(aware["config"].get("budget"))
+        else:
+            groups.append((said, [aware["config"].get("budget")]))
+    parts = [f"{said} at M = {', '.join(map(str, budgets[:-1])) + ' and ' if len(budgets) > 1 else ''}{budgets[-1]}"
+             for said, budgets in groups]
+    return f"{length:,} tokens: " + "; ".join(parts)
 
 
 def press_named(row: dict) -> str:
@@ -286,14 +318,23 @@ def headline_markdown(summary: dict) -> str:
     needle test against each press (from the needle-test results, ui/niah_view.py)."""
     from ui.niah_view import needle_sentence
 
-    sentence = evaluation_headline(summary)
-    if sentence:  # which cases the sentence is of, before anything else on the tab
-        split = "Frozen test split" if (summary.get("run") or {}).get("split") == "test" else "Development split"
-        sentence = f"{split}: {sentence[0].lower()}{sentence[1:]}"
+    sentence, title = evaluation_headline(summary), headline_title(summary)
+    split = "Frozen test split" if (summary.get("run") or {}).get("split") == "test" else "Development split"
+    if title:  # the verdicts first, short enough to read at a glance; the numbers under them
+        lines = [f"### {split}, {title}", sentence]
+    else:  # which cases the sentence is of, before anything else on the tab
+        lines = [f"### {split}: {sentence[0].lower()}{sentence[1:]}" if sentence else ""]
     needles = needle_sentence()
     if needles:  # the public needle grid is development data, run with the recipe of its day
         needles = "*Development split, run with the recipe memstep used then.* " + needles
-    return "\n\n".join(part for part in (f"### {sentence}" if sentence else "", needles) if part)
+    return "\n\n".join(part for part in (*lines, needles) if part)
+
+
+def default_length(summary: dict) -> int | None:
+    """The trade-off's first length: the one with the most configurations (the longest of equals), so a
+    length where only the full cache has run yet does not open on a chart of one point."""
+    counts = {length: sum(r["length"] == length for r in summary["rows"]) for length in lengths(summary)}
+    return max(sorted(counts, reverse=True), key=lambda length: counts[length], default=None)
 
 
 def show(length=None):
@@ -301,7 +342,7 @@ def show(length=None):
     found = chosen_results(result_folders())
     summary = found[1] if found else EMPTY
     choices = lengths(summary)
-    length = int(length) if length in choices else (choices[-1] if choices else None)
+    length = int(length) if length in choices else default_length(summary)
     return (takeaway(summary), headline(found), app_style(intervals_figure(summary)),
             app_style(tradeoff_figure(summary, length)),
             gr.update(value=table_rows(summary), headers=FAIR_HEADERS if is_fair(summary) else TABLE_HEADERS),
