@@ -348,3 +348,10 @@ def test_the_headline_title_groups_the_budgets_by_verdict():
     markdown = eval_tab.headline_markdown({**summary, "run": {"split": "test"}})
     assert markdown.startswith("### Frozen test split, 2,048 tokens: ChunkKV answers more") and "\n\nAt 2,048" in markdown
     assert eval_tab.headline_title({**summary, "paired": summary["paired"][1:]}) == ""
+
+
+def test_every_press_the_grid_runs_has_a_name_a_reader_knows():
+    """The headline names a press by its paper (never by a grid label such as 'kvpress snapkv-max15 M=256')."""
+    from memstep.evaluation.grid import PRESS_NAMES, PRESSES
+
+    assert set(PRESSES) <= set(PRESS_NAMES), sorted(set(PRESSES) - set(PRESS_NAMES))

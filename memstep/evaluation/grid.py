@@ -32,7 +32,8 @@ QUESTION_PRESSES = ("finch", "finch-chunked", "finch-unrotated")
 # kvpress's presses by their papers' names (the evaluation's scorer keys), for what a reader sees
 PRESS_NAMES = {"chunkkv": "ChunkKV", "snapkv": "SnapKV", "finch": "Finch", "finch-unrotated": "Finch (unrotated)",
                "keydiff": "KeyDiff", "streaming-llm": "StreamingLLM", "knorm": "Knorm", "tova": "TOVA",
-               "expected-attention": "ExpectedAttention", "observed-attention": "ObservedAttention"}
+               "expected-attention": "ExpectedAttention", "observed-attention": "ObservedAttention",
+               "finch-chunked": "Finch (chunked)", "snapkv-max15": "SnapKV max-pool 15"}
 # Question-agnostic by design (their score never reads a query): always run with the question after.
 AGNOSTIC_PRESSES = ("keydiff", "knorm", "streaming-llm")
 # Every press kvpress 0.5.5 ships (its __init__), so a name it lacks is told apart from one
