@@ -183,7 +183,7 @@ def test_wrong_types_are_one_readable_line_as_the_readme_shows(client, kwargs, m
     from gradio_client.exceptions import AppError
 
     job = client.submit(document_text="A short note. " * 200, api_name="/prefill", **kwargs)
-    updates = list(job)  # the README's loop: nothing streams for a refused run...
+    updates = list(job)  # as the README says: nothing streams for a refused run...
     assert updates == []
     with pytest.raises(AppError, match=message) as err:  # ...and the result raises the reason
         job.result()
