@@ -93,8 +93,7 @@ def evaluation_headline(summary: dict) -> str:
         theirs = f"{best['counted_correct']}/{best['counted']}"
         verdict = "" if interval is None else (
             f" ({'' if press == named else f'memstep minus {press}: '}{_points(interval)}, "
-            + (f"{press} ahead" if _lead(interval) is False else "memstep ahead" if _lead(interval) else
-               "not told apart") + ")")
+            + {None: "not told apart", True: "memstep ahead", False: f"{press} ahead"}[_lead(interval)] + ")")
         clauses.append(f"{mine}, {press} {theirs}{verdict}" if press == named else
                        f"{mine}, where kvpress {press}, the press that answers most there, answers {theirs}{verdict}")
         named = press
@@ -107,7 +106,7 @@ def _compared(summary: dict) -> tuple[int, list[tuple[dict, dict]]] | None:
     with (memstep's row, the press that answers most) at each such budget, smallest first."""
     def both(length):
         found = []
-        for aware in sorted(_aware_rows(summary, length), key=lambda r: r["config"].get("budget") or 0):
+        for aware in _aware_rows(summary, length):  # (smallest budget first)
             best = _best_answering([r for r in summary["rows"] if r["length"] == length and r["config"]["kind"] ==
                                     "kvpress" and r["config"].get("budget") == aware["config"].get("budget")])
             if aware.get("counted") and best:
