@@ -18,7 +18,8 @@ import pytest
 
 from memstep.cli import main
 from memstep.evaluation.grid import Config
-from memstep.evaluation.ray_executor import TEMP_PREFIX, Driver, clean_stale, task_resources, temp_root, _holders
+from memstep.evaluation.ray_executor import TEMP_PREFIX, Driver, task_resources, temp_root
+from memstep.evaluation.scratch import clean_stale, holders
 from memstep.evaluation.ray_worker import CellError
 from memstep.evaluation.runner import EvalSettings, RunReport, reference_path
 from memstep.evaluation.store import ResultStore
@@ -80,8 +81,8 @@ def assert_nothing_left(*pids: int) -> None:
     for pid in pids:
         folder = temp_root() / f"{TEMP_PREFIX}{pid}"
         assert not folder.exists(), sorted(str(p) for p in folder.rglob("*"))[:20]
-        holders = _holders(folder)
-        assert holders == [], [Path(f"/proc/{pid}/cmdline").read_bytes()[:200] for pid in holders]
+        writing = holders(folder)
+        assert writing == [], [Path(f"/proc/{pid}/cmdline").read_bytes()[:200] for pid in writing]
     marks = {RUNS[pid] for pid in pids}
     deadline = time.monotonic() + 60
     while served_workers(marks) and time.monotonic() < deadline:
@@ -149,8 +150,8 @@ def test_clean_stale_removes_a_killed_runs_ray(tmp_path):
         assert leftover.stdout.readline() == "open\n"
         with open(live / "lock") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            assert _holders(stale) == [leftover.pid]
-            assert clean_stale(tmp_path) == [stale]
+            assert holders(stale) == [leftover.pid]
+            assert clean_stale(tmp_path, TEMP_PREFIX) == [stale]
         assert leftover.wait(timeout=60) == -signal.SIGKILL
         assert not stale.exists() and live.exists()
     finally:

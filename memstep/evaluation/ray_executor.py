@@ -20,7 +20,6 @@ import contextlib
 import heapq
 import logging
 import os
-import shutil
 import tempfile
 import time
 from collections import Counter
@@ -32,6 +31,7 @@ import numpy as np
 from memstep.errors import MemstepError
 from memstep.evaluation.grid import Config
 from memstep.evaluation.ray_worker import CellError, run_cell
+from memstep.evaluation.scratch import locked_folder
 from memstep.evaluation.runner import (REFERENCE, EvalSettings, RunReport, cell_record, grid_order, make_job,
                                        pending, reference_path, worker_command)
 from memstep.evaluation.store import ResultStore
@@ -73,46 +73,6 @@ def capacity(ray, settings: EvalSettings) -> int:
     return slots
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _holders(folder: Path) -> list[int]:
-    """The processes with a file open under ``folder`` (Linux's /proc; none found elsewhere)."""
-    found = []
-    for fds in Path("/proc").glob("[0-9]*/fd"):
-        with contextlib.suppress(OSError):
-            if any(os.readlink(fd).startswith(str(folder) + os.sep) for fd in fds.iterdir()):
-                found.append(int(fds.parent.name))
-    return [pid for pid in found if pid != os.getpid()]
-
-
-def clean_stale(root: Path) -> list[Path]:
-    """Remove what a local Ray of an earlier run left when its driver was killed: its folder under
-    ``root`` (one whose run no longer holds its lock) and any process still writing into it."""
-    import fcntl
-
-    removed = []
-    for folder in root.glob(TEMP_PREFIX + "*"):
-        try:
-            with open(folder / "lock", "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while its run lives
-                for pid in _holders(folder):
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, 9)
-                shutil.rmtree(folder, ignore_errors=True)
-                removed.append(folder)
-        except OSError:
-            continue  # a live run's folder, or not one of ours
-    return removed
-
-
 def temp_root() -> Path:
     """Where a local Ray's folder goes: the temporary directory, unless its path is too long for the
     Unix sockets Ray makes inside (about 107 characters in all)."""
@@ -124,27 +84,16 @@ def temp_root() -> Path:
 def local_ray(ray, cpus: int):
     """A local Ray for this run alone, in a folder of its own that goes with it (and that the next run
     removes if this one is killed). It uses ``cpus`` CPUs, not the whole machine."""
-    import fcntl
-
-    root = temp_root()
-    clean_stale(root)
-    making = Path(tempfile.mkdtemp(prefix="making-" + TEMP_PREFIX, dir=root))
-    lock = open(making / "lock", "w")
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    folder = root / f"{TEMP_PREFIX}{os.getpid()}"
-    shutil.rmtree(folder, ignore_errors=True)  # (an earlier run of this pid's, already unlocked)
-    making.rename(folder)  # only a locked folder ever has the name a cleaner looks for
-    try:
+    with locked_folder(temp_root(), TEMP_PREFIX, str(os.getpid())) as folder:
         try:
-            ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
-                     _temp_dir=str(folder), logging_level=logging.ERROR)
-        except Exception as err:
-            raise MemstepError(f"cannot start a local Ray: {str(err).splitlines()[0][:200]}") from err
-        yield
-    finally:
-        ray.shutdown()
-        shutil.rmtree(folder, ignore_errors=True)
-        lock.close()
+            try:
+                ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
+                         _temp_dir=str(folder), logging_level=logging.ERROR)
+            except Exception as err:
+                raise MemstepError(f"cannot start a local Ray: {str(err).splitlines()[0][:200]}") from err
+            yield
+        finally:
+            ray.shutdown()
 
 
 def auth_hint() -> str:

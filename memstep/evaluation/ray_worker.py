@@ -10,12 +10,16 @@ import json
 import os
 import subprocess
 import tempfile
+from pathlib import Path
 
 import numpy as np
 
 from memstep.evaluation.commands import REFERENCE, ROOT, worker_command, worker_env
 from memstep.evaluation.grid import Config
 from memstep.evaluation.process import SERVED_BY, parse_line
+from memstep.evaluation.scratch import locked_folder
+
+CELL_PREFIX = "memstep-cell-"  # a cell's scratch folder under the temporary directory
 
 
 class CellError(Exception):
@@ -89,7 +93,9 @@ def run_cell(config: dict, kvpress_python: str | None, job: dict, reference, div
     config = Config.from_dict(config)
     command = worker_command(config, "--serve", kvpress_python)
     env = worker_env(job["threads"])
-    with tempfile.TemporaryDirectory(prefix="memstep-cell-") as folder:
+    # the reference's folder is locked while the cell runs: the next cell on this machine removes it
+    # if this Ray worker is killed mid-cell
+    with locked_folder(Path(tempfile.gettempdir()), CELL_PREFIX) as folder:
         path = os.path.join(folder, "reference.npy")
         if reference is not None:
             np.save(path, reference)
