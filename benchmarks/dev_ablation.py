@@ -29,7 +29,13 @@ from memstep.evaluation.stats import paired_difference_interval, wilson_interval
 FOLDER = ROOT / "results" / "dev-rule"
 DOC = ROOT / "docs" / "question-aware.md"
 FULL = "memstep full"
-CANDIDATE = "pool=max:15 weight=1"  # the rule under test: the question's attention alone, max over 15
+TODAY = "max:15"  # today's default pool (weight 1, shared positions), the baseline of --versus today
+
+
+def pool_of(label: str) -> str | None:
+    """The pool a label names (None: the default of the day it ran, the tuned recipe)."""
+    found = re.search(r"pool=(\S+)", label)
+    return found.group(1) if found else None
 
 
 def case_key(cell: dict) -> tuple:
@@ -60,7 +66,7 @@ def is_default(label: str) -> bool:
 def describe(label: str) -> str:
     schedule = {"fm": "FM", "once": "one cut", "imdc": "IMDC"}[label.split()[0]]
     positions = next(p for p in ("document", "compact", "shared") if f" {p} " in label)
-    pool = "`max:15`, weight 1" if CANDIDATE in label else "the tuned recipe"
+    pool = f"`{pool_of(label)}`, weight 1" if pool_of(label) else "the tuned recipe"
     return f"{schedule}, {pool}, {positions} positions"
 
 
@@ -71,13 +77,41 @@ def retention(cell: dict) -> float | None:
     return value
 
 
-def table(cells: list[dict]) -> str:
+def is_today(label: str) -> bool:
+    """Today's default at shared positions (what `auto` picks for it on these lengths)."""
+    return pool_of(label) == TODAY and " shared " in label and "weight=1" in label
+
+
+def groups_against_tuned(labels) -> list[tuple[list[str], str | None, str]]:
+    """Per budget: its labels, the tuned recipe's (the default when these ran) and its name."""
+    out = []
+    for budget in sorted({budget_of(label) for label in labels}):
+        group = [label for label in labels if budget_of(label) == budget]
+        out.append((group, next((label for label in group if is_default(label)), None), "**then the default**: "))
+    return out
+
+
+def groups_against_today(labels) -> list[tuple[list[str], str | None, str]]:
+    """Per schedule and budget: today's default and the pools built on it (max:15+...), at shared positions."""
+    mine = [label for label in labels if " shared " in label and (pool_of(label) or "").startswith(TODAY)]
+    out = []
+    for schedule in ("fm", "imdc"):
+        for budget in sorted({budget_of(label) for label in mine if label.split()[0] == schedule}):
+            group = [label for label in mine if label.split()[0] == schedule and budget_of(label) == budget]
+            out.append((group, next((label for label in group if is_today(label)), None), "**the default**: "))
+    return out
+
+
+VERSUS = {"tuned": ("the tuned recipe", groups_against_tuned), "today": ("today's default", groups_against_today)}
+
+
+def table(cells: list[dict], versus: str = "tuned") -> str:
     by = counted(cells)
-    lines = ["| M | memory | answered (95% CI) | minus the tuned recipe on the same cases (points, 95% CI) | "
+    against, groups = VERSUS[versus]
+    lines = [f"| M | memory | answered (95% CI) | minus {against} on the same cases (points, 95% CI) | "
              "answer's retention |", "|---:|---|---:|---|---:|"]
-    for budget in sorted({budget_of(label) for label in by}):
-        labels = [label for label in by if budget_of(label) == budget]
-        default = next((label for label in labels if is_default(label)), None)
+    for labels, default, mark in groups(list(by)):
+        budget = budget_of(labels[0])
         order = sorted(labels, key=lambda label: (label != default, label.split()[0] != "fm", label))
         for label in order:
             got = by[label]
@@ -94,7 +128,7 @@ def table(cells: list[dict]) -> str:
                                                            sum(b and not a for a, b in pairs),
                                                            sum(not a and not b for a, b in pairs))
                     diff = f"{100 * d:+.0f} ({100 * lo:+.0f} to {100 * hi:+.0f}) on {len(pairs)}"
-            name = ("**then the default**: " if label == default else "") + describe(label)
+            name = (mark if label == default else "") + describe(label)
             lines.append(f"| {budget} | {name} | {right}/{len(got)} ({100 * low:.0f}-{100 * high:.0f}%) | {diff} | "
                          f"{sum(kept) / len(kept):.2f} |" if kept else f"| {budget} | {name} | {right}/{len(got)} | "
                          f"{diff} | |")
@@ -107,14 +141,18 @@ def main(argv=None) -> int:
     parser.add_argument("--docs", action="store_true", help=f"write the table into {DOC.relative_to(ROOT)}")
     parser.add_argument("--block", default="dev-ablation", help="the block of the doc it writes (dev-ablation-4k "
                         "for results/dev-rule-4k)")
+    parser.add_argument("--versus", choices=tuple(VERSUS), default="tuned", help="the baseline of each row: the "
+                        "tuned recipe (the default the folder's first runs had) or today's default and the pools built on it")
     args = parser.parse_args(argv)
     args.folder = args.folder.resolve()
     cells = [json.loads(line) for line in (args.folder / "cells.jsonl").read_text().splitlines() if line.strip()]
-    text = table(cells)
+    text = table(cells, args.versus)
     print(text)
     if args.docs:
         command = "python benchmarks/dev_ablation.py --docs" + (
-            "" if args.folder == FOLDER else f" --folder {args.folder.relative_to(ROOT)} --block {args.block}")
+            "" if args.folder == FOLDER else f" --folder {args.folder.relative_to(ROOT)}") + (
+            "" if args.block == "dev-ablation" else f" --block {args.block}") + (
+            "" if args.versus == "tuned" else f" --versus {args.versus}")
         write_block(args.block, text, command, doc=DOC)
     return 0
 
