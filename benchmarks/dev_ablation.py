@@ -135,6 +135,50 @@ def table(cells: list[dict], versus: str = "tuned") -> str:
     return "\n".join(lines)
 
 
+def _pairs(cells: list[dict], pool: str, budget: int) -> list[tuple[bool, bool]]:
+    """(``pool``'s FM answer, today's default's) on each case both ran at ``budget`` that the full cache answers."""
+    by = counted(cells)
+    mine = next((label for label in by if label.startswith(f"fm chunk-attention M={budget} ") and " shared " in label
+                 and pool_of(label) == pool and "weight=1" in label), None)
+    base = next((label for label in by if label.startswith(f"fm chunk-attention M={budget} ") and is_today(label)), None)
+    if mine is None or base is None:
+        return []
+    return [(by[mine][k]["correct"], by[base][k]["correct"]) for k in by[mine] if k in by[base]]
+
+
+def _difference(pairs: list[tuple[bool, bool]]) -> tuple[str, float, float]:
+    d, lo, hi = paired_difference_interval(sum(a and b for a, b in pairs), sum(a and not b for a, b in pairs),
+                                           sum(b and not a for a, b in pairs), sum(not a and not b for a, b in pairs))
+    return f"{sum(a for a, _ in pairs)} vs {sum(b for _, b in pairs)} of {len(pairs)}: " \
+        f"{100 * d:+.0f} ({100 * lo:+.0f} to {100 * hi:+.0f})", lo, hi
+
+
+def decision(folders: list[Path], pool: str, budgets=(128, 256)) -> str:
+    """``pool`` against today's default, FM, per folder (a length and round) and budget, then pooled: the
+    rule fixed in docs/question-aware.md before the second round ran (pooled interval above 0, and no
+    cell's interval below 0)."""
+    lines = [f"| cases | M | `{pool}` vs the default, answered (points, 95% CI) |", "|---|---:|---|"]
+    every, below = [], []
+    for folder in folders:
+        cells = [json.loads(line) for line in (folder / "cells.jsonl").read_text().splitlines() if line.strip()]
+        for budget in budgets:
+            pairs = _pairs(cells, pool, budget)
+            if not pairs:
+                continue
+            every += pairs
+            text, _, hi = _difference(pairs)
+            below += [f"{folder.name} M={budget}"] if hi < 0 else []
+            name = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder.name
+            lines.append(f"| `{name}` | {budget} | {text} |")
+    text, lo, _ = _difference(every)
+    lines.append(f"| pooled | {', '.join(map(str, budgets))} | {text} |")
+    adopt = lo > 0 and not below
+    lines += ["", f"By the rule fixed before the second round: {'adopt' if adopt else 'keep the default'} "
+              f"(pooled interval {'above 0' if lo > 0 else 'not above 0'}; "
+              f"{'a cell below 0: ' + ', '.join(below) if below else 'no cell below 0'})."]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folder", type=Path, default=FOLDER)
@@ -143,7 +187,17 @@ def main(argv=None) -> int:
                         "for results/dev-rule-4k)")
     parser.add_argument("--versus", choices=tuple(VERSUS), default="tuned", help="the baseline of each row: the "
                         "tuned recipe (the default the folder's first runs had) or today's default and the pools built on it")
+    parser.add_argument("--decide", nargs="+", type=Path, metavar="FOLDER", help="pooled over these folders: "
+                        "`--pool` against today's default, FM at M = 128 and 256 (writes the block dev-carry-decision)")
+    parser.add_argument("--pool", default="max:15+carry", help="the pool --decide weighs (default max:15+carry)")
     args = parser.parse_args(argv)
+    if args.decide:
+        text = decision([f.resolve() for f in args.decide], args.pool)
+        print(text)
+        if args.docs:
+            write_block("dev-carry-decision", text, "python benchmarks/dev_ablation.py --docs --decide "
+                        + " ".join(str(f) for f in args.decide), doc=DOC)
+        return 0
     args.folder = args.folder.resolve()
     cells = [json.loads(line) for line in (args.folder / "cells.jsonl").read_text().splitlines() if line.strip()]
     text = table(cells, args.versus)

@@ -44,3 +44,38 @@ def test_against_the_tuned_recipe_as_before():
     assert rows[0].startswith("| 256 | **then the default**: FM, the tuned recipe, compact positions | 1/3 ")
     assert _diff(1, 1, 0, 1, 3) in rows[1] and "`max:15`, weight 1" in rows[1]
     assert _diff(1, 2, 0, 0, 3) in rows[2] and "`max:15+carry`, weight 1" in rows[2]
+
+
+def _folder(tmp_path, name: str, cells: list[dict]):
+    import json
+
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cells))
+    return folder
+
+
+def test_the_decision_pools_every_folder_and_budget_by_the_rule_fixed_first(tmp_path):
+    from benchmarks.dev_ablation import decision
+
+    # folder a: carry answers cases 0-2, the default 0-1 (the IMDC rows are not FM: left out)
+    a = _folder(tmp_path, "a", FULL + TODAY + CARRY + IMDC + IMDC_CARRY)
+    # folder b, M = 128: both answer every counted case
+    both = {0, 1, 2}
+    b = _folder(tmp_path, "b", FULL + _cells("fm chunk-attention M=128 shared question-aware pool=max:15 weight=1", both)
+                + _cells("fm chunk-attention M=128 shared question-aware pool=max:15+carry weight=1", both))
+    text = decision([a, b], "max:15+carry")
+    assert f"| `a` | 256 | 3 vs 2 of 3: {_diff(2, 1, 0, 0, 3).rsplit(' on', 1)[0]} |" in text
+    assert f"| `b` | 128 | 3 vs 3 of 3: {_diff(3, 0, 0, 0, 3).rsplit(' on', 1)[0]} |" in text
+    assert f"| pooled | 128, 256 | 6 vs 5 of 6: {_diff(5, 1, 0, 0, 6).rsplit(' on', 1)[0]} |" in text
+    d, lo, hi = paired_difference_interval(5, 1, 0, 0)
+    assert lo < 0 and text.endswith("keep the default (pooled interval not above 0; no cell below 0).")
+    # a carry that loses every case where the default answers: a cell below 0, kept
+    worse = _folder(tmp_path, "c", FULL + _cells("fm chunk-attention M=256 shared question-aware pool=max:15 weight=1", both)
+                    + _cells("fm chunk-attention M=256 shared question-aware pool=max:15+carry weight=1", set()))
+    assert "a cell below 0: c M=256" in decision([a, worse], "max:15+carry")
+    many = [{"haystack": "h", "depth": 0.5, "seed": s, "kind": "word", "label": label, "correct": right}
+            for s in range(20) for label, right in (("memstep full", True), (TODAY[0]["label"], False),
+                                                     (CARRY[0]["label"], True))]
+    assert decision([_folder(tmp_path, "d", many)], "max:15+carry").endswith(
+        "adopt (pooled interval above 0; no cell below 0).")
