@@ -154,28 +154,30 @@ def _difference(pairs: list[tuple[bool, bool]]) -> tuple[str, float, float]:
 
 
 def decision(folders: list[Path], pool: str, budgets=(128, 256)) -> str:
-    """``pool`` against today's default, FM, per folder (a length and round) and budget, then pooled: the
-    rule fixed in docs/question-aware.md before the second round ran (pooled interval above 0, and no
-    cell's interval below 0)."""
-    lines = [f"| cases | M | `{pool}` vs the default, answered (points, 95% CI) |", "|---|---:|---|"]
-    every, below = [], []
+    """``pool`` against today's default, FM, per length and budget pooled over ``folders`` (the rounds),
+    then pooled over everything: the rule fixed in docs/question-aware.md before the second round ran
+    (pooled interval above 0, and no (length, M) interval below 0)."""
+    by_cell: dict[tuple[int, int], list] = collections.defaultdict(list)
     for folder in folders:
         cells = [json.loads(line) for line in (folder / "cells.jsonl").read_text().splitlines() if line.strip()]
-        for budget in budgets:
-            pairs = _pairs(cells, pool, budget)
-            if not pairs:
-                continue
-            every += pairs
-            text, _, hi = _difference(pairs)
-            below += [f"{folder.name} M={budget}"] if hi < 0 else []
-            name = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder.name
-            lines.append(f"| `{name}` | {budget} | {text} |")
+        for length in sorted({c["length"] for c in cells}):
+            for budget in budgets:
+                by_cell[length, budget] += _pairs([c for c in cells if c["length"] == length], pool, budget)
+    lines = [f"| length | M | `{pool}` vs the default, answered (points, 95% CI) |", "|---:|---:|---|"]
+    every, below = [], []
+    for (length, budget), pairs in sorted(by_cell.items()):
+        if not pairs:
+            continue
+        every += pairs
+        text, _, hi = _difference(pairs)
+        below += [f"{length} tokens, M = {budget}"] if hi < 0 else []
+        lines.append(f"| {length} | {budget} | {text} |")
     text, lo, _ = _difference(every)
     lines.append(f"| pooled | {', '.join(map(str, budgets))} | {text} |")
     adopt = lo > 0 and not below
     lines += ["", f"By the rule fixed before the second round: {'adopt' if adopt else 'keep the default'} "
               f"(pooled interval {'above 0' if lo > 0 else 'not above 0'}; "
-              f"{'a cell below 0: ' + ', '.join(below) if below else 'no cell below 0'})."]
+              f"{'below 0 at ' + ', '.join(below) if below else 'no length and M below 0'})."]
     return "\n".join(lines)
 
 

@@ -9,8 +9,8 @@ from memstep.evaluation.stats import paired_difference_interval
 
 
 def _cells(label: str, right: set[int]) -> list[dict]:
-    return [{"haystack": "h", "depth": 0.5, "seed": s, "kind": "word", "label": label, "correct": s in right}
-            for s in range(4)]
+    return [{"haystack": "h", "length": 2048, "depth": 0.5, "seed": s, "kind": "word", "label": label,
+             "correct": s in right} for s in range(4)]
 
 
 FULL = _cells("memstep full", {0, 1, 2})  # case 3: the full cache misses it, counted nowhere
@@ -60,22 +60,30 @@ def test_the_decision_pools_every_folder_and_budget_by_the_rule_fixed_first(tmp_
 
     # folder a: carry answers cases 0-2, the default 0-1 (the IMDC rows are not FM: left out)
     a = _folder(tmp_path, "a", FULL + TODAY + CARRY + IMDC + IMDC_CARRY)
-    # folder b, M = 128: both answer every counted case
+    # folder b (another round, the same length) at M = 128: both answer every counted case; at M = 256 on
+    # other cases (seeds 10-13) carry answers 10 and 11, the default 10: pooled with folder a's
     both = {0, 1, 2}
+    other = [{**c, "seed": c["seed"] + 10} for c in FULL + _cells(TODAY[0]["label"], {0}) + _cells(CARRY[0]["label"], {0, 1})]
     b = _folder(tmp_path, "b", FULL + _cells("fm chunk-attention M=128 shared question-aware pool=max:15 weight=1", both)
-                + _cells("fm chunk-attention M=128 shared question-aware pool=max:15+carry weight=1", both))
+                + _cells("fm chunk-attention M=128 shared question-aware pool=max:15+carry weight=1", both) + other)
     text = decision([a, b], "max:15+carry")
-    assert f"| `a` | 256 | 3 vs 2 of 3: {_diff(2, 1, 0, 0, 3).rsplit(' on', 1)[0]} |" in text
-    assert f"| `b` | 128 | 3 vs 3 of 3: {_diff(3, 0, 0, 0, 3).rsplit(' on', 1)[0]} |" in text
-    assert f"| pooled | 128, 256 | 6 vs 5 of 6: {_diff(5, 1, 0, 0, 6).rsplit(' on', 1)[0]} |" in text
-    d, lo, hi = paired_difference_interval(5, 1, 0, 0)
-    assert lo < 0 and text.endswith("keep the default (pooled interval not above 0; no cell below 0).")
-    # a carry that loses every case where the default answers: a cell below 0, kept
+    assert f"| 2048 | 128 | 3 vs 3 of 3: {_diff(3, 0, 0, 0, 3).rsplit(' on', 1)[0]} |" in text
+    assert f"| 2048 | 256 | 5 vs 3 of 6: {_diff(3, 2, 0, 1, 6).rsplit(' on', 1)[0]} |" in text
+    assert f"| pooled | 128, 256 | 8 vs 6 of 9: {_diff(6, 2, 0, 1, 9).rsplit(' on', 1)[0]} |" in text
+    d, lo, hi = paired_difference_interval(6, 2, 0, 1)
+    assert lo < 0 and text.endswith("keep the default (pooled interval not above 0; no length and M below 0).")
+    # a carry that loses every case where the default answers: below 0 there, kept
     worse = _folder(tmp_path, "c", FULL + _cells("fm chunk-attention M=256 shared question-aware pool=max:15 weight=1", both)
                     + _cells("fm chunk-attention M=256 shared question-aware pool=max:15+carry weight=1", set()))
-    assert "a cell below 0: c M=256" in decision([a, worse], "max:15+carry")
-    many = [{"haystack": "h", "depth": 0.5, "seed": s, "kind": "word", "label": label, "correct": right}
+    assert "below 0 at 2048 tokens, M = 256" in decision([worse], "max:15+carry")
+    many = [{"haystack": "h", "length": 2048, "depth": 0.5, "seed": s, "kind": "word", "label": label, "correct": right}
             for s in range(20) for label, right in (("memstep full", True), (TODAY[0]["label"], False),
                                                      (CARRY[0]["label"], True))]
     assert decision([_folder(tmp_path, "d", many)], "max:15+carry").endswith(
-        "adopt (pooled interval above 0; no cell below 0).")
+        "adopt (pooled interval above 0; no length and M below 0).")
+    # ahead when pooled, but behind at one length and M beyond its interval: kept
+    longer = [{**c, "length": 4096, "label": c["label"].replace("M=256", "M=128"),
+               "correct": c["label"] == "memstep full" or c["label"] == TODAY[0]["label"]} for c in many[:30]]
+    text = decision([_folder(tmp_path, "e", many + longer)], "max:15+carry")
+    assert "| 4096 | 128 | 0 vs 10 of 10:" in text and "| pooled | 128, 256 | 20 vs 10 of 30:" in text
+    assert text.endswith("keep the default (pooled interval above 0; below 0 at 4096 tokens, M = 128).")
