@@ -83,7 +83,7 @@ def test_the_decision_pools_every_folder_and_budget_by_the_rule_fixed_first(tmp_
         "adopt (pooled interval above 0; no length and M below 0).")
     # ahead when pooled, but behind at one length and M beyond its interval: kept
     longer = [{**c, "length": 4096, "label": c["label"].replace("M=256", "M=128"),
-               "correct": c["label"] == "memstep full" or c["label"] == TODAY[0]["label"]} for c in many[:30]]
+               "correct": c["label"] == "memstep full" or c["label"] == TODAY[0]["label"]} for c in many[:15]]
     text = decision([_folder(tmp_path, "e", many + longer)], "max:15+carry")
-    assert "| 4096 | 128 | 0 vs 10 of 10:" in text and "| pooled | 128, 256 | 20 vs 10 of 30:" in text
+    assert "| 4096 | 128 | 0 vs 5 of 5:" in text and "| pooled | 128, 256 | 20 vs 5 of 25:" in text
     assert text.endswith("keep the default (pooled interval above 0; below 0 at 4096 tokens, M = 128).")
